@@ -1,0 +1,104 @@
+"""The decoder-only transformer (Llama, Qwen2) over a packed batch: embed, RMSNorm, RoPE, paged
+attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for all
+tokens of all sequences in the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
+from nvllm.model.kv_cache import KVCache
+from nvllm.model.loader import ModelConfig, ModelWeights, load_weights, rope_inv_freq
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: np.ndarray       # [T] int64, sequences contiguous
+    positions: np.ndarray       # [T] int64
+    attn: AttentionMetadata
+    logits_indices: np.ndarray  # [R] int64: rows of T whose logits are wanted
+
+    @classmethod
+    def build(cls, token_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+              query_lens: np.ndarray, context_lens: np.ndarray, block_tables: np.ndarray,
+              logits_indices: np.ndarray) -> "ForwardBatch":
+        positions = np.asarray(positions, dtype=np.int64)
+        meta = AttentionMetadata(
+            slot_mapping=np.asarray(slot_mapping, dtype=np.int64),
+            query_lens=np.asarray(query_lens, dtype=np.int64),
+            context_lens=np.asarray(context_lens, dtype=np.int64),
+            block_tables=np.asarray(block_tables, dtype=np.int32),
+            positions=positions,
+        )
+        return cls(np.asarray(token_ids, dtype=np.int64), positions, meta,
+                   np.asarray(logits_indices, dtype=np.int64))
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    var = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[-1])  # [T, 1]
+    return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class Model:
+    def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
+        self.config = config
+        self.weights = weights
+        c = config
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+        self.scale = float(c.head_dim ** -0.5)
+        self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "Model":
+        config, weights = load_weights(model_dir)
+        return cls(config, weights)
+
+    def make_kv_cache(self, num_blocks: int, block_size: int = 16) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+
+    def _rope(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
+        return np.cos(freqs)[:, None, :], np.sin(freqs)[:, None, :]             # [T, 1, hd/2]
+
+    @staticmethod
+    def _apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        # rotate_half over the two halves of head_dim, as transformers does for Llama and Qwen2.
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]                                   # [T, n, hd/2] each
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
+        """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32."""
+        c, w = self.config, self.weights
+        T = batch.token_ids.shape[0]
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        cos, sin = self._rope(batch.positions)
+        x = w.embed[batch.token_ids]                                            # [T, H]
+        for i, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q = self._apply_rope(qkv[:, :self.q_size].reshape(T, nh, hd), cos, sin)
+            k = self._apply_rope(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(T, nkv, hd), cos, sin)
+            v = qkv[:, self.q_size + self.kv_size:].reshape(T, nkv, hd)
+            k_pool, v_pool = kv_cache.layer(i)
+            write_kv(k_pool, v_pool, k, v, batch.attn.slot_mapping)
+            attn = paged_attention(q, k_pool, v_pool, batch.attn, self.scale)   # [T, nh, hd]
+            x = x + attn.reshape(T, nh * hd) @ layer.o                          # [T, nh*hd] @ [nh*hd, H]
+            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            gu = h @ layer.gate_up                                              # [T, H] @ [H, 2I]
+            inter = c.intermediate_size
+            x = x + (silu(gu[:, :inter]) * gu[:, inter:]) @ layer.down          # [T, I] @ [I, H]
+        last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
+        return last @ w.lm_head                                                 # [R, H] @ [H, V]

@@ -1,0 +1,103 @@
+"""The loader reads only JSON and safetensors, refuses what it cannot trust, and says what is wrong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from nvllm.model.loader import ModelConfig, ModelLoadError, load_weights
+
+
+def copy_model(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_loads_every_tiny_model_in_float32(tiny_models):
+    for name, path in tiny_models.items():
+        config, w = load_weights(path)
+        assert w.embed.dtype == np.float32 and w.layers[0].qkv.dtype == np.float32, name
+        h, d = config.hidden_size, config.head_dim
+        assert w.layers[0].qkv.shape == (h, (config.num_heads + 2 * config.num_kv_heads) * d)
+        assert w.layers[0].gate_up.shape == (h, 2 * config.intermediate_size)
+        assert w.layers[0].qkv.flags.c_contiguous and w.layers[0].down.flags.c_contiguous
+
+
+def test_tied_embeddings_share_memory_untied_do_not(tiny_models):
+    _, tied = load_weights(tiny_models["tiny-qwen2"])
+    _, untied = load_weights(tiny_models["tiny-llama"])
+    assert np.shares_memory(tied.lm_head, tied.embed)
+    assert not np.shares_memory(untied.lm_head, untied.embed)
+
+
+def test_qwen2_reads_biases_and_newer_rope_form(tiny_models):
+    config, w = load_weights(tiny_models["tiny-qwen2"])
+    assert config.attention_bias and w.layers[0].qkv_bias is not None
+    assert config.rope_theta == json.loads((tiny_models["tiny-qwen2"] / "config.json").read_text())["rope_parameters"]["rope_theta"]
+
+
+def test_old_and_new_rope_forms_agree():
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 10}
+    old = ModelConfig.from_dict({**base, "rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    new = ModelConfig.from_dict({**base, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}})
+    assert old.rope_theta == new.rope_theta == 5e5
+    assert old.rope_scaling == new.rope_scaling
+
+
+def test_unknown_architecture_is_named(tiny_models, tmp_path):
+    d = copy_model(tiny_models["tiny-llama"], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["MambaForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="MambaForCausalLM.*not supported"):
+        load_weights(d)
+
+
+def test_missing_tensor_is_named(tiny_models, tmp_path):
+    d = copy_model(tiny_models["tiny-llama"], tmp_path)
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*missing"):
+        load_weights(d)
+
+
+def test_misshapen_tensor_names_file_and_shapes(tiny_models, tmp_path):
+    d = copy_model(tiny_models["tiny-llama"], tmp_path)
+    tensors = load_file(d / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((3, 64), dtype=np.float32)
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors.*k_proj\.weight.*\[3, 64\].*\[32, 64\]"):
+        load_weights(d)
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt"])
+def test_pickle_checkpoint_is_refused_unopened(tiny_models, tmp_path, name):
+    d = copy_model(tiny_models["tiny-llama"], tmp_path)
+    # Not even a valid pickle: the loader must refuse by name, never try to open it.
+    (d / name).write_bytes(b"\x80\x04not really a pickle")
+    with pytest.raises(ModelLoadError, match=f"{name}.*pickle"):
+        load_weights(d)
+
+
+def test_symlink_outside_folder_is_refused(tiny_models, tmp_path):
+    d = copy_model(tiny_models["tiny-llama"], tmp_path)
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(d / "model.safetensors", outside)
+    (d / "model.safetensors").symlink_to(outside)
+    with pytest.raises(ModelLoadError, match="outside the model folder"):
+        load_weights(d)
+
+
+def test_corrupt_safetensors_names_the_file(tiny_models, tmp_path):
+    d = copy_model(tiny_models["tiny-llama"], tmp_path)
+    (d / "model.safetensors").write_bytes(b"garbage" * 10)
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_weights(d)
