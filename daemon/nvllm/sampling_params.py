@@ -1,0 +1,246 @@
+"""SamplingParams: what one request may ask of the sampler and of the stop checks, validated once.
+
+Names, ranges and defaults follow vLLM. The five fields a model's generation_config.json may set
+(temperature, top_k, top_p, min_p, repetition_penalty) default to None, meaning "the model's default";
+`resolve()` fills them (from generation_config.json, else vLLM's neutral values) and returns a concrete,
+validated copy. The engine only ever sees resolved instances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# vLLM's neutral values for the fields a model may override.
+NEUTRAL_DEFAULTS: dict[str, float | int] = {
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+}
+MODEL_DEFAULT_FIELDS = tuple(NEUTRAL_DEFAULTS)
+
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+# vLLM raises temperatures in (0, 0.01) to 0.01: below it softmax overflows into inf/nan.
+MIN_TEMPERATURE = 0.01
+SEED_LIMIT = 1 << 64  # numpy seeds are unsigned; the proto's int64 stays well inside
+_SHOW_CHARS = 48  # a refused value is echoed in the error, cut to this many characters
+
+
+class InvalidParameter(ValueError):
+    """A request parameter out of range; the message names the parameter, the value and the range."""
+
+    def __init__(self, field: str, value: Any, reason: str, shown: str | None = None) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field} must be {reason}, got {_show(value) if shown is None else shown}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        text = repr(value)
+        if len(text) > _SHOW_CHARS:
+            text = f"{text[:_SHOW_CHARS]}... ({len(value)} characters)"
+        return text
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, numbers.Real):
+        return str(value)  # 'nan', 'inf', '-1.5' (str(np.float32) is bare too)
+    text = repr(value)
+    if len(text) > _SHOW_CHARS:
+        text = text[:_SHOW_CHARS] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    # bool is an Integral to Python; a flag where a number is wanted is a client bug.
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)  # np.bool_ is no Real
+
+
+def _real(name: str, v: Any, lo: float, hi: float, lo_open: bool, reason: str) -> None:
+    """Refuse anything but a finite real number in the range."""
+    if not _is_real(v):
+        raise InvalidParameter(name, v, reason)
+    x = float(v)
+    if not math.isfinite(x) or x > hi or x < lo or (lo_open and x == lo):
+        raise InvalidParameter(name, v, reason)
+
+
+def _integer(name: str, v: Any, lo: int, hi: int | None, reason: str) -> None:
+    if not _is_int(v) or v < lo or (hi is not None and v > hi):
+        raise InvalidParameter(name, v, reason)
+
+
+def _flag(name: str, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise InvalidParameter(name, v, "true or false")
+
+
+@dataclass
+class SamplingParams:
+    # None: the model's default (generation_config.json), else vLLM's neutral value.
+    temperature: float | None = None  # 0 = greedy
+    top_k: int | None = None  # 0 or -1 = off; resolve() makes it 0
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = None  # None: up to the context limit
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # top-N alternatives per token; the chosen token's always when set
+
+    def __post_init__(self) -> None:
+        # Accept the shapes clients naturally send; anything else is left for validate() to refuse.
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        elif isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the request asks for greedy decoding (temperature 0).
+
+        On an unresolved instance a None temperature is the model's to decide, and counts as not greedy.
+        """
+        return self.temperature is not None and _is_real(self.temperature) and self.temperature == 0
+
+    def validate(self, max_stop_strings: int = 16, max_stop_string_chars: int = 256,
+                 vocab_size: int | None = None, max_model_len: int | None = None) -> None:
+        """Raise InvalidParameter for the first field out of range. None is accepted for the
+        model-default fields (an unresolved instance); resolve() validates the filled values."""
+        if self.temperature is not None:
+            _real("temperature", self.temperature, 0.0, math.inf, False, "a finite number >= 0")
+        if self.top_k is not None:
+            _integer("top_k", self.top_k, -1, None, "an integer, -1 or 0 (off) or >= 1")
+        if self.top_p is not None:
+            _real("top_p", self.top_p, 0.0, 1.0, True, "a number in (0, 1]")
+        if self.min_p is not None:
+            _real("min_p", self.min_p, 0.0, 1.0, False, "a number in [0, 1]")
+        if self.repetition_penalty is not None:
+            _real("repetition_penalty", self.repetition_penalty, 0.0, math.inf, True,
+                  "a finite number > 0")
+        _real("presence_penalty", self.presence_penalty, -2.0, 2.0, False, "a number in [-2, 2]")
+        _real("frequency_penalty", self.frequency_penalty, -2.0, 2.0, False, "a number in [-2, 2]")
+        if self.seed is not None:
+            _integer("seed", self.seed, 0, SEED_LIMIT - 1, "an integer in [0, 2**64) or unset")
+        if self.max_tokens is not None:
+            if max_model_len is None:
+                _integer("max_tokens", self.max_tokens, 1, None, "an integer >= 1 or unset")
+            else:
+                _integer("max_tokens", self.max_tokens, 1, max_model_len,
+                         f"an integer in [1, {max_model_len}] (max_model_len) or unset")
+        if self.max_tokens is None or not _is_int(self.max_tokens):
+            _integer("min_tokens", self.min_tokens, 0, None, "an integer >= 0")
+        else:
+            _integer("min_tokens", self.min_tokens, 0, self.max_tokens,
+                     f"an integer in [0, max_tokens={self.max_tokens}]")
+        self._validate_stop(max_stop_strings, max_stop_string_chars)
+        self._validate_stop_token_ids(vocab_size)
+        _flag("ignore_eos", self.ignore_eos)
+        _flag("include_stop_str_in_output", self.include_stop_str_in_output)
+        _flag("skip_special_tokens", self.skip_special_tokens)
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS,
+                     f"an integer in [0, {MAX_LOGPROBS}] or unset")
+
+    def _validate_stop(self, max_count: int, max_chars: int) -> None:
+        stop = self.stop
+        if not isinstance(stop, list):
+            raise InvalidParameter("stop", stop, "a string or a list of strings")
+        if len(stop) > max_count:
+            raise InvalidParameter("stop", stop, f"at most {max_count} strings", f"{len(stop)} strings")
+        for i, s in enumerate(stop):
+            if not isinstance(s, str):
+                raise InvalidParameter("stop", s, f"a list of strings (entry {i} is not)")
+            if not 1 <= len(s) <= max_chars:
+                raise InvalidParameter(
+                    "stop", s, f"a list of non-empty strings of at most {max_chars} characters "
+                    f"(entry {i} has {len(s)})")
+
+    def _validate_stop_token_ids(self, vocab_size: int | None) -> None:
+        ids = self.stop_token_ids
+        if not isinstance(ids, list):
+            raise InvalidParameter("stop_token_ids", ids, "a list of integers")
+        hi = None if vocab_size is None else vocab_size - 1
+        reason = ("a list of integers >= 0" if hi is None
+                  else f"a list of integers in [0, {hi}] (the vocabulary)")
+        for t in ids:
+            _integer("stop_token_ids", t, 0, hi, reason)
+
+    def resolve(self, model_defaults: Mapping[str, Any] | None = None, *, max_stop_strings: int = 16,
+                max_stop_string_chars: int = 256, vocab_size: int | None = None,
+                max_model_len: int | None = None) -> SamplingParams:
+        """A new, concrete, validated instance: None fields take the model's default (keys as in
+        generation_config.json), else vLLM's neutral value; then vLLM's normalisations apply
+        (top_k -1 -> 0; temperature in (0, 0.01) -> 0.01; greedy turns top_k/top_p/min_p off).
+
+        max_tokens stays None when unset: its limit depends on the prompt's length, which the engine
+        knows (vLLM: min(max_model_len - prompt length, generation_config's max_new_tokens)).
+        A bad model default is reported as such, not blamed on the client.
+        """
+        defaults = model_defaults or {}
+        filled: dict[str, Any] = {}
+        from_model: set[str] = set()
+        for name in MODEL_DEFAULT_FIELDS:
+            if getattr(self, name) is None:
+                if defaults.get(name) is not None:
+                    filled[name] = defaults[name]
+                    from_model.add(name)
+                else:
+                    filled[name] = NEUTRAL_DEFAULTS[name]
+        out = dataclasses.replace(self, **filled)
+        out.stop = list(out.stop) if isinstance(out.stop, list) else out.stop
+        out.stop_token_ids = list(out.stop_token_ids) if isinstance(out.stop_token_ids, list) else out.stop_token_ids
+        try:
+            out.validate(max_stop_strings, max_stop_string_chars, vocab_size, max_model_len)
+        except InvalidParameter as e:
+            if e.field not in from_model:
+                raise
+            raise InvalidParameter(e.field, e.value, e.reason + " (the model's generation_config.json default)",
+                                   str(e).split(", got ", 1)[-1]) from None
+        out._normalise()
+        return out
+
+    def _normalise(self) -> None:
+        # Plain Python numbers from here on (a numpy scalar in would leak float64 math elsewhere).
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            setattr(self, name, float(getattr(self, name)))
+        for name in ("top_k", "min_tokens"):
+            setattr(self, name, int(getattr(self, name)))
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if self.seed is not None:
+            self.seed = int(self.seed)
+        if self.max_tokens is not None:
+            self.max_tokens = int(self.max_tokens)
+        if self.logprobs is not None:
+            self.logprobs = int(self.logprobs)
+        if self.top_k < 0:
+            self.top_k = 0
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
+        if self.temperature == 0.0:
+            # Greedy ignores truncation; vLLM resets these so that the sampler skips them.
+            self.top_k, self.top_p, self.min_p = 0, 1.0, 0.0
