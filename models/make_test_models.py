@@ -26,7 +26,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
@@ -72,13 +72,27 @@ CORPUS = [
 
 # ---------------------------------------------------------------- tokenizer
 
-def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB) -> Tokenizer:
-    """A byte-level BPE like SmolLM2's: digits split one by one, GPT-2 byte alphabet."""
+# Qwen2's pre-tokenizer split: transformers rebuilds exactly this for model_type qwen2, whatever
+# tokenizer.json says, so a Qwen2 folder must carry it to tokenize the same in both.
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB, qwen2: bool = False) -> Tokenizer:
+    """A byte-level BPE like SmolLM2's (digits split one by one, GPT-2 byte alphabet), or with
+    qwen2=True like Qwen2's (NFC, Qwen2's split regex)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    if qwen2:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -91,7 +105,8 @@ def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB) -> Tokenizer:
     return tok
 
 
-def write_tokenizer(out: Path, tok: Tokenizer, bos_token: Optional[str]) -> None:
+def write_tokenizer(out: Path, tok: Tokenizer, bos_token: Optional[str],
+                    tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
     tok.save(str(out / "tokenizer.json"))
     added = {
         str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
@@ -107,7 +122,7 @@ def write_tokenizer(out: Path, tok: Tokenizer, bos_token: Optional[str]) -> None
         "eos_token": "<|im_end|>",
         "model_max_length": 2048,
         "pad_token": "<|endoftext|>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": tokenizer_class,
         "unk_token": None,
     }
     _write_json(out / "tokenizer_config.json", cfg)
@@ -305,12 +320,13 @@ def _qwen2_config(vocab: int, dtype: str, **shape: int) -> dict:
 
 
 def make_tiny_qwen2(out: Path, tok: Tokenizer) -> None:
+    tok = train_tokenizer(qwen2=True)
     cfg = _qwen2_config(tok.get_vocab_size(), "bfloat16")
     _write_json(out / "config.json", cfg)
     _write_json(out / "generation_config.json",
                 {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
                  "pad_token_id": ENDOFTEXT_ID})
-    write_tokenizer(out, tok, bos_token=None)
+    write_tokenizer(out, tok, bos_token=None, tokenizer_class="Qwen2Tokenizer")
     write_weights(out, cfg, "bfloat16", seed=2, bias=True, std=0.08, embed_std=0.15,
                   num_shards=2)
 
