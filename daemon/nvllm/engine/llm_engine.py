@@ -1,0 +1,342 @@
+"""step(): schedule -> run the model -> sample -> append, detokenize, check stops -> outputs."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nvllm.engine.block_manager import BlockManager
+from nvllm.engine.scheduler import ScheduledBatch, Scheduler
+from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob
+from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.model.kv_cache import KVCache
+from nvllm.model.loader import read_json
+from nvllm.model.sampler import SamplingBatch, sample
+from nvllm.sampling_params import InvalidParameter, SamplingParams
+from nvllm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger("nvllm.engine")
+
+GENERATION_DEFAULT_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 512
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    max_stop_strings: int = 16
+    max_stop_string_chars: int = 256
+
+
+class LLMEngine:
+    def __init__(self, model: Model, tokenizer: Tokenizer, config: EngineConfig,
+                 model_defaults: dict[str, Any] | None = None, kv_cache: KVCache | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        mc = model.config
+        limit = mc.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or limit, limit)
+        self.kv_cache = kv_cache or model.make_kv_cache(config.num_blocks, config.block_size)
+        self.block_manager = BlockManager(self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.model_defaults = {k: v for k, v in (model_defaults or {}).items() if k in GENERATION_DEFAULT_KEYS}
+        self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        self.seqs: dict[str, Sequence] = {}
+        self._aborted: list[RequestOutput] = []
+        self.num_steps = 0
+        self.num_prompt_tokens_computed = 0
+        self.num_generated_tokens = 0
+        self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) for tokens/s
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+        model_dir = Path(model_dir)
+        model = Model.from_dir(model_dir)
+        tokenizer = Tokenizer.from_dir(model_dir)
+        gen = model_dir / "generation_config.json"
+        defaults = read_json(gen) if gen.exists() else {}
+        return cls(model, tokenizer, config or EngineConfig(), defaults)
+
+    # -- requests -----------------------------------------------------------------------------
+    def make_params(self, params: SamplingParams | None) -> SamplingParams:
+        """The request's parameters with the model's defaults filled in, validated once."""
+        return (params or SamplingParams()).resolve(
+            self.model_defaults, max_stop_strings=self.config.max_stop_strings,
+            max_stop_string_chars=self.config.max_stop_string_chars,
+            vocab_size=self.model.config.vocab_size, max_model_len=self.max_model_len)
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> None:
+        """Queue a request; refuses (InvalidParameter) one that is malformed or can never fit."""
+        self.add_sequence(self.make_sequence(request_id, prompt, params))
+
+    def add_sequence(self, seq: Sequence) -> None:
+        if seq.request_id in self.seqs:
+            raise InvalidParameter("request_id", seq.request_id,
+                                   "unique among the requests in flight (it is already in use)")
+        self.seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def make_sequence(self, request_id: str, prompt: str | list[int],
+                      params: SamplingParams | None = None) -> Sequence:
+        """Validate a request and build its sequence. Reads no engine state that steps change, so
+        another thread may call it while the engine runs."""
+        params = self.make_params(params)
+        if isinstance(prompt, str):
+            field = "prompt"
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            field = "prompt_token_ids"
+            ids = [int(t) for t in prompt]
+            vocab = self.model.config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidParameter(field, bad[0], f"token ids in [0, {vocab})")
+        if not ids:
+            raise InvalidParameter(field, "", "non-empty")
+        n = len(ids)
+        if n >= self.max_model_len:
+            raise InvalidParameter(field, f"{n} tokens",
+                                   f"shorter than max_model_len {self.max_model_len} tokens "
+                                   f"(over by {n - self.max_model_len + 1})")
+        if params.max_tokens is None:
+            params.max_tokens = self.max_model_len - n
+        elif n + params.max_tokens > self.max_model_len:
+            raise InvalidParameter("max_tokens", params.max_tokens,
+                                   f"at most {self.max_model_len - n} for a prompt of {n} tokens "
+                                   f"(prompt + max_tokens exceeds max_model_len {self.max_model_len} "
+                                   f"by {n + params.max_tokens - self.max_model_len})")
+        pages = self.block_manager.blocks_needed(n + params.max_tokens)
+        if pages > self.block_manager.num_blocks:
+            raise InvalidParameter("max_tokens", params.max_tokens,
+                                   f"small enough for the page pool: prompt + max_tokens need {pages} pages, the pool holds "
+                                   f"{self.block_manager.num_blocks} (short by {pages - self.block_manager.num_blocks})")
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
+        return Sequence(request_id, ids, params, detok, self.eos_token_ids, seed)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now and free its pages; its final output comes with the next step()."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None or seq.is_finished:
+            return False
+        self.scheduler.finish(seq)
+        seq.finish_reason = "abort"
+        self._aborted.append(self._output(seq))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._aborted = self._aborted, []
+        batch = self.scheduler.schedule()
+        if not batch:
+            return outputs
+        try:
+            sampled, result = self._run(batch)
+        except Exception as e:  # one bad step fails only its own requests
+            log.exception("engine step failed; failing its %d requests", len(batch.seqs))
+            for seq in batch.seqs:
+                self._finish(seq, "abort")
+                out = self._output(seq)
+                out.error = f"{type(e).__name__}: {e}"
+                outputs.append(out)
+            return outputs
+        self.num_steps += 1
+        now = time.monotonic()
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens += n
+            if before < seq.num_prompt_tokens:
+                self.num_prompt_tokens_computed += min(seq.num_prompt_tokens, seq.num_computed_tokens) - before
+            self.block_manager.cache_full_blocks(seq, before)
+        for row, seq in enumerate(sampled):
+            token = int(result.token_ids[row])
+            lp = None
+            if seq.params.logprobs is not None:
+                top = result.top_logprobs[row]
+                pairs = [] if top is None else [(int(i), float(p)) for i, p in zip(*top)]
+                lp = TokenLogprob(token, float(result.logprobs[row]), pairs)
+            self._append(seq, token, lp, now)
+            outputs.append(self._output(seq))
+        self.num_generated_tokens += len(sampled)
+        self._recent.append((now, len(sampled)))
+        return outputs
+
+    def _run(self, batch: ScheduledBatch):
+        """Pack the batch, run the model, sample the sequences whose last token was computed."""
+        bs = self.config.block_size
+        ids, pos, slots, qlens, clens, tables, logit_rows, sampled = [], [], [], [], [], [], [], []
+        t = 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens
+            p = np.arange(start, start + n)                                  # [n]
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            ids.append(seq.token_ids[start:start + n])
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            qlens.append(n)
+            clens.append(start + n)
+            tables.append(table)
+            t += n
+            if start + n == seq.num_tokens:   # the whole sequence is computed: sample its next token
+                logit_rows.append(t - 1)
+                sampled.append(seq)
+        width = max(len(tb) for tb in tables)
+        block_tables = np.zeros((len(tables), width), dtype=np.int32)       # [S, max_blocks]
+        for r, tb in enumerate(tables):
+            block_tables[r, :len(tb)] = tb
+        fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
+                                np.concatenate(pos), np.concatenate(slots), qlens, clens, block_tables,
+                                logit_rows)
+        logits = self.model.forward(fb, self.kv_cache)
+        if not sampled:
+            return sampled, None
+        return sampled, sample(logits, self._sampling_batch(sampled))
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        ps = [s.params for s in seqs]
+        f32 = lambda vals: np.asarray(vals, dtype=np.float32)  # noqa: E731
+        banned = []
+        for s in seqs:
+            if s.num_output_tokens < s.params.min_tokens:
+                stop_ids = set(s.params.stop_token_ids or ())
+                if not s.params.ignore_eos:
+                    stop_ids |= s.eos_token_ids
+                banned.append(np.fromiter(stop_ids, dtype=np.int64) if stop_ids else None)
+            else:
+                banned.append(None)
+        penalised = [p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1 for p in ps]
+        return SamplingBatch(
+            temperature=f32([p.temperature for p in ps]),
+            top_k=np.asarray([p.top_k for p in ps], dtype=np.int32),
+            top_p=f32([p.top_p for p in ps]),
+            min_p=f32([p.min_p for p in ps]),
+            presence_penalty=f32([p.presence_penalty for p in ps]),
+            frequency_penalty=f32([p.frequency_penalty for p in ps]),
+            repetition_penalty=f32([p.repetition_penalty for p in ps]),
+            output_token_ids=[np.asarray(s.output_token_ids, dtype=np.int64) if pen else _EMPTY
+                              for s, pen in zip(seqs, penalised)],
+            prompt_token_ids=[s.prompt_array if pen else _EMPTY for s, pen in zip(seqs, penalised)],
+            generators=[s.generator for s in seqs],
+            banned_token_ids=banned,
+            num_logprobs=np.asarray([-1 if p.logprobs is None else p.logprobs for p in ps], dtype=np.int32),
+        )
+
+    # -- after sampling -----------------------------------------------------------------------
+    def _append(self, seq: Sequence, token: int, lp: TokenLogprob | None, now: float) -> None:
+        p = seq.params
+        seq.token_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if lp is not None:
+            seq.pending_logprobs.append(lp)
+        n_out = seq.num_output_tokens
+        stop_token = n_out >= p.min_tokens   # below min_tokens no stop applies (vLLM's rule)
+        if stop_token and token in seq.eos_token_ids and not p.ignore_eos:
+            if p.include_stop_str_in_output:
+                self._add_text(seq, token)
+            self._finish(seq, "stop")
+            return
+        if stop_token and p.stop_token_ids and token in p.stop_token_ids:
+            if p.include_stop_str_in_output:
+                self._add_text(seq, token)
+            seq.stop_reason = token
+            self._finish(seq, "stop")
+            return
+        before = len(seq.text)
+        self._add_text(seq, token)
+        if p.stop and stop_token and self._check_stop_strings(seq, before):
+            return
+        if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, "length")
+
+    def _add_text(self, seq: Sequence, token: int) -> None:
+        seq.text += seq.detokenizer.add(token)
+
+    def _check_stop_strings(self, seq: Sequence, before: int) -> bool:
+        """Find a stop string in text that ends in what this token added (matches may span tokens)."""
+        longest = max(len(s) for s in seq.params.stop)
+        window_start = max(0, before - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in seq.params.stop:
+            i = seq.text.find(s, window_start)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return False
+        i, s = best
+        seq.text = seq.text[:i + len(s)] if seq.params.include_stop_str_in_output else seq.text[:i]
+        seq.stop_reason = s
+        self._finish(seq, "stop")
+        return True
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if reason != "abort" and not isinstance(seq.stop_reason, str):
+            # Release text held back for an unfinished character; a stop string already cut the text.
+            seq.text += seq.detokenizer.flush()
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self.seqs.pop(seq.request_id, None)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        finished = seq.status is SequenceStatus.FINISHED
+        end = len(seq.text)
+        if not finished and seq.params.stop:
+            # Hold back what could still turn out to be the start of a stop string.
+            end = max(seq.num_text_sent, end - (max(len(s) for s in seq.params.stop) - 1))
+        text = seq.text[seq.num_text_sent:end]
+        seq.num_text_sent = end
+        new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_sent:]
+        seq.num_tokens_sent += len(new_ids)
+        lps = None
+        if seq.params.logprobs is not None:
+            lps, seq.pending_logprobs = seq.pending_logprobs, []
+        return RequestOutput(
+            request_id=seq.request_id, text=text, token_ids=new_ids, logprobs=lps, finished=finished,
+            finish_reason=seq.finish_reason if finished else None, stop_reason=seq.stop_reason,
+            prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached_tokens)
+
+    # -- numbers ------------------------------------------------------------------------------
+    def tokens_per_second(self, window_s: float = 10.0) -> float:
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - window_s:
+            self._recent.popleft()
+        if not self._recent:
+            return 0.0
+        span = max(now - self._recent[0][0], 1e-3)
+        return sum(n for _, n in self._recent) / span
+
+    def stats(self) -> dict[str, Any]:
+        bm = self.block_manager
+        return {
+            "pages_total": bm.num_blocks,
+            "pages_free": len(bm.free_ids),
+            "pages_cached": bm.num_cached_blocks,
+            "pages_used": bm.num_used_blocks,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "prefix_cache_hit_rate": bm.prefix_hit_rate,
+            "prefix_cache_hit_tokens": bm.num_prefix_hits,
+            "preemptions": self.scheduler.num_preemptions,
+            "steps": self.num_steps,
+            "prompt_tokens_computed": self.num_prompt_tokens_computed,
+            "generated_tokens": self.num_generated_tokens,
+            "tokens_per_s": self.tokens_per_second(),
+        }

@@ -1,0 +1,87 @@
+"""One request's state: its tokens, its pages, how far the cache has computed it, and why it ended."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nvllm.sampling_params import SamplingParams
+from nvllm.tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    """What one step added to one request; the last one has `finished` and the usage counts."""
+    request_id: str
+    text: str                      # new text since the previous output
+    token_ids: list[int]           # new tokens since the previous output
+    logprobs: list[TokenLogprob] | None
+    finished: bool
+    finish_reason: str | None      # "stop", "length" or "abort" once finished
+    stop_reason: str | int | None  # the stop string or token id that matched
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: str | None = None       # set when the request failed inside the engine
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 detokenizer: IncrementalDetokenizer, eos_token_ids: frozenset[int], seed: int) -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.detokenizer = detokenizer
+        self.eos_token_ids = eos_token_ids
+        self.generator = np.random.default_rng(seed)
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0      # tokens whose K/V are in the pool
+        self.num_cached_tokens = 0        # prompt tokens served by the prefix cache at first admission
+        self.admitted_once = False
+        self.arrival_time = time.monotonic()
+        self.first_token_time: float | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.text = ""                    # output text, stop strings trimmed
+        self.num_text_sent = 0            # characters of self.text already handed out
+        self.num_tokens_sent = 0
+        self.pending_logprobs: list[TokenLogprob] = []
+        self.prompt_array = np.asarray(prompt_token_ids, dtype=np.int64)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
