@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Query rows per tile in a prefill chunk: tiles skip the keys their causal mask would hide, and a
+# tile's scores stay small enough to remain in cache.
+PREFILL_TILE = 128
+
 
 @dataclass
 class AttentionMetadata:
@@ -24,6 +28,13 @@ class AttentionMetadata:
         self.query_starts = np.concatenate([[0], np.cumsum(self.query_lens)])  # [S + 1]
         self.decode_rows = np.flatnonzero(self.query_lens == 1)                  # sequences with one new token
         self.prefill_rows = np.flatnonzero(self.query_lens > 1)
+        self.decode_tokens = self.query_starts[self.decode_rows]
+        if self.decode_rows.size:
+            ctx = self.context_lens[self.decode_rows]
+            self.decode_width = int(ctx.max())
+            # Additive mask for padded key positions: 0 where a key exists, -inf past the context.
+            self.decode_bias = np.where(np.arange(self.decode_width) < ctx[:, None], 0.0, -np.inf
+                                        ).astype(np.float32)[:, None, None, :]   # [Sd, 1, 1, C]
 
 
 def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -34,58 +45,81 @@ def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarra
     v_pool.reshape(nb * bs, nkv, hd)[slot_mapping] = v
 
 
-def _softmax_rows(scores: np.ndarray) -> np.ndarray:
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return scores
-
-
 def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.ndarray:
-    """A sequence's first num_tokens keys (or values): [S, MB] tables -> [S, num_tokens, nkv, hd]."""
+    """The first num_tokens keys (or values) of each sequence: [S, MB] tables -> [S, num_tokens, nkv, hd]."""
     nb, bs, nkv, hd = pool.shape
     num_blocks = -(-num_tokens // bs)
-    g = pool[block_tables[:, :num_blocks]]                     # [S, mb, bs, nkv, hd]
+    g = np.take(pool, block_tables[:, :num_blocks], axis=0)   # [S, mb, bs, nkv, hd]
     return g.reshape(g.shape[0], num_blocks * bs, nkv, hd)[:, :num_tokens]
 
 
-def paged_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray,
-                    meta: AttentionMetadata, scale: float) -> np.ndarray:
-    """q [T, nh, hd] against the pool -> [T, nh, hd]. K/V of this step must already be written."""
-    T, nh, hd = q.shape
+def _decode(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, meta: AttentionMetadata,
+            out: np.ndarray) -> None:
+    """Every single-token sequence at once, padded to the longest context and masked."""
+    rows, tok = meta.decode_rows, meta.decode_tokens
+    nh, hd = q.shape[1], q.shape[2]
     nkv = k_pool.shape[2]
-    group = nh // nkv
+    tables = meta.block_tables[rows]
+    k = _gather(k_pool, tables, meta.decode_width)                # [Sd, C, nkv, hd]
+    v = _gather(v_pool, tables, meta.decode_width)
+    qd = q[tok].reshape(rows.size, nkv, nh // nkv, hd)             # [Sd, nkv, g, hd]
+    scores = qd @ k.transpose(0, 2, 3, 1)                          # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
+    scores += meta.decode_bias
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    o = scores @ v.transpose(0, 2, 1, 3)                           # [Sd, nkv, g, C] @ [Sd, nkv, C, hd] -> [Sd, nkv, g, hd]
+    o /= scores.sum(axis=-1, keepdims=True)                        # normalise the [g, hd] result, not the [g, C] scores
+    out[tok] = o.reshape(rows.size, nh, hd)
+
+
+def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """One chunk's queries [n, nh, hd] over its whole context k, v [C, nkv, hd]; causal by position.
+
+    The query heads that share a KV head are stacked as rows, so each tile is one large matmul per KV
+    head rather than many small ones.
+    """
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    qh = np.ascontiguousarray(q.reshape(n, nkv, g, hd).transpose(1, 0, 2, 3)).reshape(nkv, n * g, hd)
+    kt = k.transpose(1, 2, 0)                                       # [nkv, hd, C] view
+    vh = v.transpose(1, 0, 2)                                       # [nkv, C, hd] view
+    out = np.empty((n, nh, hd), dtype=q.dtype)
+    for t0 in range(0, n, PREFILL_TILE):
+        t1 = min(n, t0 + PREFILL_TILE)
+        pos = positions[t0:t1]
+        width = int(pos[-1]) + 1                                    # keys this tile can see at all
+        s = qh[:, t0 * g:t1 * g] @ kt[:, :, :width]                 # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+        first = int(pos[0]) + 1                                     # keys before this are visible to every row
+        if first < width:
+            hidden = np.arange(first, width)[None, :] > pos[:, None]  # [t, W - first]
+            bias = np.where(np.repeat(hidden, g, axis=0), -np.inf, 0.0).astype(np.float32)
+            s[..., first:] += bias                                  # [t*g, W - first] causal part
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        o = s @ vh[:, :width]                                       # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
+        o /= s.sum(axis=-1, keepdims=True)
+        out[t0:t1] = o.reshape(nkv, t1 - t0, g, hd).transpose(1, 0, 2, 3).reshape(t1 - t0, nh, hd)
+    return out
+
+
+def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_pool: np.ndarray,
+                    v_pool: np.ndarray, meta: AttentionMetadata) -> np.ndarray:
+    """q [T, nh, hd], already scaled by 1/sqrt(hd), against the pool -> [T, nh, hd].
+
+    K/V of this step (k_new, v_new [T, nkv, hd]) must already be written to the pool; a chunk with
+    nothing cached before it reads them directly instead of gathering its pages back.
+    """
     out = np.empty_like(q)
-
-    rows = meta.decode_rows
-    if rows.size:
-        # All single-token sequences at once, padded to the longest context and masked.
-        ctx = meta.context_lens[rows]                           # [Sd]
-        c = int(ctx.max())
-        k = _gather(k_pool, meta.block_tables[rows], c)         # [Sd, C, nkv, hd]
-        v = _gather(v_pool, meta.block_tables[rows], c)
-        tok = meta.query_starts[rows]
-        qd = q[tok].reshape(rows.size, nkv, group, hd)          # [Sd, nkv, g, hd]
-        scores = qd @ k.transpose(0, 2, 3, 1)                   # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
-        scores *= scale
-        pad = np.arange(c) >= ctx[:, None]                      # [Sd, C]
-        scores[np.broadcast_to(pad[:, None, None, :], scores.shape)] = -np.inf
-        probs = _softmax_rows(scores)
-        od = probs @ v.transpose(0, 2, 1, 3)                    # [Sd, nkv, g, C] @ [Sd, nkv, C, hd] -> [Sd, nkv, g, hd]
-        out[tok] = od.reshape(rows.size, nh, hd)
-
+    if meta.decode_rows.size:
+        _decode(q, k_pool, v_pool, meta, out)
     for s in meta.prefill_rows:
-        # One chunk at a time: a chunk is already a large matmul of its own.
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])
         c = int(meta.context_lens[s])
-        k = _gather(k_pool, meta.block_tables[s:s + 1], c)[0]  # [C, nkv, hd]
-        v = _gather(v_pool, meta.block_tables[s:s + 1], c)[0]
-        qs = q[start:start + n].reshape(n, nkv, group, hd).transpose(1, 2, 0, 3)  # [nkv, g, n, hd]
-        scores = qs @ k.transpose(1, 2, 0)[:, None]              # [nkv, g, n, hd] @ [nkv, 1, hd, C] -> [nkv, g, n, C]
-        scores *= scale
-        future = np.arange(c)[None, :] > meta.positions[start:start + n, None]  # [n, C]: causal mask
-        scores[np.broadcast_to(future, scores.shape)] = -np.inf
-        probs = _softmax_rows(scores)
-        os_ = probs @ v.transpose(1, 0, 2)[:, None]              # [nkv, g, n, C] @ [nkv, 1, C, hd] -> [nkv, g, n, hd]
-        out[start:start + n] = os_.transpose(2, 0, 1, 3).reshape(n, nh, hd)
+        if c == n:   # a whole prompt from position 0: its keys are all new
+            k, v = k_new[start:start + n], v_new[start:start + n]
+        else:
+            k = _gather(k_pool, meta.block_tables[s:s + 1], c)[0]  # [C, nkv, hd]
+            v = _gather(v_pool, meta.block_tables[s:s + 1], c)[0]
+        out[start:start + n] = _prefill(q[start:start + n], k, v, meta.positions[start:start + n])
     return out

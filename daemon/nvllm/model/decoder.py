@@ -83,18 +83,20 @@ class Model:
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         cos, sin = self._rope(batch.positions)
+        qcos, qsin = cos * np.float32(self.scale), sin * np.float32(self.scale)
         x = w.embed[batch.token_ids]                                            # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            q = self._apply_rope(qkv[:, :self.q_size].reshape(T, nh, hd), cos, sin)
+            # The softmax scale rides on the cos/sin of q, so scores need no extra pass.
+            q = self._apply_rope(qkv[:, :self.q_size].reshape(T, nh, hd), qcos, qsin)
             k = self._apply_rope(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(T, nkv, hd), cos, sin)
             v = qkv[:, self.q_size + self.kv_size:].reshape(T, nkv, hd)
             k_pool, v_pool = kv_cache.layer(i)
             write_kv(k_pool, v_pool, k, v, batch.attn.slot_mapping)
-            attn = paged_attention(q, k_pool, v_pool, batch.attn, self.scale)   # [T, nh, hd]
+            attn = paged_attention(q, k, v, k_pool, v_pool, batch.attn)          # [T, nh, hd]
             x = x + attn.reshape(T, nh * hd) @ layer.o                          # [T, nh*hd] @ [nh*hd, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gu = h @ layer.gate_up                                              # [T, H] @ [H, 2I]
