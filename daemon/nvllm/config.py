@@ -38,7 +38,7 @@ class CacheSettings:
     # Memory left to everything else on the board, taken off before the fraction applies.
     reserve_mb: int = 1024
     # Upper bound on the pool, whatever memory is available; 0 means none.
-    max_pool_mb: int = 4096
+    max_pool_mb: int = 2048
     enable_prefix_caching: bool = True
 
 

@@ -1,0 +1,335 @@
+"""The gRPC servicer for nvllm.v1.Generator, and the daemon state Health reports.
+
+Generate: validate (INVALID_ARGUMENT naming the proto field), render chat, tokenize (off the event
+loop), check admission (UNAVAILABLE while starting or draining, RESOURCE_EXHAUSTED under memory
+pressure or with a full queue), then stream the engine's deltas. A client that cancels or passes
+its deadline closes the stream, which aborts the request in the engine at once.
+
+Nothing here touches an array: numbers come from the engine's stats snapshot and its outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from nvllm import __version__
+from nvllm.engine.async_engine import AsyncEngine, EngineDead
+from nvllm.engine.sequence import RequestOutput
+from nvllm.sampling_params import InvalidParameter, SamplingParams
+from nvllm.server.logs import request_context
+from nvllm.server.memory import MemoryWatchdog
+from nvllm.v1 import nvllm_pb2 as pb
+from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
+
+log = logging.getLogger("nvllm.server.service")
+
+SERVICE_NAME = "nvllm.v1.Generator"
+LIVENESS = ""
+MAX_REQUEST_ID_CHARS = 128
+
+_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+# SamplingParams fields the proto carries as `optional` scalars.
+_OPTIONAL_SCALARS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "seed", "max_tokens", "min_tokens", "ignore_eos",
+                     "include_stop_str_in_output", "skip_special_tokens", "logprobs")
+_SAMPLING_FIELDS = frozenset(_OPTIONAL_SCALARS) | {"stop", "stop_token_ids"}
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+class BadRequest(Exception):
+    """A request refused before it reaches the engine; `field` is the proto field's path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def process_start_time() -> float:
+    """Wall-clock time the process started (for uptime)."""
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return time.time()
+
+
+class DaemonState:
+    """What Health reports and what admission checks read; lives on the event loop's thread.
+
+    The async engine and the watchdog arrive once the model is loaded; until then the state is
+    STARTING and every Generate is UNAVAILABLE.
+    """
+
+    def __init__(self, model_name: str, health: HealthServicer, max_waiting: int, max_num_seqs: int,
+                 max_message_bytes: int) -> None:
+        self.model_name = model_name
+        self.health = health
+        self.max_waiting = max_waiting
+        self.max_num_seqs = max_num_seqs
+        self.max_message_bytes = max_message_bytes
+        self.phase = Phase.STARTING
+        self.engine: AsyncEngine | None = None
+        self.watchdog: MemoryWatchdog | None = None
+        self.started_at = process_start_time()
+        self.startup_s = 0.0
+
+    # -- transitions (event loop thread) ----------------------------------------------------
+    async def set_ready(self, engine: AsyncEngine, watchdog: MemoryWatchdog | None) -> None:
+        self.engine, self.watchdog = engine, watchdog
+        self.phase = Phase.SERVING
+        self.startup_s = max(0.0, time.time() - self.started_at)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        await self.sync_readiness()
+
+    async def begin_drain(self) -> None:
+        self.phase = Phase.DRAINING
+        await self.sync_readiness()
+
+    async def sync_readiness(self) -> None:
+        """Readiness follows the state: SERVING only when new requests are admitted."""
+        serving = self.state() == pb.HealthResponse.STATE_SERVING
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set(SERVICE_NAME, status)
+
+    def on_admission_change(self, admitting: bool, reason: str) -> None:
+        """The watchdog flipped (called on the loop via call_soon_threadsafe)."""
+        asyncio.ensure_future(self.sync_readiness())
+
+    # -- queries ------------------------------------------------------------------------------
+    def state(self) -> int:
+        if self.phase is Phase.STARTING:
+            return pb.HealthResponse.STATE_STARTING
+        if self.phase is Phase.DRAINING:
+            return pb.HealthResponse.STATE_DRAINING
+        if self.not_admitting_reason():
+            return pb.HealthResponse.STATE_NOT_ADMITTING
+        return pb.HealthResponse.STATE_SERVING
+
+    def not_admitting_reason(self) -> str:
+        if self.engine is not None and not self.engine.is_running:
+            return "the engine loop is not running"
+        if self.watchdog is not None and not self.watchdog.admitting:
+            return self.watchdog.reason
+        return ""
+
+    def queue_length(self, stats: dict[str, Any]) -> int:
+        """Requests that would wait for a seat: those queued beyond the free seats."""
+        free_seats = max(0, self.max_num_seqs - stats.get("running", 0))
+        return max(0, stats.get("waiting", 0) - free_seats)
+
+    def health_response(self) -> pb.HealthResponse:
+        state = self.state()
+        r = pb.HealthResponse(state=state, model=self.model_name, version=__version__,
+                              uptime_s=max(0.0, time.time() - self.started_at), startup_s=self.startup_s)
+        if state == pb.HealthResponse.STATE_NOT_ADMITTING:
+            r.not_admitting_reason = self.not_admitting_reason()
+        if self.engine is not None:
+            s = self.engine.stats()
+            r.pages_total, r.pages_free, r.pages_cached = s["pages_total"], s["pages_free"], s["pages_cached"]
+            r.running, r.waiting = s["running"], s["waiting"]
+            r.tokens_per_s = float(s["tokens_per_s"])
+        if self.watchdog is not None:
+            r.watchdog_low_bytes, r.watchdog_high_bytes = self.watchdog.low_bytes, self.watchdog.high_bytes
+            reading = self.watchdog.last_reading
+            if reading is not None:
+                r.available_memory_bytes = max(0, int(reading.available_bytes))
+        return r
+
+
+# -- request -> engine arguments ------------------------------------------------------------
+def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
+    """The proto's SamplingParams as our dataclass; unset fields keep their defaults (None = model's)."""
+    kwargs: dict[str, Any] = {}
+    if request.HasField("sampling_params"):
+        sp = request.sampling_params
+        for name in _OPTIONAL_SCALARS:
+            if sp.HasField(name):
+                kwargs[name] = getattr(sp, name)
+        kwargs["stop"] = list(sp.stop)
+        kwargs["stop_token_ids"] = [int(t) for t in sp.stop_token_ids]
+    return SamplingParams(**kwargs)
+
+
+def proto_field(name: str, input_field: str) -> str:
+    """The proto path of a field an InvalidParameter names."""
+    if name in _SAMPLING_FIELDS:
+        return f"sampling_params.{name}"
+    if name in ("prompt", "prompt_token_ids"):
+        return input_field    # the engine sees chat as token ids: blame what the client sent
+    return name
+
+
+def invalid_message(e: InvalidParameter, input_field: str) -> str:
+    field = proto_field(e.field, input_field)
+    text = str(e)
+    return field + text[len(e.field):] if text.startswith(e.field) else f"{field}: {text}"
+
+
+def oversized_field(request: pb.GenerateRequest) -> str:
+    """The field that makes a request big, for the size error."""
+    sizes = {"request_id": len(request.request_id.encode()), "model": len(request.model.encode())}
+    which = request.WhichOneof("input")
+    if which is not None:
+        sizes[which] = getattr(request, which).ByteSize() if which != "prompt" else len(request.prompt.encode())
+    if request.HasField("sampling_params"):
+        sizes["sampling_params.stop"] = sum(len(s.encode()) for s in request.sampling_params.stop)
+        sizes["sampling_params.stop_token_ids"] = 10 * len(request.sampling_params.stop_token_ids)
+    return max(sizes, key=sizes.__getitem__)
+
+
+class GeneratorService(pb_grpc.GeneratorServicer):
+    def __init__(self, state: DaemonState, executor: concurrent.futures.Executor | None = None) -> None:
+        self.state = state
+        # Tokenizing a long prompt must not block the event loop; two workers are plenty here.
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nvllm-tokenize")
+
+    # -- Health -------------------------------------------------------------------------------
+    async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
+        return self.state.health_response()
+
+    # -- Generate -----------------------------------------------------------------------------
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        t0 = time.monotonic()
+        rid = request.request_id or uuid.uuid4().hex
+        with request_context(rid):
+            st = self.state
+            if st.phase is not Phase.SERVING or st.engine is None:
+                why = "draining: the daemon is shutting down" if st.phase is Phase.DRAINING else \
+                    "starting: the model is still loading"
+                await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+            engine = st.engine
+            try:
+                input_field, prompt, params = self._check(request, rid)
+                seq = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self._make_sequence, engine, rid, input_field, prompt, params)
+            except BadRequest as e:
+                log.info("refused: %s", e)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            # Admission: checked after the (awaited) tokenization and with no await before the
+            # engine takes the request, so concurrent calls cannot both pass a full queue.
+            if st.phase is not Phase.SERVING:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the daemon is shutting down")
+            reason = st.not_admitting_reason()
+            if reason:
+                log.info("refused: not admitting: %s", reason)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"not admitting new requests: {reason}")
+            queued = st.queue_length(engine.stats())
+            if queued >= st.max_waiting:
+                msg = f"queue full: {queued} waiting, limit {st.max_waiting}"
+                log.info("refused: %s", msg)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+            try:
+                stream = engine.add(seq)
+            except (InvalidParameter, EngineDead) as e:
+                code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidParameter) else grpc.StatusCode.UNAVAILABLE
+                await context.abort(code, str(e))
+            log.info("admitted: %d prompt tokens, max_tokens %d", seq.num_prompt_tokens, seq.params.max_tokens)
+            first_token_time = None
+            try:
+                with stream:
+                    async for out in stream:
+                        if out.error is not None:
+                            log.error("failed in the engine: %s", out.error)
+                            await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
+                        if first_token_time is None and out.token_ids:
+                            first_token_time = time.monotonic()
+                        yield self._response(rid, out, t0, first_token_time)
+                        if out.finished:
+                            log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
+                                     out.finish_reason, out.prompt_tokens, out.completion_tokens,
+                                     out.cached_tokens,
+                                     "" if first_token_time is None
+                                     else f", first token after {1000 * (first_token_time - t0):.0f} ms")
+            except asyncio.CancelledError:
+                log.info("cancelled (client went away or its deadline passed); request aborted")
+                raise
+            except InvalidParameter as e:     # the engine refused it (a request id in use)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, input_field))
+
+    def _check(self, request: pb.GenerateRequest, rid: str) -> tuple[str, Any, SamplingParams]:
+        """Checks that need no tokenizer; returns (input field, prompt or messages, params)."""
+        st = self.state
+        size = request.ByteSize()
+        if size > st.max_message_bytes:
+            field = oversized_field(request)
+            raise BadRequest(field, f"{field} makes the request {size} bytes; a request may be at most "
+                                    f"{st.max_message_bytes} bytes (server.max_message_bytes)")
+        if len(rid) > MAX_REQUEST_ID_CHARS:
+            raise BadRequest("request_id", f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
+                                           f"got {len(rid)}")
+        if request.model and request.model != st.model_name:
+            raise BadRequest("model", f"model must be empty or {st.model_name!r} (the served model), "
+                                      f"got {request.model[:64]!r}")
+        which = request.WhichOneof("input")
+        if which is None:
+            raise BadRequest("input", "input must be set: one of prompt, chat or prompt_token_ids")
+        if which == "prompt":
+            if not request.prompt:
+                raise BadRequest("prompt", "prompt must not be empty")
+            prompt: Any = request.prompt
+        elif which == "chat":
+            if not request.chat.messages:
+                raise BadRequest("chat.messages", "chat.messages must hold at least one message")
+            prompt = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        else:
+            if not request.prompt_token_ids.ids:
+                raise BadRequest("prompt_token_ids.ids", "prompt_token_ids.ids must hold at least one id")
+            prompt = [int(t) for t in request.prompt_token_ids.ids]
+        try:
+            params = sampling_params_from_proto(request)
+        except (TypeError, ValueError) as e:
+            raise BadRequest("sampling_params", f"sampling_params: {e}") from None
+        return which, prompt, params
+
+    def _make_sequence(self, engine: AsyncEngine, rid: str, input_field: str, prompt: Any,
+                       params: SamplingParams):
+        """Render chat, tokenize, validate: runs in the executor."""
+        if input_field == "chat":
+            try:
+                prompt = engine.engine.tokenizer.encode_chat(prompt)
+            except ValueError as e:
+                raise BadRequest("chat", f"chat.{e}" if str(e).startswith("messages") else f"chat: {e}") from None
+        try:
+            return engine.make_sequence(rid, prompt, params)
+        except InvalidParameter as e:
+            raise BadRequest(proto_field(e.field, input_field), invalid_message(e, input_field)) from None
+
+    def _response(self, rid: str, out: RequestOutput, t0: float, first_token_time: float | None
+                  ) -> pb.GenerateResponse:
+        r = pb.GenerateResponse(request_id=rid, text=out.text, token_ids=out.token_ids)
+        if out.logprobs:
+            tok = self.state.engine.engine.tokenizer
+            for lp in out.logprobs:
+                r.logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
+                               top=[pb.TopLogprob(token_id=i, logprob=p, token=tok.id_to_token(i) or "")
+                                    for i, p in lp.top])
+        if out.finished:
+            r.finish_reason = _FINISH.get(out.finish_reason or "abort", pb.FINISH_REASON_ABORT)
+            if out.finish_reason == "stop" and out.stop_reason is not None:
+                if isinstance(out.stop_reason, str):
+                    r.stop_str = out.stop_reason
+                else:
+                    r.stop_token_id = int(out.stop_reason)
+            r.usage.prompt_tokens = out.prompt_tokens
+            r.usage.completion_tokens = out.completion_tokens
+            r.usage.cached_tokens = out.cached_tokens
+            if first_token_time is not None:
+                r.time_to_first_token_ms = 1000.0 * (first_token_time - t0)
+        return r
+
