@@ -1,0 +1,362 @@
+"""Throughput and latency, each figure beside floors measured in the same run with the same BLAS.
+
+Floors:
+  matmul floor  the model's own weight matrices multiplied by as many rows as the step has tokens,
+                back to back, nothing else: what a perfect engine on this BLAS would take.
+  roofline      this machine's limits: reading every weight once at the measured memory bandwidth,
+                or the step's FLOPs at the measured peak sgemm rate, whichever is slower.
+Every figure is also given as a fraction of its floor (1.0 = at the floor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import psutil
+
+from nvllm.engine.llm_engine import EngineConfig, LLMEngine
+from nvllm.model.loader import ModelWeights
+from nvllm.sampling_params import SamplingParams
+
+
+def _best(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm caches, pages and BLAS threads
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def blas_info() -> dict[str, Any]:
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        return {"name": blas.get("name"), "version": blas.get("version"),
+                "openblas_config": blas.get("openblas configuration")}
+    except Exception:  # older NumPy: no dict form
+        return {"name": "unknown"}
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info()}
+
+
+def measure_bandwidth_gbs(mib: int = 256) -> float:
+    """Bytes per second a BLAS matrix-vector product streams from memory: how weights are read in decode."""
+    n = int(np.sqrt(mib * 2**20 / 4))
+    w = np.ones((n, n), dtype=np.float32)
+    x = np.ones((1, n), dtype=np.float32)
+    return w.nbytes / _best(lambda: x @ w, 5) / 1e9
+
+
+def measure_sgemm_gflops(n: int = 1536) -> float:
+    a = np.ones((n, n), dtype=np.float32)
+    b = np.ones((n, n), dtype=np.float32)
+    return 2 * n ** 3 / _best(lambda: a @ b, 3) / 1e9
+
+
+@dataclass
+class Floors:
+    bandwidth_gbs: float
+    sgemm_gflops: float
+    weight_bytes: int
+    flops_per_token: float          # 2 * matmul parameters (lm_head counted per logit row)
+    matmul_s: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def matmul(self, weights: ModelWeights, rows: int, logit_rows: int) -> float:
+        """Seconds of the model's matmuls for one step of `rows` tokens, `logit_rows` of them through lm_head."""
+        key = (rows, logit_rows)
+        if key not in self.matmul_s:
+            self.matmul_s[key] = matmul_floor(weights, rows, logit_rows)
+        return self.matmul_s[key]
+
+    def roofline(self, rows: int, logit_rows: int, lm_head_flops: float) -> float:
+        body = self.flops_per_token - lm_head_flops
+        flops = body * rows + lm_head_flops * logit_rows
+        return max(self.weight_bytes / (self.bandwidth_gbs * 1e9), flops / (self.sgemm_gflops * 1e9))
+
+
+def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) -> float:
+    h = w.embed.shape[1]
+    xs = {a.shape[0]: np.ones((rows, a.shape[0]), dtype=np.float32)
+          for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down)}
+    last = np.ones((logit_rows, h), dtype=np.float32)
+
+    def run() -> None:
+        for layer in w.layers:
+            for a in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                xs[a.shape[0]] @ a
+        last @ w.lm_head
+    return _best(run, repeats)
+
+
+def weight_matmul_params(w: ModelWeights) -> tuple[int, int]:
+    body = sum(a.size for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    return body, w.lm_head.size
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values), q))
+
+
+class Progress:
+    """One status line on a terminal, rewritten in place; elsewhere only the phases, one per line."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.tty = enabled and sys.stderr.isatty()
+        self.quiet = not enabled
+
+    def __call__(self, msg: str, tick: bool = False) -> None:
+        if self.quiet or (tick and not self.tty):
+            return
+        if self.tty:
+            sys.stderr.write("\r\033[K" + msg)
+            sys.stderr.flush()
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+
+
+def random_prompt(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
+    return rng.integers(100, min(vocab, 30000), n).tolist()
+
+
+def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_len: int
+                 ) -> tuple[float, list[float], list[float], list[int]]:
+    """Run prompts together to completion; returns (wall time, TTFTs, inter-token gaps, tokens per step)."""
+    params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
+    start = time.perf_counter()
+    ids = []
+    for i, p in enumerate(prompts):
+        rid = f"bench-{time.monotonic_ns()}-{i}"
+        engine.add_request(rid, p, params)
+        ids.append(rid)
+    last: dict[str, float] = {}
+    ttft, itl, steps = [], [], []
+    while engine.has_unfinished():
+        outs = engine.step()
+        now = time.perf_counter()
+        steps.append(len(outs))
+        for o in outs:
+            if not o.token_ids:
+                continue
+            if o.request_id not in last:
+                ttft.append(now - start)
+            else:
+                itl.append(now - last[o.request_id])
+            last[o.request_id] = now
+    return time.perf_counter() - start, ttft, itl, steps
+
+
+def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, gen_len: int,
+                     prefill_lens: list[int], progress: Progress) -> dict[str, Any]:
+    rss_peak = [psutil.Process().memory_info().rss]
+
+    def sample_rss() -> None:
+        rss_peak[0] = max(rss_peak[0], psutil.Process().memory_info().rss)
+
+    progress("loading model")
+    max_c = max(concurrency)
+    budget = max(512, max(prefill_lens))
+    blocks = max_c * -(-(prompt_len + gen_len) // 16) + 2 * -(-max(prefill_lens) // 16) + 16
+    engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=blocks, max_num_seqs=max_c,
+                                                        max_num_batched_tokens=budget,
+                                                        enable_prefix_caching=False))
+    mc = engine.model.config
+    w = engine.model.weights
+    sample_rss()
+    progress("measuring the machine's floors")
+    body, head = weight_matmul_params(w)
+    floors = Floors(bandwidth_gbs=measure_bandwidth_gbs(), sgemm_gflops=measure_sgemm_gflops(),
+                    weight_bytes=4 * (body + head), flops_per_token=2.0 * (body + head))
+    head_flops = 2.0 * head
+    rng = np.random.default_rng(0)
+    result: dict[str, Any] = {
+        "machine": machine_info(),
+        "model": {"path": str(model_dir), "architecture": mc.architecture, "parameters": mc.num_params,
+                  "layers": mc.num_layers, "hidden": mc.hidden_size, "vocab": mc.vocab_size,
+                  "weight_bytes": w.nbytes},
+        "floors": {"memory_bandwidth_gbs": round(floors.bandwidth_gbs, 2),
+                   "sgemm_gflops": round(floors.sgemm_gflops, 1),
+                   "weight_read_ms": round(floors.weight_bytes / floors.bandwidth_gbs / 1e6, 2)},
+        "prefill": [], "decode": [],
+    }
+    for n in prefill_lens:
+        progress(f"prefill {n} tokens")
+        prompt = random_prompt(rng, mc.vocab_size, n)
+        run_requests(engine, [prompt], 1)  # warm-up
+        times = [run_requests(engine, [random_prompt(rng, mc.vocab_size, n)], 1)[0] for _ in range(2)]
+        t = min(times)
+        sample_rss()
+        mm = floors.matmul(w, n, 1)
+        roof = floors.roofline(n, 1, head_flops)
+        result["prefill"].append({
+            "prompt_tokens": n, "seconds": round(t, 4), "tokens_per_s": round(n / t, 1),
+            "matmul_floor_s": round(mm, 4), "fraction_of_floor": round(mm / t, 3),
+            "roofline_s": round(roof, 4), "fraction_of_roofline": round(roof / t, 3)})
+    for c in concurrency:
+        progress(f"decode at concurrency {c}")
+        prompts = [random_prompt(rng, mc.vocab_size, prompt_len) for _ in range(c)]
+        run_requests(engine, [p[:16] for p in prompts[:2]], 4)  # warm-up
+        # Prefill everyone first, then time pure decode steps.
+        params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
+        start = time.perf_counter()
+        for i, p in enumerate(prompts):
+            engine.add_request(f"d{c}-{i}", p, params)
+        first: dict[str, float] = {}
+        last: dict[str, float] = {}
+        itl: list[float] = []
+        decode_time, decode_tokens, step_times = 0.0, 0, []
+        while engine.has_unfinished():
+            t0 = time.perf_counter()
+            outs = engine.step()
+            now = time.perf_counter()
+            produced = [o for o in outs if o.token_ids]
+            # A pure decode step: every running sequence produced exactly one token after its first.
+            if produced and all(o.request_id in first for o in produced):
+                decode_time += now - t0
+                decode_tokens += len(produced)
+                step_times.append((now - t0, len(produced)))
+            for o in produced:
+                if o.request_id in first:
+                    itl.append(now - last[o.request_id])
+                else:
+                    first[o.request_id] = now - start
+                last[o.request_id] = now
+            progress(f"decode at concurrency {c}: {len(last)} started, {decode_tokens} decode tokens", tick=True)
+        sample_rss()
+        tps = decode_tokens / decode_time if decode_time else float("nan")
+        mm = floors.matmul(w, c, c)
+        roof = floors.roofline(c, c, head_flops)
+        result["decode"].append({
+            "concurrency": c, "tokens_per_s": round(tps, 1),
+            "step_ms": round(1000 * decode_time / max(1, len(step_times)), 2),
+            "matmul_floor_step_ms": round(1000 * mm, 2),
+            "floor_tokens_per_s": round(c / mm, 1), "fraction_of_floor": round(tps * mm / c, 3),
+            "roofline_tokens_per_s": round(c / roof, 1), "fraction_of_roofline": round(tps * roof / c, 3),
+            "ttft_ms_p50": round(1000 * pct(list(first.values()), 50), 1),
+            "ttft_ms_p99": round(1000 * pct(list(first.values()), 99), 1),
+            "itl_ms_p50": round(1000 * pct(itl, 50), 2), "itl_ms_p99": round(1000 * pct(itl, 99), 2)})
+    result["peak_rss_mib"] = round(rss_peak[0] / 2**20, 1)
+    progress.done()
+    return result
+
+
+async def _bench_target(target: str, concurrency: list[int], prompt_len: int, gen_len: int,
+                        progress: Progress) -> dict[str, Any]:
+    import grpc
+
+    from nvllm.v1 import nvllm_pb2, nvllm_pb2_grpc
+
+    result: dict[str, Any] = {"machine": machine_info(), "target": target, "decode": []}
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = nvllm_pb2_grpc.GeneratorStub(channel)
+        health = await stub.Health(nvllm_pb2.HealthRequest(), timeout=10)
+        result["model"] = {"name": health.model}
+        rng = np.random.default_rng(0)
+
+        async def one(ids: list[int], times: dict[str, Any]) -> int:
+            req = nvllm_pb2.GenerateRequest(
+                prompt_token_ids=nvllm_pb2.TokenIds(ids=ids),
+                sampling_params=nvllm_pb2.SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True))
+            start = time.perf_counter()
+            stamps = []
+            n = 0
+            async for resp in stub.Generate(req):
+                if resp.token_ids:
+                    stamps.append(time.perf_counter())
+                    n += len(resp.token_ids)
+            times["ttft"].append(stamps[0] - start)
+            times["itl"].extend(b - a for a, b in zip(stamps, stamps[1:]))
+            return n
+
+        for c in concurrency:
+            progress(f"decode at concurrency {c} through {target}")
+            times: dict[str, list[float]] = {"ttft": [], "itl": []}
+            t = time.perf_counter()
+            counts = await asyncio.gather(*(one(rng.integers(100, 30000, prompt_len).tolist(), times)
+                                            for _ in range(c)))
+            wall = time.perf_counter() - t
+            result["decode"].append({
+                "concurrency": c, "tokens_per_s": round(sum(counts) / wall, 1),
+                "ttft_ms_p50": round(1000 * pct(times["ttft"], 50), 1),
+                "ttft_ms_p99": round(1000 * pct(times["ttft"], 99), 1),
+                "itl_ms_p50": round(1000 * pct(times["itl"], 50), 2),
+                "itl_ms_p99": round(1000 * pct(times["itl"], 99), 2)})
+    progress.done()
+    return result
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lines = []
+    m = r["machine"]
+    lines.append(f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores, {m['memory_gib']} GiB), "
+                 f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}")
+    if "floors" in r:
+        f = r["floors"]
+        lines.append(f"model: {r['model']['path']} ({r['model']['parameters'] / 1e6:.0f}M parameters, "
+                     f"{r['model']['weight_bytes'] / 2**20:.0f} MiB float32)")
+        lines.append(f"floors: memory bandwidth {f['memory_bandwidth_gbs']} GB/s "
+                     f"(weights read in {f['weight_read_ms']} ms), peak sgemm {f['sgemm_gflops']} GFLOP/s")
+    if r.get("prefill"):
+        lines.append("")
+        lines.append(f"{'prefill':>10} {'tokens/s':>10} {'seconds':>9} {'matmul floor':>13} {'of floor':>9} {'of roofline':>12}")
+        for p in r["prefill"]:
+            lines.append(f"{p['prompt_tokens']:>10} {p['tokens_per_s']:>10} {p['seconds']:>9} "
+                         f"{p['matmul_floor_s']:>12}s {p['fraction_of_floor']:>9} {p['fraction_of_roofline']:>12}")
+    if r.get("decode"):
+        lines.append("")
+        has_floor = "fraction_of_floor" in r["decode"][0]
+        head = f"{'concurrency':>11} {'tokens/s':>9}"
+        if has_floor:
+            head += f" {'floor tok/s':>11} {'of floor':>9} {'of roofline':>12}"
+        head += f" {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
+        lines.append(head)
+        for d in r["decode"]:
+            row = f"{d['concurrency']:>11} {d['tokens_per_s']:>9}"
+            if has_floor:
+                row += f" {d['floor_tokens_per_s']:>11} {d['fraction_of_floor']:>9} {d['fraction_of_roofline']:>12}"
+            row += (f" {d['ttft_ms_p50']:>7}ms {d['ttft_ms_p99']:>7}ms {d['itl_ms_p50']:>6}ms {d['itl_ms_p99']:>6}ms")
+            lines.append(row)
+    if "peak_rss_mib" in r:
+        lines.append("")
+        lines.append(f"peak resident memory: {r['peak_rss_mib']} MiB")
+    return "\n".join(lines)
+
+
+def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
+        target: str | None, as_json: bool, prefill_lens: list[int] | None = None) -> dict[str, Any]:
+    progress = Progress(enabled=True)
+    if target:
+        result = asyncio.run(_bench_target(target, concurrency, prompt_len, gen_len, progress))
+    else:
+        assert model_dir is not None
+        result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512], progress)
+    print(json.dumps(result) if as_json else format_table(result))
+    return result
