@@ -9,11 +9,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs the same examples every time, so a red run always reproduces; locally they vary and explore.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16")
 SMOLLM2 = MODELS / "smollm2-135m-instruct"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "aarch64: the subset deploy/aarch64-check.sh runs under emulation (pytest -m aarch64): "
+                   "golden tests on the tiny models and one daemon round trip")
 
 
 def _load_maker():
