@@ -175,7 +175,7 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_len: int
 
 
 def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, gen_len: int,
-                     prefill_lens: list[int], progress: Progress) -> dict[str, Any]:
+                     prefill_lens: list[int], progress: Progress, blas_threads: int = 0) -> dict[str, Any]:
     rss_peak = [psutil.Process().memory_info().rss]
 
     def sample_rss() -> None:
@@ -187,7 +187,8 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     blocks = max_c * -(-(prompt_len + gen_len) // 16) + 2 * -(-max(prefill_lens) // 16) + 16
     engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=blocks, max_num_seqs=max_c,
                                                         max_num_batched_tokens=budget,
-                                                        enable_prefix_caching=False))
+                                                        enable_prefix_caching=False,
+                                                        blas_threads=blas_threads))
     mc = engine.model.config
     w = engine.model.weights
     sample_rss()
@@ -198,7 +199,7 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     head_flops = 2.0 * head
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "machine": machine_info(),
+        "machine": {**machine_info(), "blas_threads": engine.blas_threads},
         "model": {"path": str(model_dir), "architecture": mc.architecture, "parameters": mc.num_params,
                   "layers": mc.num_layers, "hidden": mc.hidden_size, "vocab": mc.vocab_size,
                   "weight_bytes": w.nbytes},
@@ -317,7 +318,8 @@ def format_table(r: dict[str, Any]) -> str:
     lines = []
     m = r["machine"]
     lines.append(f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores, {m['memory_gib']} GiB), "
-                 f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}")
+                 f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}"
+                 + (f", {m['blas_threads']} BLAS threads" if "blas_threads" in m else ""))
     if "floors" in r:
         f = r["floors"]
         lines.append(f"model: {r['model']['path']} ({r['model']['parameters'] / 1e6:.0f}M parameters, "
@@ -351,12 +353,14 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
-        target: str | None, as_json: bool, prefill_lens: list[int] | None = None) -> dict[str, Any]:
+        target: str | None, as_json: bool, prefill_lens: list[int] | None = None,
+        blas_threads: int = 0) -> dict[str, Any]:
     progress = Progress(enabled=True)
     if target:
         result = asyncio.run(_bench_target(target, concurrency, prompt_len, gen_len, progress))
     else:
         assert model_dir is not None
-        result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512], progress)
+        result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
+                                  progress, blas_threads)
     print(json.dumps(result) if as_json else format_table(result))
     return result

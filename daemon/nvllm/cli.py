@@ -135,11 +135,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return app.main(args)
 
 
-def _channel(target: str, timeout: float):
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("TLS (for a daemon with server.tls_cert; any of these turns TLS on)")
+    g.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CA certificates")
+    g.add_argument("--tls-ca", metavar="PEM", help="CA certificate(s) to trust for the daemon's certificate")
+    g.add_argument("--tls-cert", metavar="PEM", help="client certificate chain (mutual TLS: server.tls_client_ca)")
+    g.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    g.add_argument("--tls-server-name", metavar="NAME",
+                   help="the name to expect in the daemon's certificate, when the target's host is not it")
+
+
+def _channel_security(args: argparse.Namespace):
+    """(credentials or None for plaintext, channel options) from the TLS flags."""
+    import grpc
+
+    ca, cert, key = (getattr(args, name, None) for name in ("tls_ca", "tls_cert", "tls_key"))
+    name = getattr(args, "tls_server_name", None)
+    if not (getattr(args, "tls", False) or ca or cert or key or name):
+        return None, []
+    if bool(cert) != bool(key):
+        raise SystemExit("nvllm: --tls-cert and --tls-key go together")
+
+    def read(path: str | None) -> bytes | None:
+        if not path:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise SystemExit(f"nvllm: cannot read {path}: {e.strerror}") from None
+
+    creds = grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(key),
+                                         certificate_chain=read(cert))
+    return creds, ([("grpc.ssl_target_name_override", name)] if name else [])
+
+
+def _channel(target: str, timeout: float, args: argparse.Namespace | None = None):
     """A channel that is connected, or None (with the message printed) when nothing answers."""
     import grpc
 
-    channel = grpc.insecure_channel(target)
+    creds, options = _channel_security(args) if args is not None else (None, [])
+    channel = grpc.secure_channel(target, creds, options) if creds else grpc.insecure_channel(target)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
@@ -173,7 +208,7 @@ def _wait_serving(channel, seconds: float) -> bool:
 def _connect(cmd: str, args: argparse.Namespace):
     """A connected channel (after waiting for SERVING when --wait is given), or an exit code."""
     wait = getattr(args, "wait", 0) or 0
-    channel = _channel(args.target, max(args.connect_timeout, wait))
+    channel = _channel(args.target, max(args.connect_timeout, wait), args)
     if channel is None:
         return None, _unreachable(cmd, args.target, max(args.connect_timeout, wait))
     if wait and not _wait_serving(channel, wait):
@@ -186,7 +221,8 @@ def _connect(cmd: str, args: argparse.Namespace):
 
 def _unreachable(cmd: str, target: str, timeout: float) -> int:
     print(f"nvllm {cmd}: no nvllm daemon answers at {target} (waited {timeout:g} s); "
-          f"is it running (nvllm serve, systemctl status nvllm) and is --target right?", file=sys.stderr)
+          f"is it running (nvllm serve, systemctl status nvllm) and is --target right? "
+          f"(a daemon serving TLS needs --tls-ca, and with mutual TLS --tls-cert/--tls-key)", file=sys.stderr)
     return EXIT_UNREACHABLE
 
 
@@ -314,7 +350,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
               args.prompt_len, args.gen_len, args.target, args.json,
-              numbers(args.prefill_len, "--prefill-len"))
+              numbers(args.prefill_len, "--prefill-len"), args.blas_threads)
     return 0
 
 
@@ -369,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first wait up to SECONDS for the daemon to be SERVING (e.g. right after start)")
     q.add_argument("-v", "--verbose", action="store_true", help="print usage and time to first token to stderr")
     _add_sampling_flags(q, greedy_default=True)
+    _add_tls_flags(q)
     q.set_defaults(func=cmd_query)
 
     hp = sub.add_parser("health", help="a daemon's state; exit 0 only when SERVING (1 otherwise, 2 unreachable)")
@@ -377,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     hp.add_argument("--connect-timeout", type=float, default=5.0)
     hp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="wait up to SECONDS for the daemon to be SERVING")
+    _add_tls_flags(hp)
     hp.set_defaults(func=cmd_health)
 
     b = sub.add_parser("bench", help="throughput and latency beside this machine's own floors")
@@ -387,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefill-len", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--target", default=None, help="measure a running daemon over gRPC instead")
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.add_argument("--blas-threads", type=int, default=0, help="0: one per usable core but one")
     b.set_defaults(func=cmd_bench)
     return p
 

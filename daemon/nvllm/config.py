@@ -26,6 +26,9 @@ class ModelSettings:
     models_dir: str = "models"
     # The name clients may send in GenerateRequest.model; the folder's name when empty.
     served_name: str = ""
+    # BLAS threads for the matmuls; 0 = one per core but one, left to the gRPC loop and the board's
+    # other work (OpenBLAS threads that outnumber free cores slow every matmul several-fold).
+    blas_threads: int = 0
 
 
 @dataclass
@@ -143,6 +146,7 @@ def validate(s: Settings) -> None:
         if not cond:
             raise ConfigError(msg)
 
+    need(s.model.blas_threads >= 0, f"model.blas_threads must be >= 0 (0 = automatic), got {s.model.blas_threads}")
     need(s.cache.block_size in (8, 16, 32, 64, 128), f"cache.block_size must be 8, 16, 32, 64 or 128, got {s.cache.block_size}")
     need(s.cache.num_blocks is None or s.cache.num_blocks > 0, f"cache.num_blocks must be positive, got {s.cache.num_blocks}")
     need(0.0 < s.cache.memory_fraction <= 0.95, f"cache.memory_fraction must be in (0, 0.95], got {s.cache.memory_fraction}")
@@ -157,5 +161,7 @@ def validate(s: Settings) -> None:
     need(0 <= s.watchdog.low_mb <= s.watchdog.high_mb,
          f"watchdog.low_mb ({s.watchdog.low_mb}) must be between 0 and watchdog.high_mb ({s.watchdog.high_mb})")
     need(s.server.drain_grace_s >= 0, f"server.drain_grace_s must not be negative, got {s.server.drain_grace_s}")
+    need(s.server.max_streams_per_client >= 0,
+         f"server.max_streams_per_client must not be negative (0: no limit), got {s.server.max_streams_per_client}")
     need(s.server.max_message_bytes >= 1024, f"server.max_message_bytes must be >= 1024, got {s.server.max_message_bytes}")
     need(s.log_level in ("debug", "info", "warning", "error"), f"log_level must be debug, info, warning or error, got {s.log_level!r}")

@@ -60,7 +60,8 @@ def default_num_blocks(model_dir: Path, block_size: int, max_num_seqs: int, max_
 class LLM:
     def __init__(self, model: str | Path, block_size: int = 16, num_blocks: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 max_model_len: int | None = None, enable_prefix_caching: bool = True) -> None:
+                 max_model_len: int | None = None, enable_prefix_caching: bool = True,
+                 blas_threads: int = 0) -> None:
         model_dir = Path(model)
         cfg = load_config(model_dir)
         max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -69,7 +70,7 @@ class LLM:
         self._attach(LLMEngine.from_dir(model_dir, EngineConfig(
             block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_len,
-            enable_prefix_caching=enable_prefix_caching)))
+            enable_prefix_caching=enable_prefix_caching, blas_threads=blas_threads)))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":

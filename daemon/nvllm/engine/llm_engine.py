@@ -15,7 +15,7 @@ import numpy as np
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob
-from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.model.decoder import ForwardBatch, Model, set_blas_threads
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import read_json
 from nvllm.model.sampler import SamplingBatch, sample
@@ -38,6 +38,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
+    blas_threads: int = 0          # 0: one per usable core but one
 
 
 class LLMEngine:
@@ -46,6 +47,7 @@ class LLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
+        self.blas_threads = set_blas_threads(config.blas_threads)
         mc = model.config
         limit = mc.max_position_embeddings
         self.max_model_len = min(config.max_model_len or limit, limit)

@@ -53,15 +53,16 @@ def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.n
     return g.reshape(g.shape[0], num_blocks * bs, nkv, hd)[:, :num_tokens]
 
 
-def _decode(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, meta: AttentionMetadata,
-            out: np.ndarray) -> None:
+def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray) -> None:
     """Every single-token sequence at once, padded to the longest context and masked."""
     rows, tok = meta.decode_rows, meta.decode_tokens
     nh, hd = q.shape[1], q.shape[2]
-    nkv = k_pool.shape[2]
-    tables = meta.block_tables[rows]
-    k = _gather(k_pool, tables, meta.decode_width)                # [Sd, C, nkv, hd]
-    v = _gather(v_pool, tables, meta.decode_width)
+    _, _, bs, nkv, _ = kv_pool.shape
+    c = meta.decode_width
+    nblk = -(-c // bs)
+    # Keys and values of every sequence in one gather: [2, NB, bs, nkv, hd] -> [2, Sd, C, nkv, hd]
+    kv = np.take(kv_pool, meta.block_tables[rows, :nblk], axis=1).reshape(2, rows.size, nblk * bs, nkv, hd)
+    k, v = kv[0, :, :c], kv[1, :, :c]                              # [Sd, C, nkv, hd] each
     qd = q[tok].reshape(rows.size, nkv, nh // nkv, hd)             # [Sd, nkv, g, hd]
     scores = qd @ k.transpose(0, 2, 3, 1)                          # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
     scores += meta.decode_bias
@@ -103,16 +104,18 @@ def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray)
     return out
 
 
-def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_pool: np.ndarray,
-                    v_pool: np.ndarray, meta: AttentionMetadata) -> np.ndarray:
-    """q [T, nh, hd], already scaled by 1/sqrt(hd), against the pool -> [T, nh, hd].
+def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool: np.ndarray,
+                    meta: AttentionMetadata) -> np.ndarray:
+    """q [T, nh, hd], already scaled by 1/sqrt(hd), against one layer's pool
+    [2, num_blocks, block_size, nkv, hd] -> [T, nh, hd].
 
     K/V of this step (k_new, v_new [T, nkv, hd]) must already be written to the pool; a chunk with
     nothing cached before it reads them directly instead of gathering its pages back.
     """
     out = np.empty_like(q)
+    k_pool, v_pool = kv_pool[0], kv_pool[1]
     if meta.decode_rows.size:
-        _decode(q, k_pool, v_pool, meta, out)
+        _decode(q, kv_pool, meta, out)
     for s in meta.prefill_rows:
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])
         c = int(meta.context_lens[s])

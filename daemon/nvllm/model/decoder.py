@@ -38,6 +38,19 @@ class ForwardBatch:
                    np.asarray(logits_indices, dtype=np.int64))
 
 
+def set_blas_threads(n: int = 0) -> int:
+    """Set the BLAS thread count for the process (0: one per usable core but one); returns it."""
+    import os
+
+    from threadpoolctl import threadpool_limits
+
+    if n <= 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        n = max(1, cores - 1)
+    threadpool_limits(n, user_api="blas")
+    return n
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     var = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[-1])  # [T, 1]
     return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
@@ -82,21 +95,23 @@ class Model:
         c, w = self.config, self.weights
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        cos, sin = self._rope(batch.positions)
-        qcos, qsin = cos * np.float32(self.scale), sin * np.float32(self.scale)
+        cos, sin = self._rope(batch.positions)                                  # [T, 1, hd/2]
+        # q and k rotate in one call; the softmax scale rides on q's factors, so scores need no pass.
+        head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
+        cos, sin = cos * head_scale[:, None], sin * head_scale[:, None]        # [T, nh+nkv, hd/2]
+        qk_size = self.q_size + self.kv_size
         x = w.embed[batch.token_ids]                                            # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            # The softmax scale rides on the cos/sin of q, so scores need no extra pass.
-            q = self._apply_rope(qkv[:, :self.q_size].reshape(T, nh, hd), qcos, qsin)
-            k = self._apply_rope(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(T, nkv, hd), cos, sin)
-            v = qkv[:, self.q_size + self.kv_size:].reshape(T, nkv, hd)
-            k_pool, v_pool = kv_cache.layer(i)
-            write_kv(k_pool, v_pool, k, v, batch.attn.slot_mapping)
-            attn = paged_attention(q, k, v, k_pool, v_pool, batch.attn)          # [T, nh, hd]
+            qk = self._apply_rope(qkv[:, :qk_size].reshape(T, nh + nkv, hd), cos, sin)
+            q, k = qk[:, :nh], qk[:, nh:]                                       # [T, nh, hd], [T, nkv, hd]
+            v = qkv[:, qk_size:].reshape(T, nkv, hd)
+            kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
+            write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
+            attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
             x = x + attn.reshape(T, nh * hd) @ layer.o                          # [T, nh*hd] @ [nh*hd, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gu = h @ layer.gate_up                                              # [T, H] @ [H, 2I]
