@@ -139,7 +139,7 @@ class Progress:
             print(msg, file=sys.stderr, flush=True)
 
     def done(self) -> None:
-        if self.enabled:
+        if self.tty:
             sys.stderr.write("\r\033[K")
 
 

@@ -1,0 +1,39 @@
+"""nvllm bench: every figure it promises is there, with its floors, in-process and through a daemon."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from nvllm import bench
+
+
+def test_in_process_bench_reports_figures_beside_floors(tiny_models):
+    r = bench.bench_in_process(tiny_models["tiny-llama"], [1, 4], prompt_len=20, gen_len=6,
+                               prefill_lens=[16, 48], progress=bench.Progress(enabled=False))
+    assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
+    assert r["machine"]["blas_threads"] >= 1 and r["machine"]["cores"] >= 1
+    assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
+    assert [p["prompt_tokens"] for p in r["prefill"]] == [16, 48]
+    for p in r["prefill"]:
+        assert p["tokens_per_s"] > 0 and p["matmul_floor_s"] > 0 and p["fraction_of_floor"] > 0
+    assert [d["concurrency"] for d in r["decode"]] == [1, 4]
+    for d in r["decode"]:
+        for key in ("tokens_per_s", "fraction_of_floor", "fraction_of_roofline", "ttft_ms_p50", "ttft_ms_p99",
+                    "itl_ms_p50", "itl_ms_p99", "floor_tokens_per_s"):
+            assert d[key] > 0, key
+    table = bench.format_table(r)
+    assert "of floor" in table and "peak resident memory" in table
+
+
+def test_cli_bench_prints_one_json_object(tiny_models):
+    res = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--model", str(tiny_models["tiny-qwen2"]),
+                          "--concurrency", "2", "--prompt-len", "8", "--gen-len", "4", "--prefill-len", "16",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    obj = json.loads(res.stdout)
+    assert obj["decode"][0]["concurrency"] == 2 and obj["prefill"][0]["prompt_tokens"] == 16
+    bad = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--concurrency", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--concurrency" in bad.stderr
