@@ -149,8 +149,9 @@ def test_cli_generate_takes_sampling_flags_and_streams(tiny_models, tmp_path):
                                    "--temperature", "0.8", "--seed", "7", "--top-k", "20", "--ignore-eos"],
                            capture_output=True, text=True, timeout=120)
     assert again.stdout == res.stdout, "a seeded run repeats"
-    streamed = subprocess.run(base + ["--stream", "--max-tokens", "5", "--ignore-eos", "hello"],
+    streamed = subprocess.run(base + ["--stream", "--stats", "--max-tokens", "5", "--ignore-eos", "hello"],
                               capture_output=True, text=True, timeout=120)
     assert streamed.returncode == 0, streamed.stderr
+    assert "5 generated" in streamed.stderr and "prefix cache hit rate" in streamed.stderr
     bad = subprocess.run(base + ["--temperature", "-1", "hello"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "temperature" in bad.stderr

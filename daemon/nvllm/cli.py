@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from nvllm.sampling_params import InvalidParameter, SamplingParams
 
     prompts = _read_prompts(args)
+    started = time.perf_counter()
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks)
@@ -96,6 +98,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(json.dumps(obj, ensure_ascii=False))
         elif not args.stream:
             print(r.text)
+    if args.stats:
+        st = llm.stats()
+        wall = time.perf_counter() - started
+        print(f"[{len(prompts)} prompts, {st['prompt_tokens_computed']} prompt tokens computed, "
+              f"{st['generated_tokens']} generated in {wall:.2f} s: {st['generated_tokens'] / wall:.1f} tokens/s "
+              f"overall; prefix cache hit rate {st['prefix_cache_hit_rate']:.1%}, "
+              f"{st['preemptions']} preemptions, {st['steps']} steps]", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
 
 
@@ -368,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stream", action="store_true", help="print text as it is produced")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--num-blocks", type=int, default=None, help="KV pages (default: sized from memory)")
+    g.add_argument("--stats", action="store_true",
+                   help="print tokens/s, prefix-cache hit rate and preemptions to stderr at the end")
     _add_sampling_flags(g, greedy_default=True)
     g.set_defaults(func=cmd_generate)
 
@@ -389,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
     sv.add_argument("--max-model-len", type=int, default=None)
     sv.add_argument("--dry-run", action="store_true", help="print the memory sizing and exit")
+    sv.add_argument("--memory-gb", type=float, default=None, metavar="N",
+                    help="with --dry-run: plan for a board with N GiB of memory instead of this machine "
+                         "(reads only config.json)")
     sv.set_defaults(func=cmd_serve)
 
     q = sub.add_parser("query", help="send one prompt to a running daemon and stream the answer")
