@@ -27,17 +27,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-NVLLM_ROOT="${NVLLM_ROOT:-/}"
-NVLLM_VENV="${NVLLM_VENV:-/opt/nvllm/venv}"
-NVLLM_ETC="${NVLLM_ETC:-/etc/nvllm}"
-NVLLM_STATE="${NVLLM_STATE:-/var/lib/nvllm}"
-NVLLM_UNIT_DIR="${NVLLM_UNIT_DIR:-/etc/systemd/system}"
-NVLLM_SOURCE="${NVLLM_SOURCE:-$(dirname "$here")}"
-NVLLM_PYTHON="${NVLLM_PYTHON:-python3}"
-NVLLM_PIP_ARGS="${NVLLM_PIP_ARGS:-}"
-NVLLM_MODEL="${NVLLM_MODEL:-smollm2-135m-instruct}"
-SERVICE_USER=nvllm
-
+prog=install.sh
 start=0
 for arg in "$@"; do
     case "$arg" in
@@ -47,27 +37,11 @@ for arg in "$@"; do
     esac
 done
 
-say() { echo "install.sh: $*"; }
-die() { echo "install.sh: error: $*" >&2; exit 1; }
-
-# Paths go into the unit file and into rm -rf in uninstall.sh: absolute, plain characters, not "/".
-check_path() {
-    case "$2" in
-        /?*) ;;
-        *) die "$1 must be an absolute path other than /, got '$2'" ;;
-    esac
-    [[ "$2" =~ ^[A-Za-z0-9._/+-]+$ ]] || die "$1 may hold only letters, digits and ._/+-, got '$2'"
-}
-check_path NVLLM_VENV "$NVLLM_VENV"
-check_path NVLLM_ETC "$NVLLM_ETC"
-check_path NVLLM_STATE "$NVLLM_STATE"
-check_path NVLLM_UNIT_DIR "$NVLLM_UNIT_DIR"
-[ "$NVLLM_ROOT" = / ] || check_path NVLLM_ROOT "$NVLLM_ROOT"
-
-root="${NVLLM_ROOT%/}"          # "" for the live system
-venv="$root$NVLLM_VENV"
-etc="$root$NVLLM_ETC"
-state="$root$NVLLM_STATE"
+. "$here/paths.sh"
+NVLLM_SOURCE="${NVLLM_SOURCE:-$(dirname "$here")}"
+NVLLM_PYTHON="${NVLLM_PYTHON:-python3}"
+NVLLM_PIP_ARGS="${NVLLM_PIP_ARGS:-}"
+NVLLM_MODEL="${NVLLM_MODEL:-smollm2-135m-instruct}"
 unit_dir="$root$NVLLM_UNIT_DIR"
 
 if [ -z "$root" ] && [ "$(id -u)" -ne 0 ]; then

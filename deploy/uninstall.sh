@@ -9,13 +9,8 @@
 # as install.sh (see there).
 set -euo pipefail
 
-NVLLM_ROOT="${NVLLM_ROOT:-/}"
-NVLLM_VENV="${NVLLM_VENV:-/opt/nvllm/venv}"
-NVLLM_ETC="${NVLLM_ETC:-/etc/nvllm}"
-NVLLM_STATE="${NVLLM_STATE:-/var/lib/nvllm}"
-NVLLM_UNIT_DIR="${NVLLM_UNIT_DIR:-/etc/systemd/system}"
-SERVICE_USER=nvllm
-
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+prog=uninstall.sh
 purge=0
 for arg in "$@"; do
     case "$arg" in
@@ -25,27 +20,7 @@ for arg in "$@"; do
     esac
 done
 
-say() { echo "uninstall.sh: $*"; }
-die() { echo "uninstall.sh: error: $*" >&2; exit 1; }
-
-# Everything below ends in rm -rf: refuse anything but plain absolute paths other than /.
-check_path() {
-    case "$2" in
-        /?*) ;;
-        *) die "$1 must be an absolute path other than /, got '$2'" ;;
-    esac
-    [[ "$2" =~ ^[A-Za-z0-9._/+-]+$ ]] || die "$1 may hold only letters, digits and ._/+-, got '$2'"
-}
-check_path NVLLM_VENV "$NVLLM_VENV"
-check_path NVLLM_ETC "$NVLLM_ETC"
-check_path NVLLM_STATE "$NVLLM_STATE"
-check_path NVLLM_UNIT_DIR "$NVLLM_UNIT_DIR"
-[ "$NVLLM_ROOT" = / ] || check_path NVLLM_ROOT "$NVLLM_ROOT"
-
-root="${NVLLM_ROOT%/}"
-venv="$root$NVLLM_VENV"
-etc="$root$NVLLM_ETC"
-state="$root$NVLLM_STATE"
+. "$here/paths.sh"
 unit="$root$NVLLM_UNIT_DIR/nvllm.service"
 
 if [ -z "$root" ] && [ "$(id -u)" -ne 0 ]; then
