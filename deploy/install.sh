@@ -37,6 +37,7 @@ for arg in "$@"; do
     esac
 done
 
+# shellcheck source=paths.sh
 . "$here/paths.sh"
 NVLLM_SOURCE="${NVLLM_SOURCE:-$(dirname "$here")}"
 NVLLM_PYTHON="${NVLLM_PYTHON:-python3}"

@@ -20,6 +20,7 @@ for arg in "$@"; do
     esac
 done
 
+# shellcheck source=paths.sh
 . "$here/paths.sh"
 unit="$root$NVLLM_UNIT_DIR/nvllm.service"
 
