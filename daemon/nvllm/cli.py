@@ -70,10 +70,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from nvllm.sampling_params import InvalidParameter, SamplingParams
 
     prompts = _read_prompts(args)
-    started = time.perf_counter()
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks)
+        started = time.perf_counter()   # the figures of --stats leave out loading the model
         results = [CompletionOutput("") for _ in prompts]
         for i, out in llm.stream(prompts, params):
             results[i].update(out)
@@ -401,8 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-model-len", type=int, default=None)
     sv.add_argument("--dry-run", action="store_true", help="print the memory sizing and exit")
     sv.add_argument("--memory-gb", type=float, default=None, metavar="N",
-                    help="with --dry-run: plan for a board with N GiB of memory instead of this machine "
-                         "(reads only config.json)")
+                    help="with --dry-run: plan for N GiB of available memory (another board's) instead of "
+                         "this machine's; reads only config.json")
     sv.set_defaults(func=cmd_serve)
 
     q = sub.add_parser("query", help="send one prompt to a running daemon and stream the answer")
