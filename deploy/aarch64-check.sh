@@ -32,6 +32,7 @@
 #                                                  the A76 is; "max" adds SVE and SME, for which OpenBLAS
 #                                                  picks other kernels (see the README's aarch64 notes).
 #   NVLLM_AARCH64_NO_APT=1                         never apt-get install the host tools (fail with 77)
+# shellcheck disable=SC2317  # functions run from main and the EXIT trap, which shellcheck cannot follow
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -228,7 +229,7 @@ main() {
         case "$1" in
             --keep) keep=1 ;;
             --inner) inner="$2"; shift ;;   # internal: the part that runs in a private mount namespace
-            -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+            -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '/^# shellcheck/d; $d; s/^# \{0,1\}//'; exit 0 ;;
             *) echo "aarch64-check: unknown argument: $1 (try --help)" >&2; exit 2 ;;
         esac
         shift

@@ -101,3 +101,32 @@ def test_corrupt_safetensors_names_the_file(tiny_models, tmp_path):
     (d / "model.safetensors").write_bytes(b"garbage" * 10)
     with pytest.raises(ModelLoadError, match="model.safetensors"):
         load_weights(d)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-llama-f16"])
+def test_weights_hold_the_files_values_in_their_final_layout(tiny_models, name):
+    """Copied once from the mapped file: fused, transposed and widened, equal to safetensors' own reading."""
+    config, w = load_weights(tiny_models[name])
+    t = {k: v.astype(np.float32) for k, v in load_file(tiny_models[name] / "model.safetensors").items()}
+    p = "model.layers.1."
+    qkv = np.concatenate([t[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]).T
+    gate_up = np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]).T
+    np.testing.assert_array_equal(w.layers[1].qkv, qkv)
+    np.testing.assert_array_equal(w.layers[1].gate_up, gate_up)
+    np.testing.assert_array_equal(w.layers[1].down, t[p + "mlp.down_proj.weight"].T)
+    np.testing.assert_array_equal(w.embed, t["model.embed_tokens.weight"])
+    for a in (w.embed, w.layers[1].qkv, w.layers[1].o, w.norm):
+        assert a.dtype == np.float32 and a.flags.c_contiguous and a.flags.owndata and a.flags.writeable
+
+
+def test_bf16_is_widened_exactly(tiny_models):
+    from safetensors import safe_open
+    config, w = load_weights(tiny_models["tiny-qwen2"])
+    name = "model.layers.0.self_attn.o_proj.weight"
+    for f in sorted(tiny_models["tiny-qwen2"].glob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as st:
+            if name in st.keys():
+                assert st.get_slice(name).get_dtype() == "BF16"
+    raw = np.asarray(w.layers[0].o).view(np.uint32)
+    assert not (raw & 0xFFFF).any(), "a widened bf16 has zero low bits"
+    assert config.weight_bytes == w.nbytes

@@ -1,18 +1,22 @@
 """A Hugging Face model folder -> ModelConfig + float32 arrays laid out for the matmuls.
 
 Only JSON and safetensors are read; a folder holding a pickle checkpoint is refused, never opened.
+Each file is validated by safetensors and memory-mapped; every weight is copied once, from the mapping
+into its final float32 layout (see _MappedFile).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors import deserialize, safe_open
+from safetensors import safe_open
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -95,6 +99,13 @@ class ModelConfig:
         heads = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + heads + h
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the float32 weights as load_weights lays them out (ModelWeights.nbytes, q/k/v biases
+        included), from the shapes alone: what `nvllm serve --dry-run` plans with before loading anything."""
+        bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
+        return 4 * (self.num_params + self.num_layers * bias)
+
 
 @dataclass
 class LayerWeights:
@@ -171,93 +182,192 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     raise ModelLoadError(f"{model_dir}: no model.safetensors (nor an index of shards)")
 
 
-def _bf16_to_f32(raw: bytes | bytearray, shape: list[int]) -> np.ndarray:
-    bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16  # bf16 is float32's top half
-    return bits.view(np.float32).reshape(shape)
+# Storage dtypes the loader widens to float32; BF16 is read as its raw 16 bits (NumPy has no bfloat16).
+_STORAGE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
+_PAGE = mmap.PAGESIZE
+_CHUNK_BYTES = 16 << 20    # mapped bytes copied before their pages are dropped from the resident set
 
 
-def read_tensors(files: list[Path]) -> dict[str, tuple[np.ndarray, Path]]:
-    """Every tensor of every file as float32, with the file it came from (for error messages)."""
-    out: dict[str, tuple[np.ndarray, Path]] = {}
-    for path in files:
+@dataclass
+class _Entry:
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int                 # byte offsets of the data in the file (header included)
+    end: int
+    file: "_MappedFile"
+
+
+class _MappedFile:
+    """One .safetensors file, validated by safetensors and memory-mapped read-only.
+
+    safetensors (safe_open) checks the file and gives each tensor's dtype and shape; the 8-byte length
+    and the JSON header that follow it give the data offsets, which safetensors' Python API does not
+    expose. The data region is the format's raw little-endian arrays: they are viewed in place through
+    the mapping, never read into an intermediate buffer, and each tensor is copied exactly once, into
+    its final float32 layout. Only safetensors and JSON are read: no pickle, no other parser.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
         try:
             with safe_open(str(path), framework="numpy") as f:
-                names = list(f.keys())
-                dtypes = {n: f.get_slice(n).get_dtype() for n in names}
-                for n in names:
-                    if dtypes[n] != "BF16":
-                        out[n] = (f.get_tensor(n).astype(np.float32, copy=False), path)
-            if "BF16" in dtypes.values():
-                # NumPy has no bfloat16: take the raw bytes through safetensors and widen them.
-                for n, info in deserialize(path.read_bytes()):
-                    if info["dtype"] == "BF16":
-                        out[n] = (_bf16_to_f32(info["data"], info["shape"]), path)
-        except ModelLoadError:
-            raise
+                meta = {n: (f.get_slice(n).get_dtype(), tuple(f.get_slice(n).get_shape())) for n in f.keys()}
         except Exception as e:  # safetensors raises its own error types for corrupt files
             raise ModelLoadError(f"{path}: cannot read as safetensors ({e})") from None
-    return out
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            n = int.from_bytes(fh.read(8), "little")
+            if not 0 < n <= size - 8:
+                raise ModelLoadError(f"{path}: cannot read as safetensors (header length {n})")
+            try:
+                header = json.loads(fh.read(n))
+            except ValueError as e:
+                raise ModelLoadError(f"{path}: cannot read as safetensors (header: {e})") from None
+            self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self.entries: dict[str, _Entry] = {}
+        for name, (dtype, shape) in meta.items():
+            info = header.get(name) or {}
+            b, e = (info.get("data_offsets") or (0, -1))
+            if (info.get("dtype"), tuple(info.get("shape", ()))) != (dtype, shape) or not 0 <= b <= e <= size - 8 - n:
+                raise ModelLoadError(f"{path}: tensor {name!r}: the header disagrees with safetensors' reading")
+            self.entries[name] = _Entry(dtype, shape, 8 + n + b, 8 + n + e, self)
+
+    def view(self, entry: _Entry, name: str) -> np.ndarray:
+        """The tensor in its storage dtype, viewed in the mapping (no copy)."""
+        dt = _STORAGE.get(entry.dtype)
+        if dt is None:
+            raise ModelLoadError(f"{self.path.name}: tensor {name!r} has dtype {entry.dtype}; "
+                                 f"supported: {', '.join(_STORAGE)}")
+        count = math.prod(entry.shape)
+        if count * dt.itemsize != entry.end - entry.begin:
+            raise ModelLoadError(f"{self.path.name}: tensor {name!r}: {entry.end - entry.begin} bytes "
+                                 f"for shape {list(entry.shape)} of {entry.dtype}")
+        if count == 0:
+            return np.zeros(entry.shape, dtype=dt)
+        return np.frombuffer(self.mm, dtype=dt, count=count, offset=entry.begin).reshape(entry.shape)
+
+    def release(self, begin: int, end: int) -> None:
+        """Drop bytes [begin, end) of the file from this process's resident set (the page cache keeps
+        them), so a mapped tensor and its copy are not both resident for longer than one chunk."""
+        if self.mm is not None and hasattr(self.mm, "madvise") and end > begin:
+            start = begin - begin % _PAGE
+            self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+def _fill(dst: np.ndarray, src: np.ndarray, dtype: str) -> None:
+    """dst[...] = src widened to float32, in one pass over the mapped bytes."""
+    if dtype == "BF16":
+        bits = dst.view(np.uint32)   # bf16 is float32's top half: place the 16 bits, then shift them up
+        bits[...] = src
+        bits <<= 16
+    else:
+        dst[...] = src
 
 
 class _Tensors:
-    def __init__(self, tensors: dict[str, tuple[np.ndarray, Path]], model_dir: Path) -> None:
-        self.tensors = tensors
-        self.model_dir = model_dir
+    """Every tensor of the checkpoint's files, by name; arrays come out as float32 copies in their final
+    layout, each made in one pass from the mapped file."""
 
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in self.tensors:
+    def __init__(self, files: list[Path], model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.entries: dict[str, _Entry] = {}
+        for path in files:
+            self.entries.update(_MappedFile(path).entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def close(self) -> None:
+        """Unmap the files now (entries and files refer to each other, so this is not left to the GC)."""
+        for f in {id(e.file): e.file for e in self.entries.values()}.values():
+            if f.mm is not None:
+                try:
+                    f.mm.close()
+                except BufferError:   # an error's traceback still holds a view: the GC unmaps it later
+                    pass
+        self.entries.clear()
+
+    def _entry(self, name: str, shape: tuple[int, ...]) -> _Entry:
+        if name not in self.entries:
             raise ModelLoadError(f"{self.model_dir}: tensor {name!r} is missing from the checkpoint")
-        arr, path = self.tensors[name]
-        if tuple(arr.shape) != shape:
+        e = self.entries[name]
+        if e.shape != shape:
             raise ModelLoadError(
-                f"{path.name}: tensor {name!r} has shape {list(arr.shape)}, expected {list(shape)}")
-        return arr
+                f"{e.file.path.name}: tensor {name!r} has shape {list(e.shape)}, expected {list(shape)}")
+        return e
+
+    def get(self, name: str, shape: tuple[int, ...], transpose: bool = False) -> np.ndarray:
+        """The tensor as float32 (transposed when asked: [N, K] -> [K, N]), C-contiguous."""
+        return self.joined([(name, shape)], transpose)
+
+    def joined(self, parts: list[tuple[str, tuple[int, ...]]], transpose: bool = False) -> np.ndarray:
+        """Tensors concatenated along their first axis (then transposed when asked), in one copy:
+        [a, K] + [b, K] -> [a+b, K], or its transpose [K, a+b]."""
+        entries = [self._entry(n, s) for n, s in parts]
+        rows = sum(e.shape[0] for e in entries)
+        rest = entries[0].shape[1:]
+        out = np.empty((rest + (rows,)) if transpose else ((rows,) + rest), dtype=np.float32)
+        at = 0
+        for (name, _), e in zip(parts, entries):
+            src = e.file.view(e, name)
+            k = e.shape[0]
+            row_bytes = (e.end - e.begin) // k if k else 0
+            step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+            for r in range(0, k, step):                      # a chunk of rows at a time, then drop its pages
+                part = src[r:r + step]
+                _fill(out[..., at + r:at + r + len(part)] if transpose else out[at + r:at + r + len(part)],
+                      part.T if transpose else part, e.dtype)
+                e.file.release(e.begin + r * row_bytes, e.begin + (r + len(part)) * row_bytes)
+            at += k
+        return out
 
 
 def load_weights(model_dir: str | Path, config: ModelConfig | None = None) -> tuple[ModelConfig, ModelWeights]:
+    """Read and lay out every weight; each ends in its own float32 array, copied once from the mapped
+    file (q|k|v and gate|up are fused and transposed in that same copy). The mappings are closed when
+    this returns, so the resident set holds the weights once."""
     model_dir = Path(model_dir)
     check_folder(model_dir)
     config = config or load_config(model_dir)
-    t = _Tensors(read_tensors(_safetensors_files(model_dir)), model_dir)
+    t = _Tensors(_safetensors_files(model_dir), model_dir)
+    try:
+        return config, _lay_out(t, config, model_dir)
+    finally:
+        t.close()
+
+
+def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     nh, nkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
-
-    def contiguous(a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a, dtype=np.float32)
 
     layers = []
     for n in range(config.num_layers):
         p = f"model.layers.{n}."
-        q = t.get(p + "self_attn.q_proj.weight", (nh * d, h))
-        k = t.get(p + "self_attn.k_proj.weight", (nkv * d, h))
-        vv = t.get(p + "self_attn.v_proj.weight", (nkv * d, h))
+        a = p + "self_attn."
         bias = None
         if config.attention_bias:
-            bias = contiguous(np.concatenate([
-                t.get(p + "self_attn.q_proj.bias", (nh * d,)),
-                t.get(p + "self_attn.k_proj.bias", (nkv * d,)),
-                t.get(p + "self_attn.v_proj.bias", (nkv * d,)),
-            ]))
-        gate = t.get(p + "mlp.gate_proj.weight", (i, h))
-        up = t.get(p + "mlp.up_proj.weight", (i, h))
+            bias = t.joined([(a + "q_proj.bias", (nh * d,)), (a + "k_proj.bias", (nkv * d,)),
+                             (a + "v_proj.bias", (nkv * d,))])
         layers.append(LayerWeights(
-            input_norm=contiguous(t.get(p + "input_layernorm.weight", (h,))),
-            qkv=contiguous(np.concatenate([q, k, vv]).T),                  # [H, (nh+2nkv)*d]
+            input_norm=t.get(p + "input_layernorm.weight", (h,)),
+            qkv=t.joined([(a + "q_proj.weight", (nh * d, h)), (a + "k_proj.weight", (nkv * d, h)),
+                          (a + "v_proj.weight", (nkv * d, h))], transpose=True),     # [H, (nh+2nkv)*d]
             qkv_bias=bias,
-            o=contiguous(t.get(p + "self_attn.o_proj.weight", (h, nh * d)).T),  # [nh*d, H]
-            post_norm=contiguous(t.get(p + "post_attention_layernorm.weight", (h,))),
-            gate_up=contiguous(np.concatenate([gate, up]).T),             # [H, 2I]
-            down=contiguous(t.get(p + "mlp.down_proj.weight", (h, i)).T),     # [I, H]
+            o=t.get(a + "o_proj.weight", (h, nh * d), transpose=True),                # [nh*d, H]
+            post_norm=t.get(p + "post_attention_layernorm.weight", (h,)),
+            gate_up=t.joined([(p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h))],
+                             transpose=True),                                         # [H, 2I]
+            down=t.get(p + "mlp.down_proj.weight", (h, i), transpose=True),           # [I, H]
         ))
-    embed = contiguous(t.get("model.embed_tokens.weight", (v, h)))
-    if config.tie_word_embeddings or "lm_head.weight" not in t.tensors:
+    embed = t.get("model.embed_tokens.weight", (v, h))                                # [V, H]
+    if config.tie_word_embeddings or "lm_head.weight" not in t:
         if not config.tie_word_embeddings:
             raise ModelLoadError(f"{model_dir}: tensor 'lm_head.weight' is missing and embeddings are not tied")
         lm_head = embed.T                                                  # [H, V] view
     else:
-        lm_head = contiguous(t.get("lm_head.weight", (v, h)).T)
-    norm = contiguous(t.get("model.norm.weight", (h,)))
-    return config, ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+        lm_head = t.get("lm_head.weight", (v, h), transpose=True)                     # [H, V]
+    norm = t.get("model.norm.weight", (h,))
+    return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
