@@ -52,3 +52,38 @@ def smollm2() -> Path:
             pytest.fail(f"{SMOLLM2} is missing: CI must pull it (nvllm models pull smollm2-135m-instruct)")
         pytest.skip("the default model is not pulled (nvllm models pull smollm2-135m-instruct)")
     return SMOLLM2
+
+
+# -- reliability figures ----------------------------------------------------------------------------
+# The stress tests (tests/test_stress_*.py) record their figures here; they are printed in the terminal
+# summary and written to reliability.json in pytest's base temp dir (or to $NVLLM_RELIABILITY_JSON).
+# RELIABILITY.md quotes them.
+_FIGURES = pytest.StashKey[dict]()
+_FIGURES_PATH = pytest.StashKey[Path]()
+
+
+@pytest.fixture(scope="session")
+def reliability(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """record(name, **figures): keep one test's figures (printed with -s as a RELIABILITY line too)."""
+    import json
+
+    config = request.config
+    figures = config.stash.setdefault(_FIGURES, {})
+    path = Path(os.environ.get("NVLLM_RELIABILITY_JSON") or tmp_path_factory.getbasetemp() / "reliability.json")
+    config.stash[_FIGURES_PATH] = path
+
+    def record(name: str, **values) -> None:
+        figures[name] = values
+        path.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"\nRELIABILITY {name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    figures = config.stash.get(_FIGURES, None)
+    if not figures:
+        return
+    terminalreporter.section("reliability figures")
+    for name, values in figures.items():
+        terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    terminalreporter.write_line(f"(written to {config.stash[_FIGURES_PATH]})")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import signal
 import socket
 import stat
@@ -20,7 +19,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -30,91 +28,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-NUM_BLOCKS = 256
-MAX_MESSAGE_BYTES = 64 * 1024
-PLENTY = str(64 << 30)        # fake "available bytes": no pressure
-READY_TIMEOUT_S = 60.0
-
-BASE_CONFIG = f"""
-log_level = "info"
-[cache]
-block_size = 16
-[scheduler]
-max_num_seqs = 16
-max_num_batched_tokens = 256
-max_waiting = 64
-[server]
-max_message_bytes = {MAX_MESSAGE_BYTES}
-max_stop_strings = 4
-drain_grace_s = 30.0
-[watchdog]
-interval_s = 0.05
-low_mb = 256
-high_mb = 512
-"""
-
-
-class DaemonProcess:
-    """`nvllm serve` as a subprocess; its stdout is drained by a thread (so it never blocks)."""
-
-    def __init__(self, tmp: Path, model: Path, config: str = BASE_CONFIG, listen: str = "127.0.0.1:0",
-                 num_blocks: int = NUM_BLOCKS, extra_env: dict[str, str] | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.memory_file = tmp / "available_bytes"
-        self.memory_file.write_text(PLENTY)
-        cfg = tmp / "nvllm.toml"
-        cfg.write_text(config)
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        env.update({"NVLLM_FAKE_MEMORY_FILE": str(self.memory_file), "NVLLM_TEST_STALL_S": "2",
-                    "PYTHONUNBUFFERED": "1", **(extra_env or {})})
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self.address = ""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nvllm.cli", "serve", "--config", str(cfg), "--model", str(model),
-             "--listen", listen, "--num-blocks", str(num_blocks), *extra_args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self.ready.wait(READY_TIMEOUT_S) or not self.address:
-            self.kill()
-            raise AssertionError("daemon did not get ready:\n" + "\n".join(self.lines))
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if line.startswith("nvllm serving "):
-                self.address = line.rsplit(" on ", 1)[1]
-                self.ready.set()
-        self.ready.set()
-
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
-    def set_available(self, n: int) -> None:
-        self.memory_file.write_text(str(n))
-
-    def stall(self) -> None:
-        """The engine loop sleeps 2 s (NVLLM_TEST_STALL_S) from its next iteration on."""
-        self.proc.send_signal(signal.SIGUSR1)
-
-    def wait(self, timeout: float = 30.0) -> int:
-        rc = self.proc.wait(timeout)
-        self._reader.join(5)
-        return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, PLENTY, ROOT, DaemonProcess,
+                         check, collect, health, health_when, joined, offline_result, pages_all_back,
+                         read_rest, request, wait_for)
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -134,73 +50,6 @@ def daemon(tiny: Path, tmp_path_factory: pytest.TempPathFactory):
 def offline(tiny: Path):
     from nvllm import LLM
     return LLM(tiny, num_blocks=NUM_BLOCKS)
-
-
-# -- helpers -----------------------------------------------------------------------------------
-def request(prompt: str | None = "The quick brown fox", **sampling: Any) -> pb.GenerateRequest:
-    req = pb.GenerateRequest()
-    if prompt is not None:
-        req.prompt = prompt
-    stop = sampling.pop("stop", None)
-    req.sampling_params.CopyFrom(pb.SamplingParams(**sampling))
-    if stop:
-        req.sampling_params.stop.extend(stop)
-    return req
-
-
-def health(address: str) -> pb.HealthResponse:
-    with grpc.insecure_channel(address) as ch:
-        return pb_grpc.GeneratorStub(ch).Health(pb.HealthRequest(), timeout=5)
-
-
-def check(address: str, service: str) -> int:
-    with grpc.insecure_channel(address) as ch:
-        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
-
-
-def wait_for(predicate, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def pages_all_back(h: pb.HealthResponse) -> bool:
-    return h.running == 0 and h.waiting == 0 and h.pages_free + h.pages_cached == h.pages_total
-
-
-def health_when(address: str, predicate, what: str, timeout: float = 10.0) -> pb.HealthResponse:
-    """The first Health answer that satisfies predicate."""
-    def poll():
-        h = health(address)
-        return h if predicate(h) else None
-    return wait_for(poll, what, timeout)
-
-
-async def collect(stub: pb_grpc.GeneratorStub, req: pb.GenerateRequest, timeout: float | None = 60
-                  ) -> list[pb.GenerateResponse]:
-    return [r async for r in stub.Generate(req, timeout=timeout)]
-
-
-async def read_rest(call) -> list[pb.GenerateResponse]:
-    """The remaining messages of a call already read with call.read() (the APIs may not mix)."""
-    out = []
-    while (r := await call.read()) is not grpc.aio.EOF:
-        out.append(r)
-    return out
-
-
-def joined(responses: list[pb.GenerateResponse]) -> tuple[str, list[int]]:
-    return "".join(r.text for r in responses), [t for r in responses for t in r.token_ids]
-
-
-def offline_result(offline, prompt, **params):
-    from nvllm import SamplingParams
-    return offline.generate([prompt], SamplingParams(**params))[0]
 
 
 # -- generation ------------------------------------------------------------------------------

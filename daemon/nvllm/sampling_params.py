@@ -27,6 +27,9 @@ MODEL_DEFAULT_FIELDS = tuple(NEUTRAL_DEFAULTS)
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 # vLLM raises temperatures in (0, 0.01) to 0.01: below it softmax overflows into inf/nan.
 MIN_TEMPERATURE = 0.01
+# The engine computes in float32: a larger temperature or repetition penalty would only overflow to
+# inf on the way in (with a RuntimeWarning); it is capped here, where it acts the same.
+FLOAT32_MAX = 3.4028234663852886e38
 SEED_LIMIT = 1 << 64  # numpy seeds are unsigned; the proto's int64 stays well inside
 _SHOW_CHARS = 48  # a refused value is echoed in the error, cut to this many characters
 
@@ -239,6 +242,8 @@ class SamplingParams:
             self.logprobs = int(self.logprobs)
         if self.top_k < 0:
             self.top_k = 0
+        self.temperature = min(self.temperature, FLOAT32_MAX)
+        self.repetition_penalty = min(self.repetition_penalty, FLOAT32_MAX)
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = MIN_TEMPERATURE
         if self.temperature == 0.0:

@@ -41,7 +41,7 @@ class _Stream:
 
 @dataclass
 class _Command:
-    kind: str                    # "add", "abort", "stall", "call", "stop"
+    kind: str                    # "add", "abort", "stall", "fault", "call", "stop"
     arg: Any = None
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
@@ -224,6 +224,11 @@ class AsyncEngine:
         """Test hook: the engine thread sleeps `seconds` without bumping `progress`."""
         self._send(_Command("stall", float(seconds)))
 
+    def inject_step_fault(self) -> None:
+        """Test hook: the model's forward pass raises once, in the next step that runs it, so that
+        LLMEngine.step fails that step's requests (and only those) the way a real fault would."""
+        self._send(_Command("fault"))
+
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run fn(engine) on the engine thread between steps and return its result (tests, admin)."""
         cmd = _Command("call", fn)
@@ -303,6 +308,8 @@ class AsyncEngine:
                 elif cmd.kind == "stall":
                     log.warning("engine loop stalling for %.1f s (test hook)", cmd.arg)
                     time.sleep(cmd.arg)
+                elif cmd.kind == "fault":
+                    self._arm_step_fault()
                 elif cmd.kind == "call":
                     try:
                         cmd.result = cmd.arg(self.engine)
@@ -314,6 +321,18 @@ class AsyncEngine:
         finally:
             if adds:
                 self._refresh(adds)
+
+    def _arm_step_fault(self) -> None:
+        """Shadow the model's forward with one that restores the real one and raises."""
+        model = self.engine.model
+        if "forward" in vars(model):     # already armed
+            return
+
+        def failing_forward(*args: Any, **kwargs: Any) -> Any:
+            del model.forward
+            raise RuntimeError("injected step fault (test hook NVLLM_TEST_FAIL_STEP)")
+        log.warning("the next engine step will fail (test hook)")
+        model.forward = failing_forward
 
     def _add(self, seq: Sequence) -> None:
         try:

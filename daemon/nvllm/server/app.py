@@ -15,12 +15,21 @@ Test hooks (environment variables; never set them in production):
                                 integer) instead of psutil/cgroups, so tests can inject pressure.
   NVLLM_TEST_STALL_S=SECONDS    SIGUSR1 makes the engine loop sleep that long without progress, so
                                 tests can see the systemd watchdog pings stop.
+  NVLLM_TEST_FAIL_STEP=1        SIGUSR2 makes the model's forward pass raise once, in the next engine
+                                step, so tests can see that step's requests (only) fail with INTERNAL.
+
+Security defaults: the listener is loopback (127.0.0.1:50051) or a unix socket created with mode
+server.unix_socket_mode (never wider, even for an instant: the umask is tightened while it is
+made); any other TCP address without TLS is logged as a warning. server.tls_cert/tls_key turn TLS
+on; server.tls_client_ca requires client certificates signed by that CA (mutual TLS), and is
+refused at start-up without tls_cert/tls_key rather than silently ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import math
 import os
@@ -43,14 +52,14 @@ from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import EngineConfig, LLMEngine
 from nvllm.model.decoder import Model
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.loader import ModelLoadError, read_json
+from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.server.logs import setup_logging, stream_is_journal
-from nvllm.server.memory import (MiB, MemoryReading, MemoryWatchdog, PoolSizing, PoolTooSmall,
-                                 available_memory, format_bytes, size_pool)
-from nvllm.server.service import SERVICE_NAME, DaemonState, GeneratorService, Phase
+from nvllm.server.memory import (RUNTIME_OVERHEAD_BYTES, GiB, MiB, MemoryReading, MemoryWatchdog, PoolSizing,
+                                 PoolTooSmall, available_memory, format_bytes, size_pool)
+from nvllm.server.service import SERVICE_NAME, DaemonState, GeneratorService, Phase, add_generator_to_server
 from nvllm.server.systemd import Notifier, WatchdogPinger
 from nvllm.tokenizer import Tokenizer
-from nvllm.v1 import nvllm_pb2, nvllm_pb2_grpc
+from nvllm.v1 import nvllm_pb2
 
 log = logging.getLogger("nvllm.server.app")
 
@@ -101,11 +110,16 @@ def load_model(settings: Settings) -> Loaded:
     gen = model_dir / "generation_config.json"
     defaults = read_json(gen) if gen.exists() else {}
     load_s = time.monotonic() - t0
-    c, cache = model.config, settings.cache
+    sizing, max_len = plan_pool(settings, model.config, available_memory())
+    return Loaded(model, tokenizer, defaults, sizing, max_len, load_s)
+
+
+def plan_pool(settings: Settings, c: ModelConfig, reading: MemoryReading) -> tuple[PoolSizing, int]:
+    """The page pool from one memory reading (taken after the weights are loaded), and max_model_len."""
+    cache = settings.cache
     limit = c.max_position_embeddings
     max_len = min(settings.scheduler.max_model_len or limit, limit)
     bytes_per_block = KVCache.bytes_per_block(c.num_layers, cache.block_size, c.num_kv_heads, c.head_dim)
-    reading = available_memory()
     try:
         sizing = size_pool(bytes_per_block, reading.available_bytes, cache.memory_fraction,
                            cache.reserve_mb * MiB, cache.max_pool_mb * MiB, cache.num_blocks,
@@ -113,7 +127,7 @@ def load_model(settings: Settings) -> Loaded:
                            source=reading.source, max_model_len=max_len)
     except PoolTooSmall as e:
         raise StartupError(f"page pool too small: {e}") from e
-    return Loaded(model, tokenizer, defaults, sizing, max_len, load_s)
+    return sizing, max_len
 
 
 def build_engine(settings: Settings, loaded: Loaded) -> LLMEngine:
@@ -127,7 +141,8 @@ def build_engine(settings: Settings, loaded: Loaded) -> LLMEngine:
                           max_model_len=loaded.max_model_len,
                           enable_prefix_caching=s.cache.enable_prefix_caching,
                           max_stop_strings=s.server.max_stop_strings,
-                          max_stop_string_chars=s.server.max_stop_string_chars)
+                          max_stop_string_chars=s.server.max_stop_string_chars,
+                          blas_threads=s.model.blas_threads)
     return LLMEngine(loaded.model, loaded.tokenizer, config, loaded.defaults, kv)
 
 
@@ -143,26 +158,55 @@ def memory_reader() -> Callable[[], MemoryReading]:
     return read
 
 
-def dry_run(settings: Settings) -> int:
-    """Print what serving would allocate, without allocating it."""
+def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
+    """Print what serving would allocate, without allocating it.
+
+    On this machine (memory_gb None) the model is loaded, so the files are checked and the reading is
+    the one serving would take. For another board nothing is loaded: the weights' size comes from
+    config.json, and the memory available after they load is memory_gb GiB less the weights. Give the
+    memory the board has free when nvllm starts (MemAvailable with its other programs running); its
+    whole size gives an upper bound.
+    """
     t0 = time.monotonic()
+    model_dir = settings.model_dir()
     try:
-        loaded = load_model(settings)
+        if memory_gb is None:
+            loaded = load_model(settings)
+            c, sz, max_len = loaded.model.config, loaded.sizing, loaded.max_model_len
+            weight_bytes = loaded.model.weights.nbytes
+        else:
+            if not (model_dir / "config.json").is_file():
+                raise StartupError(f"no model at {model_dir} (model.path={settings.model.path!r}); "
+                                   f"pass --model DIR (only its config.json is read)")
+            try:
+                c = load_config(model_dir)
+            except (ModelLoadError, OSError) as e:
+                raise StartupError(f"cannot read {model_dir / 'config.json'}: {e}") from e
+            weight_bytes = c.weight_bytes
+            board = int(memory_gb * GiB)
+            reading = MemoryReading(max(0, board - weight_bytes),
+                                    f"planned: {memory_gb:g} GiB available less the weights")
+            sz, max_len = plan_pool(settings, c, reading)
     except StartupError as e:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return e.code
-    c, sz = loaded.model.config, loaded.sizing
-    per_seq = math.ceil(loaded.max_model_len / sz.block_size)
-    print(f"model: {served_name(settings)} ({settings.model_dir()}), {c.architecture}, "
+    per_seq = math.ceil(max_len / sz.block_size)
+    resident = weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
+    print(f"model: {served_name(settings)} ({model_dir}), {c.architecture}, "
           f"{c.num_layers} layers, {c.num_params / 1e6:.1f} M parameters")
-    print(f"weights: {format_bytes(loaded.model.weights.nbytes)} ({loaded.model.weights.nbytes} bytes, float32)")
+    print(f"weights: {format_bytes(weight_bytes)} ({weight_bytes} bytes, float32)")
     print(sz.log_line())
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
           f"{sz.block_size} tokens")
-    print(f"context: {sz.num_tokens} tokens fit; max_model_len {loaded.max_model_len} -> "
+    print(f"context: {sz.num_tokens} tokens fit; max_model_len {max_len} -> "
           f"{sz.num_blocks // per_seq} sequences of full length at once")
-    print(f"startup: weights and tokenizer loaded in {loaded.load_s:.2f} s "
-          f"({time.monotonic() - t0:.2f} s with sizing; serving also allocates and touches the pool)")
+    print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
+          f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
+    if memory_gb is None:
+        print(f"startup: weights and tokenizer loaded in {loaded.load_s:.2f} s "
+              f"({time.monotonic() - t0:.2f} s with sizing; serving also allocates and touches the pool)")
+    else:
+        print(f"startup: not measured (planned for {memory_gb:g} GiB available; nothing was loaded)")
     return EXIT_OK
 
 
@@ -197,6 +241,9 @@ def check_unix_socket(path: str) -> None:
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     s = settings.server
     if not (s.tls_cert or s.tls_key):
+        if s.tls_client_ca:
+            raise StartupError("server.tls_client_ca (mutual TLS) needs server.tls_cert and server.tls_key: "
+                               "without them the daemon would serve in plain text")
         return None
     if not (s.tls_cert and s.tls_key):
         raise StartupError("server.tls_cert and server.tls_key must be set together")
@@ -208,6 +255,18 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None   # ::ffff:127.0.0.1
+    return (mapped or ip).is_loopback
+
+
 def bind(server: grpc.aio.Server, settings: Settings) -> str:
     """Open the listener; returns the address as clients should dial it."""
     listen = settings.server.listen
@@ -215,13 +274,22 @@ def bind(server: grpc.aio.Server, settings: Settings) -> str:
     if path is not None:
         check_unix_socket(path)
     creds = server_credentials(settings)
+    if path is None and creds is None and not is_loopback(listen.rsplit(":", 1)[0]):
+        log.warning("listening on %s without TLS: any host that reaches it can use the model and read "
+                    "the prompts (set server.tls_cert/tls_key, or listen on loopback or a unix socket)", listen)
+    # A unix socket is born with the umask's mode: keep it private until chmod sets the configured one.
+    old_umask = os.umask(0o177) if path is not None else None
     try:
         port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
     except RuntimeError as e:
         why = "is the port already in use?" if path is None else str(e)
         raise StartupError(f"cannot listen on {listen}: {why} (set server.listen or --listen)",
                            EXIT_FAILURE) from None
+    finally:
+        if old_umask is not None:
+            os.umask(old_umask)
     if path is not None:
+        os.chmod(path, settings.server.unix_socket_mode)
         return f"unix:{path}"
     host = listen.rsplit(":", 1)[0]
     return f"{host}:{port}"
@@ -236,7 +304,8 @@ class Daemon:
         self.health = HealthServicer()
         s = settings
         self.state = DaemonState(self.model_name, self.health, s.scheduler.max_waiting,
-                                 s.scheduler.max_num_seqs, s.server.max_message_bytes)
+                                 s.scheduler.max_num_seqs, s.server.max_message_bytes,
+                                 s.server.max_streams_per_client)
         self.engine: AsyncEngine | None = None
         self.watchdog: MemoryWatchdog | None = None
         self.pinger: WatchdogPinger | None = None
@@ -249,7 +318,7 @@ class Daemon:
             options=[("grpc.so_reuseport", 0),
                      ("grpc.max_receive_message_length", TRANSPORT_CAP_FACTOR * cap),
                      ("grpc.max_send_message_length", cap)])
-        nvllm_pb2_grpc.add_GeneratorServicer_to_server(GeneratorService(self.state), server)
+        add_generator_to_server(GeneratorService(self.state), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (nvllm_pb2.DESCRIPTOR.services_by_name["Generator"].full_name,
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -279,6 +348,10 @@ class Daemon:
         if self.engine is not None and seconds > 0:
             self.engine.stall(seconds)
 
+    def _on_fault_signal(self) -> None:
+        if self.engine is not None:
+            self.engine.inject_step_fault()
+
     def status_line(self) -> str:
         st = self.state
         if self.engine is None:
@@ -303,6 +376,9 @@ class Daemon:
             loop.add_signal_handler(sig, self._on_signal, sig)
         if os.environ.get("NVLLM_TEST_STALL_S"):
             loop.add_signal_handler(signal.SIGUSR1, self._on_stall_signal)
+        if os.environ.get("NVLLM_TEST_FAIL_STEP") == "1":
+            log.warning("test hook: SIGUSR2 makes the next engine step fail (NVLLM_TEST_FAIL_STEP)")
+            loop.add_signal_handler(signal.SIGUSR2, self._on_fault_signal)
         s = self.settings
         self.notifier.status(f"{self.model_name}: starting")
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -320,8 +396,6 @@ class Daemon:
     async def _serve(self, server: grpc.aio.Server, address: str) -> int:
         loop = asyncio.get_running_loop()
         s = self.settings
-        if unix_path(s.server.listen) is not None:
-            os.chmod(unix_path(s.server.listen), s.server.unix_socket_mode)
         await server.start()
         log.info("listening on %s (Health answers STARTING while the model loads)", address)
 
@@ -396,8 +470,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(settings.log_level)
+    memory_gb = getattr(args, "memory_gb", None)
+    if memory_gb is not None and (not args.dry_run or memory_gb <= 0):
+        print("nvllm serve: --memory-gb N plans for N GiB of available memory: give it with --dry-run, N > 0",
+              file=sys.stderr)
+        return EXIT_CONFIG
     if args.dry_run:
-        return dry_run(settings)
+        return dry_run(settings, memory_gb)
     daemon = Daemon(settings)
     try:
         return asyncio.run(daemon.run())

@@ -2,8 +2,16 @@
 
 Generate: validate (INVALID_ARGUMENT naming the proto field), render chat, tokenize (off the event
 loop), check admission (UNAVAILABLE while starting or draining, RESOURCE_EXHAUSTED under memory
-pressure or with a full queue), then stream the engine's deltas. A client that cancels or passes
-its deadline closes the stream, which aborts the request in the engine at once.
+pressure, with a full queue or when the client already holds server.max_streams_per_client streams),
+then stream the engine's deltas. A client that cancels or passes its deadline closes the stream,
+which aborts the request in the engine at once.
+
+Streams per client are counted by the peer's address: the IP without the port for TCP (one host is
+one client, however many connections it opens); every unix-socket peer shares the key "unix" (gRPC
+does not report the peer's uid/pid), so on a unix socket the limit bounds all local clients together.
+
+Requests are decoded by server/wire.py rather than by the generated handler, so that bytes which do
+not decode (invalid UTF-8 in a string field) are refused with INVALID_ARGUMENT naming the field.
 
 Nothing here touches an array: numbers come from the engine's stats snapshot and its outputs.
 """
@@ -12,11 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import enum
+import ipaddress
 import logging
+import os
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Union
+from urllib.parse import unquote
 
 import grpc
 import psutil
@@ -29,6 +41,7 @@ from nvllm.engine.sequence import RequestOutput
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.logs import request_context
 from nvllm.server.memory import MemoryWatchdog
+from nvllm.server.wire import UndecodableRequest, decode_generate_request
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
@@ -61,7 +74,19 @@ class BadRequest(Exception):
 
 
 def process_start_time() -> float:
-    """Wall-clock time the process started (for uptime)."""
+    """Wall-clock time the process started (for uptime and startup_s), to the kernel's tick.
+
+    The age comes from the kernel's clocks (CLOCK_BOOTTIME less the start tick in /proc/self/stat);
+    psutil's create_time adds the boot time, which /proc/stat gives in whole seconds, so it can be up
+    to a second early. psutil is the fallback where /proc is not Linux's.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()     # fields 3.. (the name may hold spaces)
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(after_name[19]) / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(0.0, age)
+    except (OSError, IndexError, ValueError, AttributeError):
+        pass
     try:
         return psutil.Process().create_time()
     except psutil.Error:
@@ -76,12 +101,14 @@ class DaemonState:
     """
 
     def __init__(self, model_name: str, health: HealthServicer, max_waiting: int, max_num_seqs: int,
-                 max_message_bytes: int) -> None:
+                 max_message_bytes: int, max_streams_per_client: int = 0) -> None:
         self.model_name = model_name
         self.health = health
         self.max_waiting = max_waiting
         self.max_num_seqs = max_num_seqs
         self.max_message_bytes = max_message_bytes
+        self.max_streams_per_client = max_streams_per_client   # 0: no limit
+        self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
         self.phase = Phase.STARTING
         self.engine: AsyncEngine | None = None
         self.watchdog: MemoryWatchdog | None = None
@@ -192,6 +219,38 @@ def oversized_field(request: pb.GenerateRequest) -> str:
     return max(sizes, key=sizes.__getitem__)
 
 
+def client_key(peer: str) -> str:
+    """Whom a call counts against: "ipv4:10.0.0.7:51234" -> "10.0.0.7", "ipv6:[::1]:51234" -> "::1",
+    "ipv6:[::ffff:10.0.0.7]:51234" (IPv4 on a dual-stack socket) -> "10.0.0.7"; unix peers -> "unix"."""
+    scheme, _, rest = unquote(peer).partition(":")
+    if scheme in ("unix", "unix-abstract"):
+        return "unix"
+    if scheme not in ("ipv4", "ipv6"):
+        return peer
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def add_generator_to_server(servicer: "GeneratorService", server: grpc.aio.Server) -> None:
+    """nvllm_pb2_grpc.add_GeneratorServicer_to_server, with Generate's requests decoded by
+    server/wire.py (so undecodable bytes are refused naming the field)."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate, request_deserializer=decode_generate_request,
+            response_serializer=pb.GenerateResponse.SerializeToString),
+        "Health": grpc.unary_unary_rpc_method_handler(
+            servicer.Health, request_deserializer=pb.HealthRequest.FromString,
+            response_serializer=pb.HealthResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 class GeneratorService(pb_grpc.GeneratorServicer):
     def __init__(self, state: DaemonState, executor: concurrent.futures.Executor | None = None) -> None:
         self.state = state
@@ -203,9 +262,13 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         return self.state.health_response()
 
     # -- Generate -----------------------------------------------------------------------------
-    async def Generate(self, request: pb.GenerateRequest,
+    async def Generate(self, request: Union[pb.GenerateRequest, UndecodableRequest],
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         t0 = time.monotonic()
+        if isinstance(request, UndecodableRequest):
+            with request_context(uuid.uuid4().hex):
+                log.info("refused: %s", request.message)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or uuid.uuid4().hex
         with request_context(rid):
             st = self.state
@@ -213,54 +276,78 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 why = "draining: the daemon is shutting down" if st.phase is Phase.DRAINING else \
                     "starting: the model is still loading"
                 await context.abort(grpc.StatusCode.UNAVAILABLE, why)
-            engine = st.engine
-            try:
-                input_field, prompt, params = self._check(request, rid)
-                seq = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self._make_sequence, engine, rid, input_field, prompt, params)
-            except BadRequest as e:
-                log.info("refused: %s", e)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            # Admission: checked after the (awaited) tokenization and with no await before the
-            # engine takes the request, so concurrent calls cannot both pass a full queue.
-            if st.phase is not Phase.SERVING:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the daemon is shutting down")
-            reason = st.not_admitting_reason()
-            if reason:
-                log.info("refused: not admitting: %s", reason)
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"not admitting new requests: {reason}")
-            queued = st.queue_length(engine.stats())
-            if queued >= st.max_waiting:
-                msg = f"queue full: {queued} waiting, limit {st.max_waiting}"
+            client = client_key(context.peer())
+            open_streams = st.streams_by_client.get(client, 0)
+            limit = st.max_streams_per_client
+            if limit and open_streams >= limit:
+                msg = (f"too many concurrent streams from {client}: {open_streams} open, limit {limit} "
+                       f"(server.max_streams_per_client)")
                 log.info("refused: %s", msg)
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+            st.streams_by_client[client] = open_streams + 1
             try:
-                stream = engine.add(seq)
-            except (InvalidParameter, EngineDead) as e:
-                code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidParameter) else grpc.StatusCode.UNAVAILABLE
-                await context.abort(code, str(e))
-            log.info("admitted: %d prompt tokens, max_tokens %d", seq.num_prompt_tokens, seq.params.max_tokens)
-            first_token_time = None
-            try:
-                with stream:
-                    async for out in stream:
-                        if out.error is not None:
-                            log.error("failed in the engine: %s", out.error)
-                            await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
-                        if first_token_time is None and out.token_ids:
-                            first_token_time = time.monotonic()
-                        yield self._response(rid, out, t0, first_token_time)
-                        if out.finished:
-                            log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
-                                     out.finish_reason, out.prompt_tokens, out.completion_tokens,
-                                     out.cached_tokens,
-                                     "" if first_token_time is None
-                                     else f", first token after {1000 * (first_token_time - t0):.0f} ms")
-            except asyncio.CancelledError:
-                log.info("cancelled (client went away or its deadline passed); request aborted")
-                raise
-            except InvalidParameter as e:     # the engine refused it (a request id in use)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, input_field))
+                async with contextlib.aclosing(self._generate(request, context, rid, t0)) as responses:
+                    async for response in responses:
+                        yield response
+            finally:
+                left = st.streams_by_client.get(client, 1) - 1
+                if left > 0:
+                    st.streams_by_client[client] = left
+                else:
+                    st.streams_by_client.pop(client, None)
+
+    async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, rid: str,
+                        t0: float) -> AsyncIterator[pb.GenerateResponse]:
+        """Generate's work once the call counts against its client's streams."""
+        st = self.state
+        engine = st.engine
+        try:
+            input_field, prompt, params = self._check(request, rid)
+            seq = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self._make_sequence, engine, rid, input_field, prompt, params)
+        except BadRequest as e:
+            log.info("refused: %s", e)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        # Admission: checked after the (awaited) tokenization and with no await before the
+        # engine takes the request, so concurrent calls cannot both pass a full queue.
+        if st.phase is not Phase.SERVING:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the daemon is shutting down")
+        reason = st.not_admitting_reason()
+        if reason:
+            log.info("refused: not admitting: %s", reason)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"not admitting new requests: {reason}")
+        queued = st.queue_length(engine.stats())
+        if queued >= st.max_waiting:
+            msg = f"queue full: {queued} waiting, limit {st.max_waiting}"
+            log.info("refused: %s", msg)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+        try:
+            stream = engine.add(seq)
+        except (InvalidParameter, EngineDead) as e:
+            code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidParameter) else grpc.StatusCode.UNAVAILABLE
+            await context.abort(code, str(e))
+        log.info("admitted: %d prompt tokens, max_tokens %d", seq.num_prompt_tokens, seq.params.max_tokens)
+        first_token_time = None
+        try:
+            with stream:
+                async for out in stream:
+                    if out.error is not None:
+                        log.error("failed in the engine: %s", out.error)
+                        await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
+                    if first_token_time is None and out.token_ids:
+                        first_token_time = time.monotonic()
+                    yield self._response(rid, out, t0, first_token_time)
+                    if out.finished:
+                        log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
+                                 out.finish_reason, out.prompt_tokens, out.completion_tokens,
+                                 out.cached_tokens,
+                                 "" if first_token_time is None
+                                 else f", first token after {1000 * (first_token_time - t0):.0f} ms")
+        except asyncio.CancelledError:
+            log.info("cancelled (client went away or its deadline passed); request aborted")
+            raise
+        except InvalidParameter as e:     # the engine refused it (a request id in use)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, input_field))
 
     def _check(self, request: pb.GenerateRequest, rid: str) -> tuple[str, Any, SamplingParams]:
         """Checks that need no tokenizer; returns (input field, prompt or messages, params)."""
