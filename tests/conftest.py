@@ -87,3 +87,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     for name, values in figures.items():
         terminalreporter.write_line(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     terminalreporter.write_line(f"(written to {config.stash[_FIGURES_PATH]})")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models: dict[str, Path]) -> Path:
+    """The tiny Llama the daemon and engine tests serve."""
+    return tiny_models["tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def offline(tiny: Path):
+    """The offline engine on the same model and pool size as the test daemons: the reference answers."""
+    from daemon_util import NUM_BLOCKS
+
+    from nvllm import LLM
+    return LLM(tiny, num_blocks=NUM_BLOCKS)

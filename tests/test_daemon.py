@@ -34,10 +34,6 @@ from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, PLENTY, ROO
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["tiny-llama"]
-
 
 @pytest.fixture(scope="module")
 def daemon(tiny: Path, tmp_path_factory: pytest.TempPathFactory):
@@ -45,11 +41,6 @@ def daemon(tiny: Path, tmp_path_factory: pytest.TempPathFactory):
     yield d
     d.kill()
 
-
-@pytest.fixture(scope="module")
-def offline(tiny: Path):
-    from nvllm import LLM
-    return LLM(tiny, num_blocks=NUM_BLOCKS)
 
 
 # -- generation ------------------------------------------------------------------------------

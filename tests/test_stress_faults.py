@@ -25,15 +25,6 @@ from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.stress
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["tiny-llama"]
-
-
-@pytest.fixture(scope="module")
-def offline(tiny: Path):
-    from nvllm import LLM
-    return LLM(tiny, num_blocks=NUM_BLOCKS)
 
 
 async def finish(call) -> tuple[grpc.StatusCode, str, list[pb.GenerateResponse], float]:

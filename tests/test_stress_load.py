@@ -31,15 +31,6 @@ MAX_NUM_SEQS = 16
 MAX_WAITING = 64
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["tiny-llama"]
-
-
-@pytest.fixture(scope="module")
-def offline(tiny: Path):
-    from nvllm import LLM
-    return LLM(tiny, num_blocks=NUM_BLOCKS)
 
 
 def overload_request(i: int) -> pb.GenerateRequest:

@@ -33,15 +33,6 @@ pytestmark = pytest.mark.stress
 SERVER_NAME = "nvllm.test"
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["tiny-llama"]
-
-
-@pytest.fixture(scope="module")
-def offline(tiny: Path):
-    from nvllm import LLM
-    return LLM(tiny, num_blocks=NUM_BLOCKS)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
