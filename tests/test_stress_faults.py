@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from daemon_util import (BASE_CONFIG, NUM_BLOCKS, PLENTY, DaemonProcess, NotifySocket, assert_sound, check,
+from daemon_util import (BASE_CONFIG, PLENTY, DaemonProcess, NotifySocket, assert_sound, check,
                          config_with, health, joined, offline_result, request, run_bounded, wait_for)
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from daemon_util import (BASE_CONFIG, NUM_BLOCKS, ROOT, DaemonProcess, assert_sound, config_with, health_when,
+from daemon_util import (BASE_CONFIG, ROOT, DaemonProcess, assert_sound, config_with, health_when,
                          joined, request, run_bounded)
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc

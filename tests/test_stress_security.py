@@ -22,7 +22,7 @@ import grpc
 import psutil
 import pytest
 
-from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, ROOT, DaemonProcess, assert_sound,
+from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, ROOT, DaemonProcess, assert_sound,
                          config_with, health, joined, offline_result, request, run_bounded)
 from nvllm.config import Settings, load_settings
 from nvllm.v1 import nvllm_pb2 as pb
