@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nvllm.model import kernels
+
 # Query rows per tile in a prefill chunk: tiles skip the keys their causal mask would hide, and a
 # tile's scores stay small enough to remain in cache.
 PREFILL_TILE = 128
@@ -31,6 +33,8 @@ class AttentionMetadata:
         self.decode_tokens = self.query_starts[self.decode_rows]
         if self.decode_rows.size:
             ctx = self.context_lens[self.decode_rows]
+            self.decode_context_lens = np.ascontiguousarray(ctx)
+            self.decode_tables = np.ascontiguousarray(self.block_tables[self.decode_rows])
             self.decode_width = int(ctx.max())
             # Additive mask for padded key positions: 0 where a key exists, -inf past the context.
             self.decode_bias = np.where(np.arange(self.decode_width) < ctx[:, None], 0.0, -np.inf
@@ -54,8 +58,15 @@ def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.n
 
 
 def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray) -> None:
-    """Every single-token sequence at once, padded to the longest context and masked."""
+    """Every single-token sequence at once: the C kernel reads each page in place; the NumPy path
+    gathers the pages, pads to the longest context and masks."""
     rows, tok = meta.decode_rows, meta.decode_tokens
+    if kernels.lib is not None:
+        o = np.empty((rows.size,) + q.shape[1:], dtype=np.float32)
+        kernels.paged_decode_attention(q[tok], kv_pool[0], kv_pool[1], meta.decode_tables,
+                                       meta.decode_context_lens, o)
+        out[tok] = o
+        return
     nh, hd = q.shape[1], q.shape[2]
     _, _, bs, nkv, _ = kv_pool.shape
     c = meta.decode_width
@@ -88,9 +99,21 @@ def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray)
     out = np.empty((n, nh, hd), dtype=q.dtype)
     for t0 in range(0, n, PREFILL_TILE):
         t1 = min(n, t0 + PREFILL_TILE)
-        pos = positions[t0:t1]
-        width = int(pos[-1]) + 1                                    # keys this tile can see at all
-        s = qh[:, t0 * g:t1 * g] @ kt[:, :, :width]                 # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+        out[t0:t1] = _prefill_tile(qh[:, t0 * g:t1 * g], kt, vh, positions[t0:t1], g)
+    return out
+
+
+def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarray, g: int) -> np.ndarray:
+    """One tile's stacked queries qt [nkv, t*g, hd] against keys kt [nkv, hd, C] and values vh [nkv, C, hd]
+    -> [t, nh, hd]; pos [t] are the tile's positions, which set its causal limits."""
+    nkv, rows, hd = qt.shape
+    t = rows // g
+    width = int(pos[-1]) + 1                                        # keys this tile can see at all
+    s = qt @ kt[:, :, :width]                                       # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+    if kernels.lib is not None:
+        # Row i of the tile sees keys [0, pos[i]]; the kernel exponentiates up to there and zeroes the rest.
+        sums = kernels.softmax_causal_rows(s, np.repeat(pos + 1, g))
+    else:
         first = int(pos[0]) + 1                                     # keys before this are visible to every row
         if first < width:
             hidden = np.arange(first, width)[None, :] > pos[:, None]  # [t, W - first]
@@ -98,10 +121,10 @@ def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray)
             s[..., first:] += bias                                  # [t*g, W - first] causal part
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
-        o = s @ vh[:, :width]                                       # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
-        o /= s.sum(axis=-1, keepdims=True)
-        out[t0:t1] = o.reshape(nkv, t1 - t0, g, hd).transpose(1, 0, 2, 3).reshape(t1 - t0, nh, hd)
-    return out
+        sums = s.sum(axis=-1, keepdims=True)
+    o = s @ vh[:, :width]                                           # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
+    o /= sums
+    return o.reshape(nkv, t, g, hd).transpose(1, 0, 2, 3).reshape(t, nkv * g, hd)
 
 
 def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool: np.ndarray,

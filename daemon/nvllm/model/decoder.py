@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nvllm.model import kernels
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import ModelConfig, ModelWeights, load_weights, rope_inv_freq
@@ -52,12 +53,18 @@ def set_blas_threads(n: int = 0) -> int:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    if kernels.lib is not None:
+        return kernels.rms_norm(x, weight, eps)
     var = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[-1])  # [T, 1]
     return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """SwiGLU's silu(gate) * up for gate_up [T, 2I] -> [T, I]."""
+    if kernels.lib is not None:
+        return kernels.silu_mul(gate_up)
+    gate, up = np.split(gate_up, 2, axis=1)
+    return gate / (1.0 + np.exp(-gate)) * up
 
 
 class Model:
@@ -79,26 +86,34 @@ class Model:
         c = self.config
         return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim)
 
-    def _rope(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        return np.cos(freqs)[:, None, :], np.sin(freqs)[:, None, :]             # [T, 1, hd/2]
+        return np.cos(freqs), np.sin(freqs)
 
-    @staticmethod
-    def _apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        # rotate_half over the two halves of head_dim, as transformers does for Llama and Qwen2.
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]                                   # [T, n, hd/2] each
-        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rotary embedding of q and k in qkv [T, (nh+2nkv)*hd]; q also takes the softmax scale, so scores
+        need no pass of their own. Returns q [T, nh, hd] and k [T, nkv, hd]."""
+        c = self.config
+        T, nh, nkv, hd = qkv.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
+        qk_size = self.q_size + self.kv_size
+        if kernels.lib is not None:
+            kernels.rope(qkv, nh, nkv, hd, cos, sin, self.scale)                # in place
+            qk = qkv[:, :qk_size].reshape(T, nh + nkv, hd)
+        else:
+            # rotate_half over the two halves of head_dim, as transformers does for Llama and Qwen2.
+            head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
+            cs, sn = cos[:, None, :] * head_scale[:, None], sin[:, None, :] * head_scale[:, None]
+            x = qkv[:, :qk_size].reshape(T, nh + nkv, hd)
+            x1, x2 = x[..., :hd // 2], x[..., hd // 2:]                           # [T, nh+nkv, hd/2] each
+            qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn], axis=-1)
+        return qk[:, :nh], qk[:, nh:]
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
         """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32."""
         c, w = self.config, self.weights
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        cos, sin = self._rope(batch.positions)                                  # [T, 1, hd/2]
-        # q and k rotate in one call; the softmax scale rides on q's factors, so scores need no pass.
-        head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
-        cos, sin = cos * head_scale[:, None], sin * head_scale[:, None]        # [T, nh+nkv, hd/2]
+        cos, sin = self._rope_tables(batch.positions)                           # [T, hd/2] each
         qk_size = self.q_size + self.kv_size
         x = w.embed[batch.token_ids]                                            # [T, H]
         for i, layer in enumerate(w.layers):
@@ -106,8 +121,7 @@ class Model:
             qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            qk = self._apply_rope(qkv[:, :qk_size].reshape(T, nh + nkv, hd), cos, sin)
-            q, k = qk[:, :nh], qk[:, nh:]                                       # [T, nh, hd], [T, nkv, hd]
+            q, k = self._rotate(qkv, cos, sin)                                   # [T, nh, hd], [T, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
@@ -115,7 +129,6 @@ class Model:
             x = x + attn.reshape(T, nh * hd) @ layer.o                          # [T, nh*hd] @ [nh*hd, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gu = h @ layer.gate_up                                              # [T, H] @ [H, 2I]
-            inter = c.intermediate_size
-            x = x + (silu(gu[:, :inter]) * gu[:, inter:]) @ layer.down          # [T, I] @ [I, H]
+            x = x + silu_mul(gu) @ layer.down                                   # [T, I] @ [I, H]
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
         return last @ w.lm_head                                                 # [R, H] @ [H, V]

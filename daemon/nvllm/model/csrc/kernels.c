@@ -1,0 +1,177 @@
+/* The few loops NumPy cannot do at memory speed, called through ctypes (nvllm/model/kernels.py).
+ *
+ * - paged_decode_attention: one query token per sequence against its pages, read in place through the
+ *   block table. NumPy would gather every page into a copy and then run one tiny gemm per (sequence,
+ *   KV head); both cost far more than reading the keys once.
+ * - softmax_causal_rows: max, exp and sum of attention scores in one pass, each row up to its causal
+ *   limit. NumPy needs a mask, three passes and a scalar exp.
+ * - silu_mul: SwiGLU's silu(gate) * up in one pass.
+ *
+ * Plain C99, no Python headers, no intrinsics: loops are written so that -O3 vectorises them on any
+ * target (SSE2/AVX on x86-64, NEON on aarch64). Every function has a NumPy twin in attention.py or
+ * decoder.py that the tests compare it with.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* On x86-64 each entry point is also built for AVX2+FMA and picked at load time by the CPU it finds;
+ * the baseline (SSE2) build stays for older CPUs. aarch64's baseline already has NEON and FMA. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ENTRY __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ENTRY
+#endif
+
+/* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
+ * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. */
+static inline float exp_nonpos(float x) {
+    x = fmaxf(x, -87.0f);                             /* keeps 2^n normal; e^-87 is 1.6e-38 */
+    float n = (float)(int32_t)(x * 1.44269504f - 0.5f); /* rounds to nearest for x <= 0 */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* q [S, nh, hd] (already scaled), k_pool and v_pool [num_blocks, bs, nkv, hd], block_tables [S, table_stride],
+ * context_lens [S] -> out [S, nh, hd]. Pages are read front to back, every head of a token row at once,
+ * so each page streams from memory once for keys and once for values. Returns 0, or -1 if scratch could
+ * not be allocated. */
+ENTRY int paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
+                                 const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
+                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs) {
+    const int64_t g = nh / nkv, row = nkv * hd;      /* row: floats of one token in a page */
+    int64_t max_ctx = 0;
+    for (int64_t s = 0; s < S; s++) max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
+    float *scores = malloc(sizeof(float) * (size_t)(nh * max_ctx + nh * hd + nh));
+    if (!scores) return -1;
+    float *acc = scores + nh * max_ctx, *sums = acc + nh * hd;
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t ctx = context_lens[s];
+        const int32_t *table = block_tables + s * table_stride;
+        const float *qs = q + s * nh * hd;
+        for (int64_t t0 = 0; t0 < ctx; t0 += bs) {   /* page by page: no division per token */
+            const float *k = k_pool + (int64_t)table[t0 / bs] * bs * row;
+            const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
+            for (int64_t o = 0; o < n; o++, k += row)
+                for (int64_t i = 0; i < nh; i++) scores[i * ctx + t0 + o] = dot(qs + i * hd, k + (i / g) * hd, hd);
+        }
+        for (int64_t i = 0; i < nh; i++) {
+            float *sc = scores + i * ctx, m = sc[0], sum = 0.0f;
+#pragma omp simd reduction(max : m)
+            for (int64_t t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t t = 0; t < ctx; t++) {
+                sc[t] = exp_nonpos(sc[t] - m);
+                sum += sc[t];
+            }
+            sums[i] = sum;
+        }
+        memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
+        for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
+            const float *v = v_pool + (int64_t)table[t0 / bs] * bs * row;
+            const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
+            for (int64_t o = 0; o < n; o++, v += row)
+                for (int64_t i = 0; i < nh; i++) {
+                    const float p = scores[i * ctx + t0 + o], *vh = v + (i / g) * hd;
+                    float *a = acc + i * hd;
+#pragma omp simd
+                    for (int64_t d = 0; d < hd; d++) a[d] += p * vh[d];
+                }
+        }
+        for (int64_t i = 0; i < nh; i++) {
+            float *o = out + (s * nh + i) * hd;
+            const float inv = 1.0f / sums[i];
+            for (int64_t d = 0; d < hd; d++) o[d] = acc[i * hd + d] * inv;
+        }
+    }
+    free(scores);
+    return 0;
+}
+
+/* scores [rows, width] in place: row r keeps keys [0, limits[r % period]) and gets exp(x - max) there and
+ * 0 past it; sums[r] receives the row's sum. (period lets one limit array serve every KV head.) */
+ENTRY void softmax_causal_rows(float *scores, int64_t rows, int64_t width, const int64_t *limits, int64_t period,
+                         float *sums) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *sc = scores + r * width;
+        const int64_t n = limits[r % period];
+        float m = sc[0], sum = 0.0f;
+#pragma omp simd reduction(max : m)
+        for (int64_t t = 1; t < n; t++) m = sc[t] > m ? sc[t] : m;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < n; t++) {
+            sc[t] = exp_nonpos(sc[t] - m);
+            sum += sc[t];
+        }
+        if (n < width) memset(sc + n, 0, sizeof(float) * (size_t)(width - n));
+        sums[r] = sum;
+    }
+}
+
+/* gate_up [T, 2I] (gate then up, per row) -> out [T, I] = silu(gate) * up. */
+ENTRY void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *gt = gate_up + t * 2 * inter, *up = gt + inter;
+        float *o = out + t * inter;
+#pragma omp simd
+        for (int64_t i = 0; i < inter; i++) {
+            /* sigmoid from e = exp(-|x|), which cannot overflow: 1/(1+e) for x >= 0, e/(1+e) below; the
+             * numerator is max(e, [x >= 0]), written without a branch so that the loop vectorises */
+            const float x = gt[i], e = exp_nonpos(-fabsf(x));
+            o[i] = x * fmaxf(e, 0.5f + copysignf(0.5f, x)) / (1.0f + e) * up[i];
+        }
+    }
+}
+
+/* x [T, H] -> out [T, H] = x / sqrt(mean(x^2) + eps) * weight, one row at a time. */
+ENTRY void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * H;
+        float *ot = out + t * H, ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < H; i++) ss += xt[i] * xt[i];
+        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) ot[i] = xt[i] * inv * weight[i];
+    }
+}
+
+/* Rotary embedding in place on the first nq + nk heads of each row of qkv (row_stride floats apart), as
+ * transformers' rotate_half does for Llama and Qwen2: the two halves of a head are the pair. cos and sin
+ * are [T, hd/2]; the query heads are also multiplied by q_scale (the softmax scale rides along). */
+ENTRY void rope(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
+                const float *cos_t, const float *sin_t, float q_scale) {
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos_t + t * half, *s = sin_t + t * half;
+        for (int64_t h = 0; h < nq + nk; h++) {
+            float *x1 = qkv + t * row_stride + h * hd, *x2 = x1 + half;
+            const float f = h < nq ? q_scale : 1.0f;
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = (a * c[i] - b * s[i]) * f;
+                x2[i] = (b * c[i] + a * s[i]) * f;
+            }
+        }
+    }
+}
