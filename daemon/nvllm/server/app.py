@@ -48,6 +48,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from nvllm.config import ConfigError, Settings, load_settings
+from nvllm.model import kernels
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import EngineConfig, LLMEngine
 from nvllm.model.decoder import Model
@@ -405,6 +406,7 @@ class Daemon:
                  format_bytes(loaded.model.weights.nbytes))
         log.info("%s", loaded.sizing.log_line())
         engine = await loop.run_in_executor(None, build_engine, s, loaded)
+        log.info("compute: %s, %d BLAS threads", kernels.describe(), engine.blas_threads)
 
         interval = self.notifier.watchdog_interval()
         self.engine = AsyncEngine(engine, heartbeat_s=min(1.0, interval / 4) if interval else 1.0)
