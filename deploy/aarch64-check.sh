@@ -42,8 +42,9 @@ SUITE="${NVLLM_AARCH64_SUITE:-bookworm}"
 PYTEST_ARGS="${NVLLM_AARCH64_PYTEST:--m aarch64 -W error::RuntimeWarning}"
 QEMU_CPU_MODEL="${NVLLM_AARCH64_CPU:-cortex-a76}"
 # Bump when the base root's package list changes, so a stale cached tarball is not reused.
-BASE_VERSION=1
-BASE_PACKAGES="python3,python3-venv,ca-certificates"
+BASE_VERSION=2
+# gcc and libc6-dev: pip builds nvllm's C kernels (model/csrc) there, as it would on a board.
+BASE_PACKAGES="python3,python3-venv,ca-certificates,gcc,libc6-dev"
 VENV=/opt/nvllm/venv
 EXIT_SKIP=77
 
@@ -97,7 +98,7 @@ run_inside() {
 
     # The checkout as pip would see it, without the host's venv, git data or pulled models.
     mkdir -p "$root/src"
-    tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='./models/*/' --exclude=./build \
+    tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude='./models/*/' --exclude=./build --exclude='*.so' \
         --exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache --exclude=.hypothesis -cf - . \
         | tar -C "$root/src" -xf -
 
