@@ -51,6 +51,26 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* Four dot products against one query at once: the query is loaded once for all four keys. */
+static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
+                        int64_t n, float *out) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t i = 0; i < n; i++) {
+        s0 += q[i] * k0[i];
+        s1 += q[i] * k1[i];
+        s2 += q[i] * k2[i];
+        s3 += q[i] * k3[i];
+    }
+    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+/* Ask for the next page while this one is worked on: pages lie anywhere in the pool, and the
+ * hardware prefetcher does not follow a jump, nor cross a 4 KiB boundary on its own. */
+static inline void prefetch(const float *p, int64_t floats) {
+    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+
 /* q [S, nh, hd] (already scaled), k_pool and v_pool [num_blocks, bs, nkv, hd], block_tables [S, table_stride],
  * context_lens [S] -> out [S, nh, hd]. Pages are read front to back, every head of a token row at once,
  * so each page streams from memory once for keys and once for values. Returns 0, or -1 if scratch could
@@ -58,7 +78,7 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 ENTRY int paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
                                  const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
                                  float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs) {
-    const int64_t g = nh / nkv, row = nkv * hd;      /* row: floats of one token in a page */
+    const int64_t g = nh / nkv, row = nkv * hd, page = bs * row;   /* floats of one token, of one page */
     int64_t max_ctx = 0;
     for (int64_t s = 0; s < S; s++) max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
     float *scores = malloc(sizeof(float) * (size_t)(nh * max_ctx + nh * hd + nh));
@@ -68,11 +88,23 @@ ENTRY int paged_decode_attention(const float *q, const float *k_pool, const floa
         const int64_t ctx = context_lens[s];
         const int32_t *table = block_tables + s * table_stride;
         const float *qs = q + s * nh * hd;
-        for (int64_t t0 = 0; t0 < ctx; t0 += bs) {   /* page by page: no division per token */
-            const float *k = k_pool + (int64_t)table[t0 / bs] * bs * row;
-            const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
-            for (int64_t o = 0; o < n; o++, k += row)
-                for (int64_t i = 0; i < nh; i++) scores[i * ctx + t0 + o] = dot(qs + i * hd, k + (i / g) * hd, hd);
+        const int64_t pages = (ctx + bs - 1) / bs;
+        for (int64_t b = 0; b < pages; b++) {          /* page by page: no division per token */
+            const float *k = k_pool + (int64_t)table[b] * page;
+            prefetch(b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[0] * page, page);
+            const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
+            int64_t o = 0;
+            for (; o + 4 <= n; o += 4, k += 4 * row)      /* four keys per pass: each query load serves four */
+                for (int64_t h = 0; h < nkv; h++)
+                    for (int64_t j = 0; j < g; j++) {
+                        const float *qi = qs + (h * g + j) * hd, *k0 = k + h * hd;
+                        float *sc = scores + (h * g + j) * ctx + t0 + o;
+                        dot4(qi, k0, k0 + row, k0 + 2 * row, k0 + 3 * row, hd, sc);
+                    }
+            for (; o < n; o++, k += row)
+                for (int64_t h = 0; h < nkv; h++)
+                    for (int64_t j = 0; j < g; j++)
+                        scores[(h * g + j) * ctx + t0 + o] = dot(qs + (h * g + j) * hd, k + h * hd, hd);
         }
         for (int64_t i = 0; i < nh; i++) {
             float *sc = scores + i * ctx, m = sc[0], sum = 0.0f;
@@ -86,16 +118,30 @@ ENTRY int paged_decode_attention(const float *q, const float *k_pool, const floa
             sums[i] = sum;
         }
         memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
-        for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
-            const float *v = v_pool + (int64_t)table[t0 / bs] * bs * row;
-            const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
-            for (int64_t o = 0; o < n; o++, v += row)
-                for (int64_t i = 0; i < nh; i++) {
-                    const float p = scores[i * ctx + t0 + o], *vh = v + (i / g) * hd;
-                    float *a = acc + i * hd;
+        for (int64_t b = 0; b < pages; b++) {
+            const float *v = v_pool + (int64_t)table[b] * page;
+            if (b + 1 < pages) prefetch(v_pool + (int64_t)table[b + 1] * page, page);
+            else if (s + 1 < S) prefetch(k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page, page);
+            const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
+            int64_t o = 0;
+            for (; o + 4 <= n; o += 4, v += 4 * row)      /* four values per pass: a quarter of the acc traffic */
+                for (int64_t h = 0; h < nkv; h++)
+                    for (int64_t j = 0; j < g; j++) {
+                        const float *p = scores + (h * g + j) * ctx + t0 + o, *v0 = v + h * hd;
+                        const float *v1 = v0 + row, *v2 = v1 + row, *v3 = v2 + row;
+                        const float p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
+                        float *a = acc + (h * g + j) * hd;
 #pragma omp simd
-                    for (int64_t d = 0; d < hd; d++) a[d] += p * vh[d];
-                }
+                        for (int64_t d = 0; d < hd; d++) a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
+                    }
+            for (; o < n; o++, v += row)
+                for (int64_t h = 0; h < nkv; h++)
+                    for (int64_t j = 0; j < g; j++) {
+                        const float p = scores[(h * g + j) * ctx + t0 + o], *vh = v + h * hd;
+                        float *a = acc + (h * g + j) * hd;
+#pragma omp simd
+                        for (int64_t d = 0; d < hd; d++) a[d] += p * vh[d];
+                    }
         }
         for (int64_t i = 0; i < nh; i++) {
             float *o = out + (s * nh + i) * hd;
