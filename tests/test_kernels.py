@@ -50,6 +50,10 @@ def random_decode_case(rng, S, nh, nkv, hd, bs):
 def test_decode_attention_matches_numpy(S, nh, nkv, hd, bs, monkeypatch):
     rng = np.random.default_rng(S * 100 + hd)
     q, pool, meta = random_decode_case(rng, S, nh, nkv, hd, bs)
+    # As in the model, q is a strided view into a wider qkv row.
+    qkv = np.zeros((S, nh + 2 * nkv, hd), np.float32)
+    qkv[:, :nh] = q
+    q = qkv[:, :nh]
     ours = np.full_like(q, np.nan)
     _decode(q, pool, meta, ours)
     numpy_path(monkeypatch)
@@ -64,7 +68,7 @@ def test_decode_attention_single_key_returns_its_value():
     pool = rng.standard_normal((2, 4, 16, 2, 8), dtype=np.float32)
     q = rng.standard_normal((1, 4, 8), dtype=np.float32) * 50  # large scores: softmax of one key is 1
     out = np.empty_like(q)
-    kernels.paged_decode_attention(q, pool[0], pool[1], np.array([[3, 0]], np.int32), np.array([1]), out)
+    kernels.PagedDecode(np.array([[3, 0]], np.int32), np.array([1]))(q, pool, out)
     expect = np.repeat(pool[1, 3, 0], 2, axis=0)           # each KV head serves two query heads
     np.testing.assert_allclose(out[0], expect, rtol=1e-6)
 
@@ -150,7 +154,13 @@ def test_bad_arrays_are_refused_by_name():
         kernels.silu_mul(good.astype(np.float64))
     with pytest.raises(ValueError, match="x: need a C-contiguous"):
         kernels.rms_norm(np.zeros((8, 2), np.float32).T, np.ones(8, np.float32), 1e-5)
-    pool = np.zeros((4, 4, 1, 8), np.float32)
+    pool = np.zeros((2, 4, 4, 1, 8), np.float32)
+    q, out = np.zeros((1, 2, 8), np.float32), np.zeros((1, 2, 8), np.float32)
     with pytest.raises(ValueError, match="context_lens"):
-        kernels.paged_decode_attention(np.zeros((1, 2, 8), np.float32), pool, pool, np.zeros((1, 2), np.int32),
-                                       np.array([9]), np.zeros((1, 2, 8), np.float32))
+        kernels.PagedDecode(np.zeros((1, 2), np.int32), np.array([0]))
+    with pytest.raises(ValueError, match="block_tables"):          # 9 tokens do not fit two pages of 4
+        kernels.PagedDecode(np.zeros((1, 2), np.int32), np.array([9]))(q, pool, out)
+    with pytest.raises(ValueError, match="block_tables"):          # block 4 is outside a pool of 4
+        kernels.PagedDecode(np.array([[4, 0]], np.int32), np.array([3]))(q, pool, out)
+    with pytest.raises(ValueError, match="q: need float32"):
+        kernels.PagedDecode(np.zeros((1, 2), np.int32), np.array([3]))(q[:, :, ::2], pool, out)

@@ -33,8 +33,13 @@ class AttentionMetadata:
         self.decode_tokens = self.query_starts[self.decode_rows]
         if self.decode_rows.size:
             ctx = self.context_lens[self.decode_rows]
-            self.decode_context_lens = np.ascontiguousarray(ctx)
-            self.decode_tables = np.ascontiguousarray(self.block_tables[self.decode_rows])
+            tok = self.decode_tokens
+            # Decode tokens that sit side by side in the batch (all of them, in a pure decode step) are
+            # read and written in place; others go through a gathered copy.
+            self.decode_span = (int(tok[0]), int(tok[-1]) + 1) if tok[-1] - tok[0] == tok.size - 1 else None
+            self.paged_decode = (kernels.PagedDecode(np.ascontiguousarray(self.block_tables[self.decode_rows]),
+                                                     np.ascontiguousarray(ctx))
+                                 if kernels.lib is not None else None)
             self.decode_width = int(ctx.max())
             # Additive mask for padded key positions: 0 where a key exists, -inf past the context.
             self.decode_bias = np.where(np.arange(self.decode_width) < ctx[:, None], 0.0, -np.inf
@@ -61,11 +66,14 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     """Every single-token sequence at once: the C kernel reads each page in place; the NumPy path
     gathers the pages, pads to the longest context and masks."""
     rows, tok = meta.decode_rows, meta.decode_tokens
-    if kernels.lib is not None:
-        o = np.empty((rows.size,) + q.shape[1:], dtype=np.float32)
-        kernels.paged_decode_attention(q[tok], kv_pool[0], kv_pool[1], meta.decode_tables,
-                                       meta.decode_context_lens, o)
-        out[tok] = o
+    if kernels.lib is not None and meta.paged_decode is not None:
+        if meta.decode_span is not None:
+            t0, t1 = meta.decode_span
+            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1])
+        else:
+            o = np.empty((rows.size,) + q.shape[1:], dtype=np.float32)
+            meta.paged_decode(q[tok], kv_pool, o)
+            out[tok] = o
         return
     nh, hd = q.shape[1], q.shape[2]
     _, _, bs, nkv, _ = kv_pool.shape

@@ -71,13 +71,14 @@ static inline void prefetch(const float *p, int64_t floats) {
     for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-/* q [S, nh, hd] (already scaled), k_pool and v_pool [num_blocks, bs, nkv, hd], block_tables [S, table_stride],
+/* q [S, nh, hd] (already scaled; q_stride floats from one sequence's row to the next), k_pool and v_pool [num_blocks, bs, nkv, hd], block_tables [S, table_stride],
  * context_lens [S] -> out [S, nh, hd]. Pages are read front to back, every head of a token row at once,
  * so each page streams from memory once for keys and once for values. Returns 0, or -1 if scratch could
  * not be allocated. */
-ENTRY int paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
-                                 const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
-                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs) {
+static inline __attribute__((always_inline)) int
+decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool, const int32_t *block_tables,
+            int64_t table_stride, const int64_t *context_lens, float *out, int64_t S, int64_t nh, int64_t nkv,
+            int64_t hd, int64_t bs) {
     const int64_t g = nh / nkv, row = nkv * hd, page = bs * row;   /* floats of one token, of one page */
     int64_t max_ctx = 0;
     for (int64_t s = 0; s < S; s++) max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
@@ -87,7 +88,7 @@ ENTRY int paged_decode_attention(const float *q, const float *k_pool, const floa
     for (int64_t s = 0; s < S; s++) {
         const int64_t ctx = context_lens[s];
         const int32_t *table = block_tables + s * table_stride;
-        const float *qs = q + s * nh * hd;
+        const float *qs = q + s * q_stride;
         const int64_t pages = (ctx + bs - 1) / bs;
         for (int64_t b = 0; b < pages; b++) {          /* page by page: no division per token */
             const float *k = k_pool + (int64_t)table[b] * page;
@@ -151,6 +152,20 @@ ENTRY int paged_decode_attention(const float *q, const float *k_pool, const floa
     }
     free(scores);
     return 0;
+}
+
+/* The common head sizes get their own copy of the loops, unrolled for a length known when compiled. */
+ENTRY int paged_decode_attention(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool,
+                                 const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
+                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs) {
+    if (hd == 64)
+        return decode_impl(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv,
+                           64, bs);
+    if (hd == 128)
+        return decode_impl(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv,
+                           128, bs);
+    return decode_impl(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv, hd,
+                       bs);
 }
 
 /* scores [rows, width] in place: row r keeps keys [0, limits[r % period]) and gets exp(x - max) there and
