@@ -88,8 +88,9 @@ class Floors:
     def matmul(self, weights: ModelWeights, rows: int, logit_rows: int) -> float:
         """Seconds of the model's matmuls for one step of `rows` tokens, `logit_rows` of them through lm_head.
 
-        Measured again at every call, the best kept: callers measure it right beside each timed run, so a
-        machine whose speed drifts (a shared VM, a board warming up) drifts under both alike."""
+        Measured again at every call, the best kept: prefill measures it right before each timed run and
+        compares best with best, so a machine whose speed drifts (a shared VM, a board warming up)
+        drifts under both alike."""
         key = (rows, logit_rows)
         t = matmul_floor(weights, rows, logit_rows)
         self.matmul_s[key] = min(t, self.matmul_s.get(key, t))
@@ -101,7 +102,9 @@ class Floors:
         return max(self.weight_bytes / (self.bandwidth_gbs * 1e9), flops / (self.sgemm_gflops * 1e9))
 
 
-def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) -> float:
+def floor_pass(w: ModelWeights, rows: int, logit_rows: int) -> Callable[[], None]:
+    """One step's worth of the model's own matmuls and nothing else: every weight matrix times `rows`
+    rows, lm_head times `logit_rows`."""
     h = w.embed.shape[1]
     xs = {a.shape[0]: np.ones((rows, a.shape[0]), dtype=np.float32)
           for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down)}
@@ -112,7 +115,11 @@ def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) 
             for a in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 xs[a.shape[0]] @ a
         last @ w.lm_head
-    return _best(run, repeats)
+    return run
+
+
+def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) -> float:
+    return _best(floor_pass(w, rows, logit_rows), repeats)
 
 
 def weight_matmul_params(w: ModelWeights) -> tuple[int, int]:
@@ -231,10 +238,17 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         progress(f"decode at concurrency {c}")
         prompts = [random_prompt(rng, mc.vocab_size, prompt_len) for _ in range(c)]
         run_requests(engine, [p[:16] for p in prompts[:2]], 4)  # warm-up
-        floors.matmul(w, c, c)  # measured before and after the run
+        # The floor is sampled between decode steps, one pass after every other step, so that it meets
+        # the same moments of a drifting machine as the steps do; the two means are compared.
+        floor_run, floor_samples = floor_pass(w, c, c), []
+        floor_run()
         # Prefill everyone first, then time pure decode steps.
         params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
-        start = time.perf_counter()
+        paused = 0.0  # time spent on floor passes, kept off the clock that TTFT and ITL are read from
+
+        def clock() -> float:
+            return time.perf_counter() - paused
+        start = clock()
         for i, p in enumerate(prompts):
             engine.add_request(f"d{c}-{i}", p, params)
         first: dict[str, float] = {}
@@ -242,25 +256,31 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         itl: list[float] = []
         decode_time, decode_tokens, step_times = 0.0, 0, []
         while engine.has_unfinished():
-            t0 = time.perf_counter()
+            t0 = clock()
             outs = engine.step()
-            now = time.perf_counter()
+            now = clock()
             produced = [o for o in outs if o.token_ids]
-            # A pure decode step: every running sequence produced exactly one token after its first.
-            if produced and all(o.request_id in first for o in produced):
-                decode_time += now - t0
-                decode_tokens += len(produced)
-                step_times.append((now - t0, len(produced)))
+            # A pure decode step: every sequence that produced a token had produced one before.
+            pure = bool(produced) and all(o.request_id in first for o in produced)
             for o in produced:
                 if o.request_id in first:
                     itl.append(now - last[o.request_id])
                 else:
                     first[o.request_id] = now - start
                 last[o.request_id] = now
+            if pure:
+                decode_time += now - t0
+                decode_tokens += len(produced)
+                step_times.append((now - t0, len(produced)))
+                if len(step_times) % 2:
+                    f0 = time.perf_counter()
+                    floor_run()
+                    floor_samples.append(time.perf_counter() - f0)
+                    paused += floor_samples[-1]
             progress(f"decode at concurrency {c}: {len(last)} started, {decode_tokens} decode tokens", tick=True)
         sample_rss()
         tps = decode_tokens / decode_time if decode_time else float("nan")
-        mm = floors.matmul(w, c, c)
+        mm = float(np.mean(floor_samples)) if floor_samples else floors.matmul(w, c, c)
         roof = floors.roofline(c, c, head_flops)
         result["decode"].append({
             "concurrency": c, "tokens_per_s": round(tps, 1),
