@@ -131,7 +131,7 @@ def test_rms_norm_matches_numpy(T, H, monkeypatch):
 
 @needs_kernels
 @pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (14, 2, 64), (4, 4, 6)])
-def test_rope_matches_numpy(nh, nkv, hd, monkeypatch):
+def test_rope_and_kv_write_match_numpy(nh, nkv, hd, monkeypatch):
     cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=nh * hd, intermediate_size=8,
                       num_layers=1, num_heads=nh, num_kv_heads=nkv, head_dim=hd, rms_norm_eps=1e-5,
                       rope_theta=10000.0, max_position_embeddings=8192, tie_word_embeddings=True,
@@ -140,11 +140,20 @@ def test_rope_matches_numpy(nh, nkv, hd, monkeypatch):
     rng = np.random.default_rng(hd)
     qkv = rng.standard_normal((5, (nh + 2 * nkv) * hd), dtype=np.float32)
     cos, sin = model._rope_tables(np.array([0, 1, 7, 300, 4095]))
-    q, k = model._rotate(qkv.copy(), cos, sin)
-    numpy_path(monkeypatch)
+    slots = np.array([3, 17, 0, 40, 22])
+    pool = np.zeros((2, 6, 8, nkv, hd), np.float32)
+    ours = qkv.copy()
+    kernels.RopeWriteKV(cos, sin, slots, nh, nkv, hd, model.scale)(ours, pool)
     q_ref, k_ref = model._rotate(qkv.copy(), cos, sin)
-    np.testing.assert_allclose(q, q_ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(k, k_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours[:, :nh * hd].reshape(5, nh, hd), q_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours[:, nh * hd:(nh + nkv) * hd].reshape(5, nkv, hd), k_ref, rtol=1e-5, atol=1e-6)
+    flat = pool.reshape(2, 48, nkv, hd)
+    np.testing.assert_array_equal(flat[0, slots], ours[:, nh * hd:(nh + nkv) * hd].reshape(5, nkv, hd))
+    np.testing.assert_array_equal(flat[1, slots], qkv[:, (nh + nkv) * hd:].reshape(5, nkv, hd))
+    untouched = np.setdiff1d(np.arange(48), slots)
+    assert not flat[:, untouched].any()
+    with pytest.raises(ValueError, match="slot_mapping"):
+        kernels.RopeWriteKV(cos, sin, slots + 40, nh, nkv, hd, model.scale)(qkv.copy(), pool)
 
 
 @needs_kernels

@@ -91,21 +91,16 @@ class Model:
         return np.cos(freqs), np.sin(freqs)
 
     def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rotary embedding of q and k in qkv [T, (nh+2nkv)*hd]; q also takes the softmax scale, so scores
-        need no pass of their own. Returns q [T, nh, hd] and k [T, nkv, hd]."""
+        """NumPy path: rotary embedding of q and k in qkv [T, (nh+2nkv)*hd], as transformers' rotate_half
+        does for Llama and Qwen2; q also takes the softmax scale, so scores need no pass of their own.
+        Returns q [T, nh, hd] and k [T, nkv, hd]."""
         c = self.config
         T, nh, nkv, hd = qkv.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
-        qk_size = self.q_size + self.kv_size
-        if kernels.lib is not None:
-            kernels.rope(qkv, nh, nkv, hd, cos, sin, self.scale)                # in place
-            qk = qkv[:, :qk_size].reshape(T, nh + nkv, hd)
-        else:
-            # rotate_half over the two halves of head_dim, as transformers does for Llama and Qwen2.
-            head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
-            cs, sn = cos[:, None, :] * head_scale[:, None], sin[:, None, :] * head_scale[:, None]
-            x = qkv[:, :qk_size].reshape(T, nh + nkv, hd)
-            x1, x2 = x[..., :hd // 2], x[..., hd // 2:]                           # [T, nh+nkv, hd/2] each
-            qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn], axis=-1)
+        head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
+        cs, sn = cos[:, None, :] * head_scale[:, None], sin[:, None, :] * head_scale[:, None]
+        x = qkv[:, :self.q_size + self.kv_size].reshape(T, nh + nkv, hd)
+        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]                               # [T, nh+nkv, hd/2] each
+        qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn], axis=-1)
         return qk[:, :nh], qk[:, nh:]
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
@@ -115,16 +110,23 @@ class Model:
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         cos, sin = self._rope_tables(batch.positions)                           # [T, hd/2] each
         qk_size = self.q_size + self.kv_size
+        # With the C kernels, rope and the KV writes are one call per layer, set up once per step.
+        rope_write = (kernels.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+                      if kernels.lib is not None else None)
         x = w.embed[batch.token_ids]                                            # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            q, k = self._rotate(qkv, cos, sin)                                   # [T, nh, hd], [T, nkv, hd]
-            v = qkv[:, qk_size:].reshape(T, nkv, hd)
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
-            write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
+            v = qkv[:, qk_size:].reshape(T, nkv, hd)
+            if rope_write is not None:
+                rope_write(qkv, kv_pool)                                        # rotates q, k in place
+                q, k = qkv[:, :self.q_size].reshape(T, nh, hd), qkv[:, self.q_size:qk_size].reshape(T, nkv, hd)
+            else:
+                q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
+                write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
             x = x + attn.reshape(T, nh * hd) @ layer.o                          # [T, nh*hd] @ [nh*hd, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)

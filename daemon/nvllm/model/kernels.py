@@ -35,8 +35,8 @@ def _load() -> ctypes.CDLL | None:
             lib.silu_mul.restype = None
             lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
             lib.rms_norm.restype = None
-            lib.rope.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float]
-            lib.rope.restype = None
+            lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P]
+            lib.rope_write_kv.restype = None
             return lib
     return None
 
@@ -137,14 +137,38 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
-def rope(qkv: np.ndarray, num_q_heads: int, num_k_heads: int, head_dim: int, cos: np.ndarray, sin: np.ndarray,
-         q_scale: float) -> None:
-    """Rotate, in place, the first num_q_heads + num_k_heads heads of each row of qkv [T, width]; cos and sin
-    [T, head_dim/2]; query heads are also scaled by q_scale."""
-    _check(qkv, np.float32, "qkv")
-    _check(cos, np.float32, "cos")
-    _check(sin, np.float32, "sin")
-    if qkv.shape[1] < (num_q_heads + num_k_heads) * head_dim or cos.shape != (qkv.shape[0], head_dim // 2):
-        raise ValueError("rope: qkv and cos/sin shapes do not match the heads")
-    lib.rope(_ptr(qkv), qkv.shape[0], qkv.shape[1], num_q_heads, num_k_heads, head_dim, _ptr(cos), _ptr(sin),
-             q_scale)
+class RopeWriteKV:
+    """The step between a layer's qkv projection and its attention, for one step: q and k of every row
+    get the rotary embedding (q also the softmax scale) in place, and k and v go to their pool slots.
+    cos and sin [T, hd/2] and the slots [T] are checked, and their addresses taken, once per step."""
+
+    def __init__(self, cos: np.ndarray, sin: np.ndarray, slot_mapping: np.ndarray, num_q_heads: int,
+                 num_kv_heads: int, head_dim: int, q_scale: float) -> None:
+        _check(cos, np.float32, "cos")
+        _check(sin, np.float32, "sin")
+        _check(slot_mapping, np.int64, "slot_mapping")
+        T = slot_mapping.size
+        if cos.shape != (T, head_dim // 2) or sin.shape != cos.shape:
+            raise ValueError(f"cos, sin: need [{T}, {head_dim // 2}] float32")
+        if T and slot_mapping.min() < 0:
+            raise ValueError("slot_mapping: slots cannot be negative")
+        self._max_slot = int(slot_mapping.max()) if T else -1
+        self._heads = (num_q_heads, num_kv_heads, head_dim)
+        self._scale = q_scale
+        self._keep = (cos, sin, slot_mapping)   # the addresses below point into these
+        self._ptrs = (_ptr(cos), _ptr(sin), _ptr(slot_mapping))
+
+    def __call__(self, qkv: np.ndarray, kv_pool: np.ndarray) -> None:
+        """qkv [T, (nq + 2 nkv) hd] float32, contiguous; kv_pool [2, NB, bs, nkv, hd]."""
+        _check(qkv, np.float32, "qkv")
+        _check(kv_pool, np.float32, "kv_pool")
+        nq, nkv, hd = self._heads
+        T = self._keep[2].size
+        if qkv.shape != (T, (nq + 2 * nkv) * hd) or kv_pool.shape[3:] != (nkv, hd):
+            raise ValueError(f"qkv: need [{T}, {(nq + 2 * nkv) * hd}] and a pool of {nkv} x {hd} KV heads")
+        if self._max_slot >= kv_pool.shape[1] * kv_pool.shape[2]:
+            raise ValueError("slot_mapping: a slot is outside the pool")
+        cos, sin, slots = self._ptrs
+        k = _ptr(kv_pool)
+        lib.rope_write_kv(_ptr(qkv), T, qkv.shape[1], nq, nkv, hd, cos, sin, self._scale, slots, k,
+                          k + kv_pool[0].nbytes)

@@ -216,16 +216,19 @@ ENTRY void rms_norm(const float *x, const float *weight, float *out, int64_t T, 
     }
 }
 
-/* Rotary embedding in place on the first nq + nk heads of each row of qkv (row_stride floats apart), as
- * transformers' rotate_half does for Llama and Qwen2: the two halves of a head are the pair. cos and sin
- * are [T, hd/2]; the query heads are also multiplied by q_scale (the softmax scale rides along). */
-ENTRY void rope(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
-                const float *cos_t, const float *sin_t, float q_scale) {
+/* One layer's new q, k and v, in the qkv rows [T, row_stride] the projection wrote (q heads, then k,
+ * then v): q and k get the rotary embedding in place, as transformers' rotate_half does for Llama and
+ * Qwen2 (a head's two halves are the pairs; cos and sin are [T, hd/2]), q also the softmax scale; then
+ * k and v are copied to their slots in the page pools [num_slots, nk * hd]. */
+ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
+                         const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots,
+                         float *k_pool, float *v_pool) {
     const int64_t half = hd / 2;
     for (int64_t t = 0; t < T; t++) {
+        float *row = qkv + t * row_stride;
         const float *c = cos_t + t * half, *s = sin_t + t * half;
         for (int64_t h = 0; h < nq + nk; h++) {
-            float *x1 = qkv + t * row_stride + h * hd, *x2 = x1 + half;
+            float *x1 = row + h * hd, *x2 = x1 + half;
             const float f = h < nq ? q_scale : 1.0f;
 #pragma omp simd
             for (int64_t i = 0; i < half; i++) {
@@ -234,5 +237,7 @@ ENTRY void rope(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t n
                 x2[i] = (b * c[i] + a * s[i]) * f;
             }
         }
+        memcpy(k_pool + slots[t] * nk * hd, row + nq * hd, sizeof(float) * (size_t)(nk * hd));
+        memcpy(v_pool + slots[t] * nk * hd, row + (nq + nk) * hd, sizeof(float) * (size_t)(nk * hd));
     }
 }
