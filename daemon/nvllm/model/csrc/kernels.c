@@ -92,16 +92,19 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
         const int64_t pages = (ctx + bs - 1) / bs;
         for (int64_t b = 0; b < pages; b++) {          /* page by page: no division per token */
             const float *k = k_pool + (int64_t)table[b] * page;
-            prefetch(b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[0] * page, page);
+            const float *next = b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[0] * page;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
             int64_t o = 0;
-            for (; o + 4 <= n; o += 4, k += 4 * row)      /* four keys per pass: each query load serves four */
+            for (; o + 4 <= n; o += 4, k += 4 * row) {    /* four keys per pass: each query load serves four */
+                prefetch(next + o * row, 4 * row);        /* the next page, a slice per pass, as fast as it is used */
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++) {
                         const float *qi = qs + (h * g + j) * hd, *k0 = k + h * hd;
                         float *sc = scores + (h * g + j) * ctx + t0 + o;
                         dot4(qi, k0, k0 + row, k0 + 2 * row, k0 + 3 * row, hd, sc);
                     }
+            }
+            if (o < bs) prefetch(next + o * row, (bs - o) * row);
             for (; o < n; o++, k += row)
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++)
@@ -121,11 +124,12 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
         memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
         for (int64_t b = 0; b < pages; b++) {
             const float *v = v_pool + (int64_t)table[b] * page;
-            if (b + 1 < pages) prefetch(v_pool + (int64_t)table[b + 1] * page, page);
-            else if (s + 1 < S) prefetch(k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page, page);
+            const float *next = b + 1 < pages ? v_pool + (int64_t)table[b + 1] * page
+                                : s + 1 < S ? k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page : NULL;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
             int64_t o = 0;
-            for (; o + 4 <= n; o += 4, v += 4 * row)      /* four values per pass: a quarter of the acc traffic */
+            for (; o + 4 <= n; o += 4, v += 4 * row) {    /* four values per pass: a quarter of the acc traffic */
+                if (next) prefetch(next + o * row, 4 * row);
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++) {
                         const float *p = scores + (h * g + j) * ctx + t0 + o, *v0 = v + h * hd;
@@ -135,6 +139,8 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
 #pragma omp simd
                         for (int64_t d = 0; d < hd; d++) a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
                     }
+            }
+            if (next && o < bs) prefetch(next + o * row, (bs - o) * row);
             for (; o < n; o++, v += row)
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++) {
