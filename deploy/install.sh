@@ -91,10 +91,12 @@ else
             package="$(mktemp -d)"
             trap 'rm -rf "$package"' EXIT
             tar -C "$NVLLM_SOURCE" --exclude=./.git --exclude=./.venv --exclude=./models --exclude=./build \
-                --exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache -cf - . \
+                --exclude='*.egg-info' --exclude='*.so' --exclude=__pycache__ --exclude=.pytest_cache -cf - . \
                 | tar -C "$package" -xf - ;;
     esac
     say "installing nvllm from $NVLLM_SOURCE"
+    command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 \
+        || say "no C compiler (cc, gcc): nvllm will run its slower NumPy paths; apt-get install gcc for its C kernels"
     # Word splitting of NVLLM_PIP_ARGS is wanted: it holds several arguments.
     # shellcheck disable=SC2086
     "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --upgrade $NVLLM_PIP_ARGS \
