@@ -173,3 +173,21 @@ def test_bad_arrays_are_refused_by_name():
         kernels.PagedDecode(np.array([[4, 0]], np.int32), np.array([3]))(q, pool, out)
     with pytest.raises(ValueError, match="q: need float32"):
         kernels.PagedDecode(np.zeros((1, 2), np.int32), np.array([3]))(q[:, :, ::2], pool, out)
+
+
+@needs_kernels
+def test_a_library_from_another_version_is_refused_with_the_fix(monkeypatch):
+    before = kernels._why_not
+    monkeypatch.setattr(kernels, "ABI", kernels.ABI + 1)
+    try:
+        assert kernels._load() is None
+        assert "reinstall nvllm" in kernels._why_not and "ABI" in kernels._why_not
+    finally:
+        kernels._why_not = before
+    assert kernels.describe() == "C kernels"
+
+
+def test_describe_names_the_numpy_path_and_why(monkeypatch):
+    monkeypatch.setattr(kernels, "lib", None)
+    monkeypatch.setattr(kernels, "_why_not", "C kernels turned off by NVLLM_KERNELS=0")
+    assert kernels.describe() == "NumPy paths (C kernels turned off by NVLLM_KERNELS=0)"

@@ -7,6 +7,7 @@ table alone: causal within a chunk, full attention to what was cached before.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +42,13 @@ class AttentionMetadata:
                                                      np.ascontiguousarray(ctx))
                                  if kernels.lib is not None else None)
             self.decode_width = int(ctx.max())
-            # Additive mask for padded key positions: 0 where a key exists, -inf past the context.
-            self.decode_bias = np.where(np.arange(self.decode_width) < ctx[:, None], 0.0, -np.inf
-                                        ).astype(np.float32)[:, None, None, :]   # [Sd, 1, 1, C]
+
+    @functools.cached_property
+    def decode_bias(self) -> np.ndarray:
+        """NumPy path: additive mask for padded key positions, 0 where a key exists, -inf past the context."""
+        ctx = self.context_lens[self.decode_rows]
+        return np.where(np.arange(self.decode_width) < ctx[:, None], 0.0, -np.inf
+                        ).astype(np.float32)[:, None, None, :]                   # [Sd, 1, 1, C]
 
 
 def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarray,

@@ -17,16 +17,26 @@ import numpy as np
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
+ABI = 1  # must equal kernels_abi() in csrc/kernels.c
+
+_why_not = ""
 
 
 def _load() -> ctypes.CDLL | None:
+    global _why_not
     if os.environ.get("NVLLM_KERNELS", "1") == "0":
+        _why_not = "C kernels turned off by NVLLM_KERNELS=0"
         return None
     here = Path(__file__).parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = here / f"_kernels{suffix}"
         if path.exists():
             lib = ctypes.CDLL(str(path))
+            abi = lib.kernels_abi() if hasattr(lib, "kernels_abi") else 0
+            if abi != ABI:
+                _why_not = (f"C kernels in {path.name} are from another version (ABI {abi}, need {ABI}): "
+                            f"reinstall nvllm (pip install -e .) to rebuild them")
+                return None
             lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64]
             lib.paged_decode_attention.restype = ctypes.c_int
             lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P]
@@ -38,6 +48,7 @@ def _load() -> ctypes.CDLL | None:
             lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P]
             lib.rope_write_kv.restype = None
             return lib
+    _why_not = "C kernels not built: no C compiler when nvllm was installed; slower"
     return None
 
 
@@ -46,11 +57,7 @@ lib = _load()
 
 def describe() -> str:
     """One line for logs and the bench: which code runs attention, norms, rope and SwiGLU."""
-    if lib is not None:
-        return "C kernels"
-    if os.environ.get("NVLLM_KERNELS", "1") == "0":
-        return "NumPy paths (C kernels turned off by NVLLM_KERNELS=0)"
-    return "NumPy paths (C kernels not built: no C compiler when nvllm was installed; slower)"
+    return "C kernels" if lib is not None else f"NumPy paths ({_why_not})"
 
 
 def _ptr(a: np.ndarray) -> int:

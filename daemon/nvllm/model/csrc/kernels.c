@@ -24,6 +24,10 @@
 #define ENTRY
 #endif
 
+/* Bumped with every change to an entry point's arguments or meaning: kernels.py refuses a library
+ * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
+int kernels_abi(void) { return 1; }
+
 /* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
  * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. */
 static inline float exp_nonpos(float x) {
