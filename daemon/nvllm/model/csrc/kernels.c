@@ -50,6 +50,19 @@ static inline float exp_nonpos(float x) {
     return y * scale;
 }
 
+/* sc[0:n] in place -> exp(sc - max); returns their sum (the softmax's denominator). */
+static inline float softmax_row(float *sc, int64_t n) {
+    float m = sc[0], sum = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (int64_t t = 1; t < n; t++) m = sc[t] > m ? sc[t] : m;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < n; t++) {
+        sc[t] = exp_nonpos(sc[t] - m);
+        sum += sc[t];
+    }
+    return sum;
+}
+
 static inline float dot(const float *a, const float *b, int64_t n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -116,17 +129,7 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
                     for (int64_t j = 0; j < g; j++)
                         scores[(h * g + j) * ctx + t0 + o] = dot(qs + (h * g + j) * hd, k + h * hd, hd);
         }
-        for (int64_t i = 0; i < nh; i++) {
-            float *sc = scores + i * ctx, m = sc[0], sum = 0.0f;
-#pragma omp simd reduction(max : m)
-            for (int64_t t = 1; t < ctx; t++) m = sc[t] > m ? sc[t] : m;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < ctx; t++) {
-                sc[t] = exp_nonpos(sc[t] - m);
-                sum += sc[t];
-            }
-            sums[i] = sum;
-        }
+        for (int64_t i = 0; i < nh; i++) sums[i] = softmax_row(scores + i * ctx, ctx);
         memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
         for (int64_t b = 0; b < pages; b++) {
             const float *v = v_pool + (int64_t)table[b] * page;
@@ -187,16 +190,8 @@ ENTRY void softmax_causal_rows(float *scores, int64_t rows, int64_t width, const
     for (int64_t r = 0; r < rows; r++) {
         float *sc = scores + r * width;
         const int64_t n = limits[r % period];
-        float m = sc[0], sum = 0.0f;
-#pragma omp simd reduction(max : m)
-        for (int64_t t = 1; t < n; t++) m = sc[t] > m ? sc[t] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < n; t++) {
-            sc[t] = exp_nonpos(sc[t] - m);
-            sum += sc[t];
-        }
+        sums[r] = softmax_row(sc, n);
         if (n < width) memset(sc + n, 0, sizeof(float) * (size_t)(width - n));
-        sums[r] = sum;
     }
 }
 
