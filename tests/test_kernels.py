@@ -161,6 +161,13 @@ def test_bad_arrays_are_refused_by_name():
     good = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match="gate_up"):
         kernels.silu_mul(good.astype(np.float64))
+    with pytest.raises(ValueError, match="gate_up: need an even width"):
+        kernels.silu_mul(np.zeros((2, 7), np.float32))
+    with pytest.raises(ValueError, match="weight: need \\[8\\]"):
+        kernels.rms_norm(np.zeros((2, 8), np.float32), np.ones(7, np.float32), 1e-5)
+    for bad in ([0, 3], [3, 9], [3, 3, 3, 3]):                     # zero keys, past the width, 4 for 6 rows
+        with pytest.raises(ValueError, match="limits"):
+            kernels.softmax_causal_rows(np.zeros((3, 2, 8), np.float32), np.array(bad, np.int64))
     with pytest.raises(ValueError, match="x: need a C-contiguous"):
         kernels.rms_norm(np.zeros((8, 2), np.float32).T, np.ones(8, np.float32), 1e-5)
     pool = np.zeros((2, 4, 4, 1, 8), np.float32)

@@ -121,6 +121,8 @@ def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
     _check(limits, np.int64, "limits")
     width = scores.shape[-1]
     rows = scores.size // width
+    if not limits.size or rows % limits.size or limits.min() < 1 or limits.max() > width:
+        raise ValueError(f"limits: need one per row (repeating over the leading axes), each in [1, {width}]")
     sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)
     lib.softmax_causal_rows(_ptr(scores), rows, width, _ptr(limits), limits.size, _ptr(sums))
     return sums
@@ -130,6 +132,8 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
     _check(gate_up, np.float32, "gate_up")
     T, two_i = gate_up.shape
+    if two_i % 2:
+        raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
     out = np.empty((T, two_i // 2), dtype=np.float32)
     lib.silu_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
     return out
@@ -139,6 +143,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight."""
     _check(x, np.float32, "x")
     _check(weight, np.float32, "weight")
+    if x.ndim != 2 or weight.shape != (x.shape[1],):
+        raise ValueError(f"weight: need [{x.shape[-1]}] to match x's rows, got {list(weight.shape)}")
     out = np.empty_like(x)
     lib.rms_norm(_ptr(x), _ptr(weight), _ptr(out), x.shape[0], x.shape[1], eps)
     return out
