@@ -1,15 +1,23 @@
 """Every setting in one place: dataclasses with defaults, read from a TOML file, overridden by flags.
 
 deploy/nvllm.toml documents each field; the section names there are the dataclass names here.
+Each field's annotation is its type and its metadata (at_least, above, between, one_of, NON_EMPTY) its
+allowed values: load_settings checks every value against both, so a new field is checked as soon as it
+is declared. validate() adds the checks that span fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import math
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -17,55 +25,118 @@ else:  # JetPack 6 ships Python 3.10
     import tomli as tomllib
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+RANGE = "range"          # the metadata key of a field's allowed values
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a setting allows beyond its type: bounds (inclusive unless lo_open), or choices."""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    choices: tuple[Any, ...] = ()
+    non_empty: bool = False
+    text: str = ""           # the wording for the message, where the generated one would be unclear
+
+    def admits(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        if self.non_empty and len(value) == 0:
+            return False
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            return False
+        return self.hi is None or value <= self.hi
+
+    def describe(self, type_text: str) -> str:
+        if self.text:
+            return self.text
+        if self.choices:
+            return "one of " + _or_list([_show(c) for c in self.choices])
+        if self.non_empty:
+            type_text = "a non-empty " + type_text.split(" ", 1)[-1]
+        if self.lo is None and self.hi is None:
+            return type_text
+        if self.hi is None:
+            return f"{type_text} {'>' if self.lo_open else '>='} {_number(self.lo)}"
+        if self.lo is None:
+            return f"{type_text} <= {_number(self.hi)}"
+        return f"{type_text} in {'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}]"
+
+
+def at_least(lo: float) -> dict[str, Range]:
+    return {RANGE: Range(lo=lo)}
+
+
+def above(lo: float) -> dict[str, Range]:
+    return {RANGE: Range(lo=lo, lo_open=True)}
+
+
+def between(lo: float, hi: float, lo_open: bool = False, text: str = "") -> dict[str, Range]:
+    return {RANGE: Range(lo=lo, hi=hi, lo_open=lo_open, text=text)}
+
+
+def one_of(*choices: Any) -> dict[str, Range]:
+    return {RANGE: Range(choices=choices)}
+
+
+NON_EMPTY = {RANGE: Range(non_empty=True)}
 
 
 @dataclass
 class ModelSettings:
     # A Hugging Face folder, or the name of a model under models_dir.
-    path: str = DEFAULT_MODEL
+    path: str = field(default=DEFAULT_MODEL, metadata=NON_EMPTY)
     models_dir: str = "models"
     # The name clients may send in GenerateRequest.model; the folder's name when empty.
     served_name: str = ""
     # BLAS threads for the matmuls; 0 = one per core but one, left to the gRPC loop and the board's
     # other work (OpenBLAS threads that outnumber free cores slow every matmul several-fold).
-    blas_threads: int = 0
+    blas_threads: int = field(default=0, metadata=at_least(0))
 
 
 @dataclass
 class CacheSettings:
-    block_size: int = 16
+    block_size: int = field(default=16, metadata=one_of(8, 16, 32, 64, 128))
     # An explicit page count overrides all sizing below.
-    num_blocks: int | None = None
+    num_blocks: int | None = field(default=None, metadata=at_least(1))
     # Share of the available memory (after the weights load) the page pool may take.
-    memory_fraction: float = 0.5
+    memory_fraction: float = field(default=0.5, metadata=between(0.0, 0.95, lo_open=True))
     # Memory left to everything else on the board, taken off before the fraction applies.
-    reserve_mb: int = 1024
+    reserve_mb: int = field(default=1024, metadata=at_least(0))
     # Upper bound on the pool, whatever memory is available; 0 means none.
-    max_pool_mb: int = 2048
+    max_pool_mb: int = field(default=2048, metadata=at_least(0))
     enable_prefix_caching: bool = True
 
 
 @dataclass
 class SchedulerSettings:
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int = field(default=32, metadata=at_least(1))
+    # At least cache.block_size (checked in validate).
+    max_num_batched_tokens: int = field(default=512, metadata=at_least(1))
     # Context length a sequence may reach; the model's own limit when None.
-    max_model_len: int | None = 4096
+    max_model_len: int | None = field(default=4096, metadata=at_least(2))
     # Requests waiting for a running slot; beyond it new ones are refused.
-    max_waiting: int = 64
+    max_waiting: int = field(default=64, metadata=at_least(0))
 
 
 @dataclass
 class ServerSettings:
     # host:port, or unix:/path/to/socket
-    listen: str = "127.0.0.1:50051"
-    unix_socket_mode: int = 0o660
-    max_message_bytes: int = 1 << 20
-    max_stop_strings: int = 16
-    max_stop_string_chars: int = 256
-    max_streams_per_client: int = 64
+    listen: str = field(default="127.0.0.1:50051", metadata=NON_EMPTY)
+    unix_socket_mode: int = field(default=0o660, metadata=between(
+        0, 0o777, text="an integer permission mode in [0o000, 0o777] (e.g. 0o660)"))
+    # gRPC takes a C int.
+    max_message_bytes: int = field(default=1 << 20, metadata=between(1024, 2**31 - 1))
+    max_stop_strings: int = field(default=16, metadata=at_least(0))
+    max_stop_string_chars: int = field(default=256, metadata=at_least(0))
+    # 0: no limit.
+    max_streams_per_client: int = field(default=64, metadata=at_least(0))
     # Seconds running requests get to finish after SIGTERM before they are cancelled.
-    drain_grace_s: float = 30.0
+    drain_grace_s: float = field(default=30.0, metadata=at_least(0.0))
     tls_cert: str = ""
     tls_key: str = ""
     # When set, clients must present a certificate signed by this CA (mutual TLS).
@@ -74,10 +145,10 @@ class ServerSettings:
 
 @dataclass
 class WatchdogSettings:
-    interval_s: float = 1.0
+    interval_s: float = field(default=1.0, metadata=above(0.0))
     # Below low_mb available, new requests are refused; admission resumes above high_mb.
-    low_mb: int = 256
-    high_mb: int = 512
+    low_mb: int = field(default=256, metadata=at_least(0))
+    high_mb: int = field(default=512, metadata=at_least(0))
 
 
 @dataclass
@@ -87,7 +158,7 @@ class Settings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
-    log_level: str = "info"
+    log_level: str = field(default="info", metadata=one_of("debug", "info", "warning", "error"))
 
     def model_dir(self) -> Path:
         """The model folder: a path as given, else a name under models_dir."""
@@ -97,71 +168,174 @@ class Settings:
         return Path(self.model.models_dir) / p
 
 
-class ConfigError(ValueError):
-    pass
+# -- checking one value against its field ----------------------------------------------------------
+_NO = object()           # "not of that type"; None itself is a value an optional field accepts
+_UNION_TYPES = (Union, types.UnionType)
+SHOW_MAX = 80            # a long value is cut in the message, which stays one short line
 
 
-def _apply(obj: Any, values: dict[str, Any], where: str) -> None:
-    names = {f.name: f for f in dataclasses.fields(obj)}
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def _or_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _show(value: Any) -> str:
+    """The value as TOML would spell it (true, "text", [1, 2]), on one line."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, dict):
+        text = "{" + ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) + "}"
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(_show(v) for v in value) + "]"
+    else:
+        text = " ".join(str(value).split())
+    return text if len(text) <= SHOW_MAX else text[:SHOW_MAX - 3] + "..."
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    """value as the annotation wants it (an int for a float field becomes a float), or _NO."""
+    origin = typing.get_origin(hint)
+    if origin in _UNION_TYPES:
+        for arg in typing.get_args(hint):
+            got = _coerce(arg, value)
+            if got is not _NO:
+                return got
+        return _NO
+    if hint is type(None):
+        return value if value is None else _NO
+    if origin is typing.Literal:
+        return value if any(type(value) is type(c) and value == c for c in typing.get_args(hint)) else _NO
+    if origin in (list, tuple):
+        return _coerce_items(origin, typing.get_args(hint), value)
+    if hint is bool:
+        return value if isinstance(value, bool) else _NO
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
+    if hint is float:   # TOML writes inf and nan; neither is a usable setting
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else _NO
+    if isinstance(hint, type):
+        return value if isinstance(value, hint) else _NO
+    return value if origin is not None and isinstance(value, origin) else _NO
+
+
+def _coerce_items(origin: type, args: tuple[Any, ...], value: Any) -> Any:
+    if not isinstance(value, (list, tuple)):
+        return _NO
+    item_hint = args[0] if args else Any
+    items = [v if item_hint is Any else _coerce(item_hint, v) for v in value]
+    return _NO if any(v is _NO for v in items) else origin(items)
+
+
+def _describe_type(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in _UNION_TYPES:
+        return _or_list([_describe_type(a) for a in typing.get_args(hint) if a is not type(None)])
+    if origin is typing.Literal:
+        return "one of " + _or_list([_show(c) for c in typing.get_args(hint)])
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        return f"a list of {_describe_type(args[0])} items" if args else "a list"
+    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+    return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
+
+
+def _expected(hint: Any, f: dataclasses.Field) -> str:
+    rng = f.metadata.get(RANGE)
+    text = _describe_type(hint) if rng is None else rng.describe(_describe_type(hint))
+    optional = typing.get_origin(hint) in _UNION_TYPES and type(None) in typing.get_args(hint)
+    return text + " (or left out)" if optional else text
+
+
+def _checked(name: str, value: Any, hint: Any, f: dataclasses.Field, source: str) -> Any:
+    """value, coerced to the field's type, or ConfigError naming the key, the value and what it needs."""
+    got = _coerce(hint, value)
+    rng = f.metadata.get(RANGE)
+    if got is _NO or (got is not None and rng is not None and not rng.admits(got)):
+        raise ConfigError(f"{source}{name} must be {_expected(hint, f)}, got {_show(value)}")
+    return got
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _apply(obj: Any, values: dict[str, Any], source: str, prefix: str = "") -> None:
+    """Check each value against its field and set it; source (a file, "flags") prefixes any error."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    hints = _hints(type(obj))
     for key, value in values.items():
-        if key not in names:
-            raise ConfigError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(names))})")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
+        name = prefix + key
+        if key not in fields:
+            where = f"in [{prefix[:-1]}]" if prefix else "at the top level"
+            raise ConfigError(f"{source}unknown setting {name} (known {where}: {', '.join(sorted(fields))})")
+        if _is_section(hints[key]):
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}.{key}: expected a table, got {value!r}")
-            _apply(current, value, f"{where}.{key}")
-            continue
-        if value is not None and current is not None and not isinstance(value, type(current)):
-            ok = isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool)
-            if not ok:
-                raise ConfigError(
-                    f"{where}.{key}: expected {type(current).__name__}, got {value!r}")
-            value = float(value)
-        setattr(obj, key, value)
+                raise ConfigError(f"{source}{name} must be a table ([{name}]), got {_show(value)}")
+            _apply(getattr(obj, key), value, source, name + ".")
+        else:
+            setattr(obj, key, _checked(name, value, hints[key], fields[key], source))
+
+
+def _check_all(obj: Any, prefix: str = "") -> None:
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if _is_section(hints[f.name]):
+            _check_all(value, prefix + f.name + ".")
+        else:
+            _checked(prefix + f.name, value, hints[f.name], f, "")
+
+
+# -- loading -----------------------------------------------------------------------------------------
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: {' '.join(str(e).split())}") from None
 
 
 def load_settings(path: str | Path | None = None,
                   overrides: dict[str, dict[str, Any]] | None = None) -> Settings:
-    """Defaults, then the TOML file, then overrides such as {"model": {"path": "..."}}."""
+    """Defaults, then the TOML file, then overrides such as {"model": {"path": "..."}} (None: not given)."""
     settings = Settings()
     if path is not None:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path}: {e}") from None
-        _apply(settings, data, str(path))
+        _apply(settings, _read_toml(path), f"{path}: ")
     if overrides:
-        clean = {k: {kk: vv for kk, vv in v.items() if vv is not None} for k, v in overrides.items()}
-        _apply(settings, clean, "flags")
+        clean = {k: {kk: vv for kk, vv in v.items() if vv is not None} if isinstance(v, dict) else v
+                 for k, v in overrides.items()}
+        _apply(settings, clean, "flags: ")
     validate(settings)
     return settings
 
 
 def validate(s: Settings) -> None:
+    """Every field against its type and range (for Settings built in code), then the cross-field rules."""
+    _check_all(s)
+
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(msg)
 
-    need(s.model.blas_threads >= 0, f"model.blas_threads must be >= 0 (0 = automatic), got {s.model.blas_threads}")
-    need(s.cache.block_size in (8, 16, 32, 64, 128), f"cache.block_size must be 8, 16, 32, 64 or 128, got {s.cache.block_size}")
-    need(s.cache.num_blocks is None or s.cache.num_blocks > 0, f"cache.num_blocks must be positive, got {s.cache.num_blocks}")
-    need(0.0 < s.cache.memory_fraction <= 0.95, f"cache.memory_fraction must be in (0, 0.95], got {s.cache.memory_fraction}")
-    need(s.cache.reserve_mb >= 0 and s.cache.max_pool_mb >= 0, "cache.reserve_mb and cache.max_pool_mb must not be negative")
-    need(s.scheduler.max_num_seqs >= 1, f"scheduler.max_num_seqs must be >= 1, got {s.scheduler.max_num_seqs}")
     need(s.scheduler.max_num_batched_tokens >= s.cache.block_size,
-         f"scheduler.max_num_batched_tokens must be >= cache.block_size ({s.cache.block_size}), got {s.scheduler.max_num_batched_tokens}")
-    need(s.scheduler.max_model_len is None or s.scheduler.max_model_len >= 2,
-         f"scheduler.max_model_len must be >= 2, got {s.scheduler.max_model_len}")
-    need(s.scheduler.max_waiting >= 0, f"scheduler.max_waiting must not be negative, got {s.scheduler.max_waiting}")
-    need(s.watchdog.interval_s > 0, f"watchdog.interval_s must be positive, got {s.watchdog.interval_s}")
-    need(0 <= s.watchdog.low_mb <= s.watchdog.high_mb,
-         f"watchdog.low_mb ({s.watchdog.low_mb}) must be between 0 and watchdog.high_mb ({s.watchdog.high_mb})")
-    need(s.server.drain_grace_s >= 0, f"server.drain_grace_s must not be negative, got {s.server.drain_grace_s}")
-    need(s.server.max_streams_per_client >= 0,
-         f"server.max_streams_per_client must not be negative (0: no limit), got {s.server.max_streams_per_client}")
-    need(s.server.max_message_bytes >= 1024, f"server.max_message_bytes must be >= 1024, got {s.server.max_message_bytes}")
-    need(s.log_level in ("debug", "info", "warning", "error"), f"log_level must be debug, info, warning or error, got {s.log_level!r}")
+         f"scheduler.max_num_batched_tokens must be >= cache.block_size ({s.cache.block_size}), "
+         f"got {s.scheduler.max_num_batched_tokens}")
+    need(s.watchdog.low_mb <= s.watchdog.high_mb,
+         f"watchdog.low_mb ({s.watchdog.low_mb}) must be <= watchdog.high_mb ({s.watchdog.high_mb})")
