@@ -12,10 +12,9 @@ setup(
             "nvllm.model._kernels",
             sources=["daemon/nvllm/model/csrc/kernels.c"],
             # No Python API is used: the library is loaded with ctypes, so it needs no Python headers.
-            # -ffinite-math-only and -fno-trapping-math let the exp's clamp and the reductions vectorise;
-            # the kernels never rely on inf or NaN.
-            extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
-                                "-ffinite-math-only"],
+            # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
+            # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.
+            extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"],
             optional=True,
         )
     ],

@@ -86,6 +86,11 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     nblk = -(-c // bs)
     # Keys and values of every sequence in one gather: [2, NB, bs, nkv, hd] -> [2, Sd, C, nkv, hd]
     kv = np.take(kv_pool, meta.block_tables[rows, :nblk], axis=1).reshape(2, rows.size, nblk * bs, nkv, hd)
+    ctx = meta.context_lens[rows]
+    if ctx.min() < c:
+        # Past a shorter context lie slots of other or freed sequences, which may hold NaN from a step
+        # that failed: the -inf mask cannot hide them (NaN * 0 is NaN), so zero them in the copy.
+        kv[:, np.arange(nblk * bs) >= ctx[:, None]] = 0
     k, v = kv[0, :, :c], kv[1, :, :c]                              # [Sd, C, nkv, hd] each
     qd = q[tok].reshape(rows.size, nkv, nh // nkv, hd)             # [Sd, nkv, g, hd]
     scores = qd @ k.transpose(0, 2, 3, 1)                          # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]

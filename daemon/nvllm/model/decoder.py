@@ -16,6 +16,17 @@ from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import ModelConfig, ModelWeights, load_weights, rope_inv_freq
 
 
+class NonFiniteLogits(RuntimeError):
+    """The forward pass made NaN or inf logits (a model that diverges, or broken weights). Nothing can be
+    sampled from them; the engine fails the step's requests and goes on."""
+
+    def __init__(self, rows: np.ndarray, num_rows: int) -> None:
+        self.rows = [int(r) for r in rows]
+        shown = ", ".join(map(str, self.rows[:8])) + (", ..." if len(self.rows) > 8 else "")
+        super().__init__(f"non-finite logits (NaN or inf) in row(s) {shown} of {num_rows}: the model's "
+                         f"forward pass diverged")
+
+
 @dataclass
 class ForwardBatch:
     token_ids: np.ndarray       # [T] int64, sequences contiguous
@@ -104,7 +115,8 @@ class Model:
         return qk[:, :nh], qk[:, nh:]
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
-        """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32."""
+        """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32.
+        Raises NonFiniteLogits if any of them is NaN or inf."""
         c, w = self.config, self.weights
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -133,4 +145,8 @@ class Model:
             gu = h @ layer.gate_up                                              # [T, H] @ [H, 2I]
             x = x + silu_mul(gu) @ layer.down                                   # [T, I] @ [I, H]
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
-        return last @ w.lm_head                                                 # [R, H] @ [H, V]
+        logits = last @ w.lm_head                                               # [R, H] @ [H, V]
+        # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
+        if not np.isfinite(logits).all():
+            raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])
+        return logits

@@ -17,7 +17,7 @@ import numpy as np
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 1  # must equal kernels_abi() in csrc/kernels.c
+ABI = 2  # must equal kernels_abi() in csrc/kernels.c
 
 _why_not = ""
 
@@ -68,11 +68,32 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _check(a: np.ndarray, dtype: type, name: str) -> None:
-    # The kernels index raw memory: a wrong dtype or a strided view would read garbage, not fail.
+def _check(a: np.ndarray, dtype: type, name: str, ndim: int | None = None, written: bool = False) -> None:
+    # The kernels index raw memory: a wrong dtype, rank or a strided view would read garbage, not fail.
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name}: need a NumPy array, got {type(a).__name__}")
     if a.dtype != dtype or not a.flags.c_contiguous:
         raise ValueError(f"{name}: need a C-contiguous {np.dtype(dtype).name} array, got {a.dtype} "
                          f"{'contiguous' if a.flags.c_contiguous else 'strided'}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name}: need {ndim} dimensions, got shape {list(a.shape)}")
+    if written and not a.flags.writeable:
+        raise ValueError(f"{name}: is written in place, but is read-only")
+
+
+def _check_pool(kv_pool: np.ndarray, written: bool) -> tuple[int, int, int, int]:
+    """kv_pool [2, NB, bs, nkv, hd]: the kernels take V's address one K pool past K's. Returns its sizes."""
+    _check(kv_pool, np.float32, "kv_pool", ndim=5, written=written)
+    two, nb, bs, nkv, hd = kv_pool.shape
+    if two != 2 or bs < 1 or nkv < 1 or hd < 1:
+        raise ValueError(f"kv_pool: need [2 (K, V), blocks, block size >= 1, KV heads >= 1, head size >= 1], "
+                         f"got {list(kv_pool.shape)}")
+    return nb, bs, nkv, hd
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    """Index of the first True in mask (which has one), for error messages."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
 class PagedDecode:
@@ -80,32 +101,56 @@ class PagedDecode:
 
     The block tables [S, MB] int32 and context lengths [S] int64 are checked, and their addresses
     taken, once; then the object is called layer after layer with that layer's q [S, nh, hd] (scaled;
-    rows may be strided, heads contiguous), pool [2, NB, bs, nkv, hd] and out [S, nh, hd]."""
+    rows may be strided, heads contiguous), pool [2, NB, bs, nkv, hd] and out [S, nh, hd]. Every block id
+    the kernel will read (the first ceil(context / bs) of each row) is checked against the pool, once
+    per pool shape."""
 
     def __init__(self, block_tables: np.ndarray, context_lens: np.ndarray) -> None:
-        _check(block_tables, np.int32, "block_tables")
-        _check(context_lens, np.int64, "context_lens")
-        if block_tables.ndim != 2 or block_tables.shape[0] != context_lens.size:
-            raise ValueError("block_tables: need one row per sequence")
+        _check(block_tables, np.int32, "block_tables", ndim=2)
+        _check(context_lens, np.int64, "context_lens", ndim=1)
+        if block_tables.shape[0] != context_lens.size:
+            raise ValueError(f"block_tables: need one row per sequence ({context_lens.size}), "
+                             f"got {block_tables.shape[0]}")
         if context_lens.size and context_lens.min() < 1:
-            raise ValueError("context_lens: each must be at least 1")
+            r = int(np.argmax(context_lens < 1))
+            raise ValueError(f"context_lens: each must be at least 1, row {r} is {int(context_lens[r])}")
         self.num_seqs = context_lens.size
         self.max_context = int(context_lens.max()) if context_lens.size else 0
-        self._max_block = int(block_tables.max()) if block_tables.size else 0
-        self._keep = (block_tables, context_lens)   # the addresses below point into these
+        self._checked: tuple[int, int] | None = None   # (num_blocks, block_size) the tables were checked for
+        # Private copies (a few hundred bytes): what was checked is what the kernel reads, whatever the
+        # caller does with its arrays later. The addresses below point into these.
+        block_tables, context_lens = block_tables.copy(), context_lens.copy()
+        self._keep = (block_tables, context_lens)
         self._fixed = (_ptr(block_tables), block_tables.shape[1], _ptr(context_lens))
 
+    def _check_tables(self, num_blocks: int, block_size: int) -> None:
+        tables, ctx = self._keep
+        pages = -(-ctx // block_size)                                  # [S] pages each row reads
+        if pages.size and pages.max() > tables.shape[1]:
+            r = int(np.argmax(pages > tables.shape[1]))
+            raise ValueError(f"context_lens: row {r} has {int(ctx[r])} tokens, {int(pages[r])} pages of "
+                             f"{block_size}, but its block table holds {tables.shape[1]}")
+        used = np.arange(tables.shape[1]) < pages[:, None]             # [S, MB]; padding past it is never read
+        bad = used & ((tables < 0) | (tables >= num_blocks))
+        if bad.any():
+            r, j = _first(bad)
+            raise ValueError(f"block_tables: row {r}, page {j} is block {int(tables[r, j])}, outside the "
+                             f"pool's [0, {num_blocks})")
+        self._checked = (num_blocks, block_size)
+
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray) -> None:
-        _check(kv_pool, np.float32, "kv_pool")
-        _check(out, np.float32, "out")
-        _, nb, bs, nkv, hd = kv_pool.shape
+        nb, bs, nkv, hd = _check_pool(kv_pool, written=False)
+        _check(out, np.float32, "out", ndim=3, written=True)
         S, nh = self.num_seqs, out.shape[1]
-        if q.dtype != np.float32 or q.shape != (S, nh, hd) or q.strides[1:] != (4 * hd, 4) or q.strides[0] % 4:
-            raise ValueError(f"q: need float32 [{S}, {nh}, {hd}] with contiguous heads, got {q.dtype} {q.shape}")
+        if (not isinstance(q, np.ndarray) or q.dtype != np.float32 or q.shape != (S, nh, hd)
+                or q.strides[1:] != (4 * hd, 4) or q.strides[0] % 4):
+            raise ValueError(f"q: need float32 [{S}, {nh}, {hd}] with contiguous heads, got "
+                             f"{getattr(q, 'dtype', type(q).__name__)} {getattr(q, 'shape', '')}")
         if out.shape != (S, nh, hd) or nh % nkv:
-            raise ValueError(f"out: need [{S}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads")
-        if self.max_context > self._fixed[1] * bs or self._max_block >= nb:
-            raise ValueError("block_tables: a context is longer than its table, or a block is outside the pool")
+            raise ValueError(f"out: need [{S}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads, "
+                             f"got {list(out.shape)}")
+        if self._checked != (nb, bs):
+            self._check_tables(nb, bs)
         tables, width, ctx = self._fixed
         k = _ptr(kv_pool)
         rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k,
@@ -117,12 +162,18 @@ class PagedDecode:
 def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
     """scores [..., R, W] in place: row r becomes exp(x - max) over keys [0, limits[r]) and 0 past it, where
     limits [R] int64 repeats over the leading axes; returns the row sums [..., R, 1]."""
-    _check(scores, np.float32, "scores")
-    _check(limits, np.int64, "limits")
+    _check(scores, np.float32, "scores", written=True)
+    _check(limits, np.int64, "limits", ndim=1)
+    if scores.ndim < 2 or scores.shape[-1] < 1:
+        raise ValueError(f"scores: need [..., rows, keys] with at least one key, got {list(scores.shape)}")
     width = scores.shape[-1]
     rows = scores.size // width
-    if not limits.size or rows % limits.size or limits.min() < 1 or limits.max() > width:
-        raise ValueError(f"limits: need one per row (repeating over the leading axes), each in [1, {width}]")
+    if not limits.size or rows % limits.size:
+        raise ValueError(f"limits: need one per row, repeating over the leading axes: {limits.size} do not "
+                         f"divide {rows} rows")
+    if limits.min() < 1 or limits.max() > width:
+        r = int(np.argmax((limits < 1) | (limits > width)))
+        raise ValueError(f"limits: each must be in [1, {width}], row {r} is {int(limits[r])}")
     sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)
     lib.softmax_causal_rows(_ptr(scores), rows, width, _ptr(limits), limits.size, _ptr(sums))
     return sums
@@ -130,7 +181,7 @@ def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
-    _check(gate_up, np.float32, "gate_up")
+    _check(gate_up, np.float32, "gate_up", ndim=2)
     T, two_i = gate_up.shape
     if two_i % 2:
         raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
@@ -141,10 +192,10 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight."""
-    _check(x, np.float32, "x")
-    _check(weight, np.float32, "weight")
-    if x.ndim != 2 or weight.shape != (x.shape[1],):
-        raise ValueError(f"weight: need [{x.shape[-1]}] to match x's rows, got {list(weight.shape)}")
+    _check(x, np.float32, "x", ndim=2)
+    _check(weight, np.float32, "weight", ndim=1)
+    if weight.shape != (x.shape[1],):
+        raise ValueError(f"weight: need [{x.shape[1]}] to match x's rows, got {list(weight.shape)}")
     out = np.empty_like(x)
     lib.rms_norm(_ptr(x), _ptr(weight), _ptr(out), x.shape[0], x.shape[1], eps)
     return out
@@ -157,30 +208,44 @@ class RopeWriteKV:
 
     def __init__(self, cos: np.ndarray, sin: np.ndarray, slot_mapping: np.ndarray, num_q_heads: int,
                  num_kv_heads: int, head_dim: int, q_scale: float) -> None:
-        _check(cos, np.float32, "cos")
-        _check(sin, np.float32, "sin")
-        _check(slot_mapping, np.int64, "slot_mapping")
+        # Negative head counts would move the kernel's k and v offsets before the row.
+        for name, n, least in (("num_q_heads", num_q_heads, 1), ("num_kv_heads", num_kv_heads, 1),
+                               ("head_dim", head_dim, 2)):
+            if int(n) != n or n < least:
+                raise ValueError(f"{name}: need an integer of at least {least}, got {n}")
+        if head_dim % 2:
+            raise ValueError(f"head_dim: need an even size (rotary pairs), got {head_dim}")
+        _check(cos, np.float32, "cos", ndim=2)
+        _check(sin, np.float32, "sin", ndim=2)
+        _check(slot_mapping, np.int64, "slot_mapping", ndim=1)
+        slot_mapping = slot_mapping.copy()      # what is checked is what the kernel reads, as in PagedDecode
         T = slot_mapping.size
         if cos.shape != (T, head_dim // 2) or sin.shape != cos.shape:
-            raise ValueError(f"cos, sin: need [{T}, {head_dim // 2}] float32")
+            raise ValueError(f"cos, sin: need [{T}, {head_dim // 2}] float32, got {list(cos.shape)} and "
+                             f"{list(sin.shape)}")
         if T and slot_mapping.min() < 0:
-            raise ValueError("slot_mapping: slots cannot be negative")
+            t = int(np.argmax(slot_mapping < 0))
+            raise ValueError(f"slot_mapping: slots cannot be negative, token {t} has {int(slot_mapping[t])}")
         self._max_slot = int(slot_mapping.max()) if T else -1
-        self._heads = (num_q_heads, num_kv_heads, head_dim)
+        self._heads = (int(num_q_heads), int(num_kv_heads), int(head_dim))
         self._scale = q_scale
         self._keep = (cos, sin, slot_mapping)   # the addresses below point into these
         self._ptrs = (_ptr(cos), _ptr(sin), _ptr(slot_mapping))
 
     def __call__(self, qkv: np.ndarray, kv_pool: np.ndarray) -> None:
         """qkv [T, (nq + 2 nkv) hd] float32, contiguous; kv_pool [2, NB, bs, nkv, hd]."""
-        _check(qkv, np.float32, "qkv")
-        _check(kv_pool, np.float32, "kv_pool")
+        _check(qkv, np.float32, "qkv", ndim=2, written=True)
+        nb, bs, pool_nkv, pool_hd = _check_pool(kv_pool, written=True)
         nq, nkv, hd = self._heads
         T = self._keep[2].size
-        if qkv.shape != (T, (nq + 2 * nkv) * hd) or kv_pool.shape[3:] != (nkv, hd):
-            raise ValueError(f"qkv: need [{T}, {(nq + 2 * nkv) * hd}] and a pool of {nkv} x {hd} KV heads")
-        if self._max_slot >= kv_pool.shape[1] * kv_pool.shape[2]:
-            raise ValueError("slot_mapping: a slot is outside the pool")
+        if qkv.shape != (T, (nq + 2 * nkv) * hd):
+            raise ValueError(f"qkv: need [{T}, {(nq + 2 * nkv) * hd}], got {list(qkv.shape)}")
+        if (pool_nkv, pool_hd) != (nkv, hd):
+            raise ValueError(f"kv_pool: need {nkv} KV heads of {hd}, got {pool_nkv} of {pool_hd}")
+        if self._max_slot >= nb * bs:
+            t = int(np.argmax(self._keep[2] >= nb * bs))
+            raise ValueError(f"slot_mapping: token {t} has slot {int(self._keep[2][t])}, outside the pool's "
+                             f"[0, {nb * bs})")
         cos, sin, slots = self._ptrs
         k = _ptr(kv_pool)
         lib.rope_write_kv(_ptr(qkv), T, qkv.shape[1], nq, nkv, hd, cos, sin, self._scale, slots, k,

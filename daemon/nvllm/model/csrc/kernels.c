@@ -12,6 +12,13 @@
  * Plain C99, no Python headers, no intrinsics: loops are written so that -O3 vectorises them on any
  * target (SSE2/AVX on x86-64, NEON on aarch64). Every function has a NumPy twin in attention.py or
  * decoder.py that the tests compare it with.
+ *
+ * Built without -ffinite-math-only: a diverging model does produce NaN and inf, and they must come out
+ * as NaN or inf (the model then refuses its logits), never as undefined behaviour. No loop bound and no
+ * index depends on a float, and nothing converts a float to an integer. Clamps and selects are
+ * ternaries, not fmaxf: its NaN rule (return the other operand) would hide a NaN, and without
+ * -ffinite-math-only it is a library call that stops the loops vectorising. Array bounds are checked
+ * by the callers in kernels.py; these functions trust their sizes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,14 +35,19 @@
 
 /* Bumped with every change to an entry point's arguments or meaning: kernels.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
-int kernels_abi(void) { return 1; }
+int kernels_abi(void) { return 2; }   /* 2: NaN and inf defined, carried through */
 
 /* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
- * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. */
+ * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. n is
+ * rounded by adding 1.5 * 2^23, which leaves it in the low bits of k: no float-to-int conversion (it
+ * is undefined for NaN, and stops the AVX2 build vectorising). Defined for every x: NaN gives NaN,
+ * below -87 (-inf included) gives e^-87, above 0 a finite or NaN value that is not e^x. */
 static inline float exp_nonpos(float x) {
-    x = fmaxf(x, -87.0f);                             /* keeps 2^n normal; e^-87 is 1.6e-38 */
-    float n = (float)(int32_t)(x * 1.44269504f - 0.5f); /* rounds to nearest for x <= 0 */
-    float r = x - n * 0.693359375f;
+    const float shifter = 12582912.0f;                  /* 1.5 * 2^23 */
+    const float c = x < -87.0f ? -87.0f : x;            /* keeps 2^n normal (e^-87 is 1.6e-38); NaN stays */
+    const float k = c * 1.44269504f + shifter;          /* rounds c / ln2 to the nearest integer */
+    const float n = k - shifter;
+    float r = c - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -43,14 +55,17 @@ static inline float exp_nonpos(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    const float y = p * r * r + r + 1.0f;               /* NaN if x is */
+    uint32_t bits;
+    memcpy(&bits, &k, sizeof bits);
+    bits = (bits + 127u) << 23;                         /* n + 127 in the exponent (n's low bits, mod 512) */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return y * scale;
 }
 
-/* sc[0:n] in place -> exp(sc - max); returns their sum (the softmax's denominator). */
+/* sc[0:n] in place -> exp(sc - max); returns their sum (the softmax's denominator). A NaN may or may
+ * not win the max, but either way it reaches its own exp and the sum. */
 static inline float softmax_row(float *sc, int64_t n) {
     float m = sc[0], sum = 0.0f;
 #pragma omp simd reduction(max : m)
@@ -202,10 +217,10 @@ ENTRY void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter) 
         float *o = out + t * inter;
 #pragma omp simd
         for (int64_t i = 0; i < inter; i++) {
-            /* sigmoid from e = exp(-|x|), which cannot overflow: 1/(1+e) for x >= 0, e/(1+e) below; the
-             * numerator is max(e, [x >= 0]), written without a branch so that the loop vectorises */
+            /* sigmoid from e = exp(-|x|), which cannot overflow: 1/(1+e) for x >= 0, e/(1+e) below (NaN
+             * takes the second, so it stays NaN); a select, not a branch, so that the loop vectorises */
             const float x = gt[i], e = exp_nonpos(-fabsf(x));
-            o[i] = x * fmaxf(e, 0.5f + copysignf(0.5f, x)) / (1.0f + e) * up[i];
+            o[i] = x * (x >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
         }
     }
 }
