@@ -15,8 +15,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from nvllm.model import sampler as S
 from nvllm.model.sampler import SamplingBatch, make_generator, sample
+from nvllm.model.sampling import draws, truncation
 
 NUM_DRAWS = 20_000
 Z_ALPHA_1E3 = 3.090232306167813  # upper 0.1% point of the standard normal
@@ -29,12 +29,12 @@ Z_ALPHA_1E3 = 3.090232306167813  # upper 0.1% point of the standard normal
 def paths(request, monkeypatch):
     """Run a test under the production constants and under constants forcing the other paths."""
     if request.param == "small-blocks":
-        monkeypatch.setattr(S, "DRAW_BLOCK", 4)  # many blocks and a padded last block
+        monkeypatch.setattr(draws, "DRAW_BLOCK", 4)  # many blocks and a padded last block
     elif request.param == "whole-row-draws":
-        monkeypatch.setattr(S, "PACK_MAX", 0)  # truncated rows draw over whole rows, masked
-        monkeypatch.setattr(S, "DRAW_BLOCK", 4)
+        monkeypatch.setattr(draws, "PACK_MAX", 0)  # truncated rows draw over whole rows, masked
+        monkeypatch.setattr(draws, "DRAW_BLOCK", 4)
     elif request.param == "full-sort-top-p":
-        monkeypatch.setattr(S, "TOP_P_PREFIX", 2)  # top-p rarely finds its cut-off in the prefix
+        monkeypatch.setattr(truncation, "TOP_P_PREFIX", 2)  # top-p rarely finds its cut-off in the prefix
     return request.param
 
 
