@@ -6,30 +6,23 @@ client gets UNKNOWN "Unexpected DecodeError". `decode_generate_request` is used 
 an `UndecodableRequest` carrying the field's path ("chat.messages[1].content",
 "sampling_params.stop[0]") and the reason, which the servicer turns into INVALID_ARGUMENT.
 
-Finding the field walks the protobuf wire format of the few messages involved; nothing here is on
-the path of a request that decodes.
+Finding the field parses the bytes again as a mirror of GenerateRequest whose string fields are
+declared `bytes` (protobuf accepts any bytes there) and looks for the first one that is not UTF-8.
+The mirror is built at import from the real descriptor, so it cannot fall behind nvllm.proto, and
+lives in a private descriptor pool, so gRPC reflection never serves it. Nothing here is on the path
+of a request that decodes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
-from google.protobuf.message import DecodeError
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 
 from nvllm.v1 import nvllm_pb2 as pb
-
-# Wire types (protobuf encoding).
-_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
-
-# message -> {field number: (name, kind)}; kind is "string", "varints" (packed repeated ints), or
-# the nested message's own table. A name ending in [] is repeated (its index goes into the path).
-_CHAT_MESSAGE = {1: ("role", "string"), 2: ("content", "string")}
-_CHAT = {1: ("messages[]", _CHAT_MESSAGE)}
-_TOKEN_IDS = {1: ("ids", "varints")}
-_SAMPLING = {11: ("stop[]", "string"), 12: ("stop_token_ids", "varints")}
-_REQUEST = {1: ("request_id", "string"), 2: ("model", "string"), 3: ("prompt", "string"),
-            4: ("chat", _CHAT), 5: ("prompt_token_ids", _TOKEN_IDS), 6: ("sampling_params", _SAMPLING)}
 
 
 @dataclass(frozen=True)
@@ -40,8 +33,28 @@ class UndecodableRequest:
     message: str
 
 
-class _Malformed(Exception):
-    pass
+def _strings_to_bytes(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+    for message in messages:
+        for field in message.field:
+            if field.type == FieldDescriptor.TYPE_STRING:
+                field.type = FieldDescriptor.TYPE_BYTES
+        _strings_to_bytes(message.nested_type)
+
+
+def _bytes_mirror() -> type[Message]:
+    file = descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb)
+    file.name = "nvllm/v1/nvllm_bytes_mirror.proto"     # never served: the pool below is private
+    file.ClearField("service")
+    _strings_to_bytes(file.message_type)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    request = pool.FindMessageTypeByName(pb.GenerateRequest.DESCRIPTOR.full_name)
+    return message_factory.GetMessageClass(request)
+
+
+# Same package and names as the real messages, so a mirror field's full_name finds the real field.
+_GenerateRequestBytes = _bytes_mirror()
+_REAL_POOL = pb.DESCRIPTOR.pool
 
 
 def decode_generate_request(data: bytes) -> Union[pb.GenerateRequest, UndecodableRequest]:
@@ -54,76 +67,31 @@ def decode_generate_request(data: bytes) -> Union[pb.GenerateRequest, Undecodabl
 
 def locate_decode_error(data: bytes) -> tuple[str, str]:
     """(field path, reason) for bytes that do not decode as a GenerateRequest; ("request", ...)
-    when the failure lies outside any field this module knows."""
+    when the failure is not a string field's UTF-8."""
     try:
-        found = _walk(memoryview(data), _REQUEST, "")
-    except _Malformed as e:
-        return str(e) or "request", "malformed protobuf encoding"
+        mirror = _GenerateRequestBytes.FromString(data)
+    except DecodeError:
+        return "request", "malformed protobuf encoding"
+    found = _first_non_utf8(mirror, "")
     if found is not None:
         return found, "must be valid UTF-8 (a proto3 string field)"
     return "request", "not a valid nvllm.v1.GenerateRequest"
 
 
-def _varint(data: memoryview, i: int, where: str) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(data) or shift > 63:
-            raise _Malformed(where)
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
-def _walk(data: memoryview, table: dict, prefix: str) -> Optional[str]:
-    """The path of the first string field with bytes that are not UTF-8; raises _Malformed (with
-    the innermost known field's path) for broken framing."""
-    counts: dict[int, int] = {}
-    where = prefix.rstrip(".") or "request"
-    i = 0
-    while i < len(data):
-        key, i = _varint(data, i, where)
-        number, wire_type = key >> 3, key & 7
-        entry = table.get(number)
-        path = where
-        if entry is not None:
-            name, kind = entry
-            if name.endswith("[]"):
-                index = counts.get(number, 0)
-                counts[number] = index + 1
-                name = f"{name[:-2]}[{index}]"
-            path = prefix + name
-        if number == 0:
-            raise _Malformed(where)
-        if wire_type == _VARINT:
-            _, i = _varint(data, i, path)
-        elif wire_type == _I64 or wire_type == _I32:
-            i += 8 if wire_type == _I64 else 4
-            if i > len(data):
-                raise _Malformed(path)
-        elif wire_type == _LEN:
-            n, i = _varint(data, i, path)
-            if i + n > len(data):
-                raise _Malformed(path)
-            chunk, i = data[i:i + n], i + n
-            if entry is None:
-                continue
-            kind = entry[1]
-            if kind == "string":
-                try:
-                    str(chunk, "utf-8")
-                except UnicodeDecodeError:
-                    return path
-            elif kind == "varints":
-                j = 0
-                while j < len(chunk):
-                    _, j = _varint(chunk, j, path)
-            else:
-                found = _walk(chunk, kind, path + ".")
+def _first_non_utf8(message: Message, prefix: str) -> Optional[str]:
+    """The path of the first set field, in field-number order, that was a string in the real
+    message and holds bytes that are not UTF-8."""
+    for field, value in message.ListFields():
+        items = enumerate(value) if field.is_repeated else [(None, value)]
+        for index, item in items:
+            path = prefix + field.name + ("" if index is None else f"[{index}]")
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                found = _first_non_utf8(item, path + ".")
                 if found is not None:
                     return found
-        else:   # groups (3, 4) are not in proto3; 6 and 7 do not exist
-            raise _Malformed(path)
+            elif _REAL_POOL.FindFieldByName(field.full_name).type == FieldDescriptor.TYPE_STRING:
+                try:
+                    item.decode("utf-8")
+                except UnicodeDecodeError:
+                    return path
     return None
