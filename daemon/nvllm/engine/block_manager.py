@@ -4,6 +4,9 @@ A page is in exactly one of three states: free (no owner, no content worth keepi
 but holding a full block whose hash is known, so a later prompt with the same prefix can reuse it;
 evicted least-recently-used when free pages run out) or owned (ref_count > 0). The pool arrays
 themselves live in model/kv_cache.py.
+
+As in vLLM v1, a full block is registered in the hash table when it is allocated for the step that
+computes it, not after: requests admitted in the same step share it at once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 class SeqBlocks(Protocol):
     token_ids: list[int]
     block_table: list[int]
+    block_hashes: list[bytes]
     num_computed_tokens: int
 
 
@@ -41,6 +45,10 @@ class BlockManager:
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[bytes, int] = {}
+        # Pages registered in the step being scheduled, whose K/V that step's forward pass writes. Other
+        # sequences of the same step may share them (each layer writes the whole step's K/V before any
+        # attention reads it); they become cacheable for later steps once mark_computed confirms them.
+        self.pending: set[int] = set()
         self.num_prefix_queries = 0   # prompt tokens looked up in the prefix cache
         self.num_prefix_hits = 0      # of those, tokens served from it
 
@@ -66,26 +74,59 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache -------------------------------------------------------------------------
-    def _chain_hashes(self, token_ids: list[int], num_blocks: int) -> list[bytes]:
-        hashes, parent, bs = [], b"", self.block_size
-        for i in range(num_blocks):
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+    def _hashes(self, seq: SeqBlocks, num_blocks: int) -> list[bytes]:
+        """The sequence's block hashes, extended to num_blocks full blocks; each block is hashed once
+        in the sequence's life (tokens are only ever appended, so a hash never goes stale)."""
+        hashes, bs = seq.block_hashes, self.block_size
+        num_blocks = min(num_blocks, len(seq.token_ids) // bs)
+        parent = hashes[-1] if hashes else b""
+        for i in range(len(hashes), num_blocks):
+            parent = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
             hashes.append(parent)
         return hashes
 
-    def _lookup(self, token_ids: list[int]) -> list[int]:
-        """Cached pages holding the longest run of full leading blocks, leaving the last token to compute."""
+    def lookup(self, seq: SeqBlocks) -> list[int]:
+        """Pages holding the longest run of the sequence's full leading blocks, leaving the last token
+        to compute. Changes nothing but the hashes kept on the sequence."""
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
+        n = (len(seq.token_ids) - 1) // bs
         hits = []
-        for i, h in enumerate(self._chain_hashes(token_ids, (len(token_ids) - 1) // bs)):
+        for i, h in enumerate(self._hashes(seq, n)[:n]):
             b = self.hash_to_block.get(h)
             # Verified: a hash match is taken only when the tokens match too.
-            if b is None or self.block_tokens[b] != tuple(token_ids[i * bs:(i + 1) * bs]):
+            if b is None or self.block_tokens[b] != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
                 break
             hits.append(b)
         return hits
+
+    def _register(self, seq: SeqBlocks, num_tokens: int) -> None:
+        """Make findable the blocks that are full once the sequence's first num_tokens are computed."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        first, last = seq.num_computed_tokens // bs, num_tokens // bs
+        if first >= last:
+            return
+        hashes = self._hashes(seq, last)
+        for i in range(first, last):
+            b, h = seq.block_table[i], hashes[i]
+            if self.block_hashes[b] is not None or h in self.hash_to_block:
+                continue  # already findable, or the same content is in another page: this one stays private
+            self.block_hashes[b] = h
+            self.block_tokens[b] = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            self.hash_to_block[h] = b
+            self.pending.add(b)
+
+    def mark_computed(self, seq: SeqBlocks, num_before: int) -> None:
+        """After a step computed tokens [num_before, num_computed) without error, the pages it registered
+        hold their K/V: they may stay cached once the sequence frees them."""
+        if not self.pending:
+            return
+        bs = self.block_size
+        for b in seq.block_table[num_before // bs:seq.num_computed_tokens // bs]:
+            self.pending.discard(b)
 
     # -- allocation ---------------------------------------------------------------------------
     def can_allocate(self, num_blocks: int) -> bool:
@@ -106,15 +147,19 @@ class BlockManager:
             del self.hash_to_block[h]
         self.block_hashes[b] = None
         self.block_tokens[b] = None
+        self.pending.discard(b)
 
-    def admit(self, seq: SeqBlocks, record: bool = True) -> int:
-        """Give a sequence with no pages its cached prefix; returns the number of tokens reused.
+    def admit(self, seq: SeqBlocks, hits: list[int], num_tokens: int, record: bool = True) -> bool:
+        """Give a sequence with no pages its cached prefix `hits` (from lookup) and pages to hold
+        num_tokens tokens in all; False, and nothing changed, if pages run short.
 
-        The sequence's later tokens get pages through ensure_slots as they are scheduled.
+        Only an admission that succeeds counts in the prefix-cache statistics (when `record`).
         """
         assert not seq.block_table, "admit() takes a sequence without pages"
-        hits = self._lookup(seq.token_ids)
-        for b in hits:
+        reclaimed = sum(1 for b in hits if self.ref_counts[b] == 0)   # cached pages this takes off the free count
+        if not self.can_allocate(self.blocks_needed(num_tokens) - len(hits) + reclaimed):
+            return False
+        for b in hits:   # before taking free pages, so that none of the hits is evicted for them
             if self.ref_counts[b] == 0:
                 del self.evictable[b]
             self.ref_counts[b] += 1
@@ -123,47 +168,32 @@ class BlockManager:
         if record:
             self.num_prefix_queries += len(seq.token_ids)
             self.num_prefix_hits += seq.num_computed_tokens
-        return seq.num_computed_tokens
+        ok = self.ensure_slots(seq, num_tokens)
+        assert ok, "pages were counted above"
+        return True
 
     def num_new_blocks(self, seq: SeqBlocks, num_tokens: int) -> int:
         """Pages the sequence lacks to hold num_tokens tokens in all."""
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
     def ensure_slots(self, seq: SeqBlocks, num_tokens: int) -> bool:
-        """Grow the block table to hold num_tokens tokens; False (and no change) if pages run short."""
+        """Grow the block table to hold num_tokens tokens, the first num_tokens to be computed this step,
+        and register the blocks that step fills; False (and no change) if pages run short."""
         need = self.num_new_blocks(seq, num_tokens)
         if not self.can_allocate(need):
             return False
         seq.block_table.extend(self._take_free() for _ in range(need))
+        self._register(seq, num_tokens)
         return True
 
-    def cache_full_blocks(self, seq: SeqBlocks, num_before: int) -> None:
-        """After a step computed tokens [num_before, num_computed), register blocks that became full."""
-        if not self.enable_prefix_caching:
-            return
-        bs = self.block_size
-        first, last = num_before // bs, seq.num_computed_tokens // bs
-        if first >= last:
-            return
-        parent = self.block_hashes[seq.block_table[first - 1]] if first > 0 else b""
-        if parent is None:  # an earlier block was a duplicate kept unhashed: recompute the chain
-            parent = self._chain_hashes(seq.token_ids, first)[-1]
-        for i in range(first, last):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            parent = block_hash(parent, tokens)
-            b = seq.block_table[i]
-            if parent in self.hash_to_block:
-                continue  # the same content already cached in another page; this one stays private
-            self.block_hashes[b] = parent
-            self.block_tokens[b] = tokens
-            self.hash_to_block[parent] = b
-
     def free(self, seq: SeqBlocks) -> None:
-        """Drop a sequence's pages: shared ones lose a reference, hashed ones stay cached."""
+        """Drop a sequence's pages: shared ones lose a reference, computed hashed ones stay cached."""
         # Freed in reverse so the tail of a sequence is evicted before its (more shareable) head.
         for b in reversed(seq.block_table):
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
+                if b in self.pending:
+                    self._forget(b)   # its step never ran (it failed): the K/V may be missing
                 if self.block_hashes[b] is not None:
                     self.evictable[b] = None
                 else:
@@ -212,6 +242,11 @@ class BlockManager:
         for b in free:
             if self.block_hashes[b] is not None:
                 fail(f"free page {b} still carries a hash")
+        if self.pending - owned:
+            fail(f"pages awaiting their step are not owned: {sorted(self.pending - owned)[:8]}")
+        for b in self.pending:
+            if self.block_hashes[b] is None:
+                fail(f"page {b} awaits its step without a hash")
         for h, b in self.hash_to_block.items():
             if self.block_hashes[b] != h:
                 fail(f"hash map points at page {b}, which holds another block")

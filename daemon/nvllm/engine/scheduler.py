@@ -3,6 +3,8 @@
 Each step has a token budget. Running sequences go first (a decode token each, or the next chunk of a
 prompt still being prefilled), then waiting sequences are admitted in arrival order with as much of
 their prompt as the budget leaves (chunked prefill), so decodes are never starved by a long prompt.
+Pages are registered in the prefix cache as they are allocated, so a request admitted after another in
+the same step already reuses the blocks that one computes in this step.
 When a running sequence needs a page and none is free, the most recently admitted sequence is
 preempted by recompute: its pages are freed and it goes back to the head of the queue.
 """
@@ -80,16 +82,15 @@ class Scheduler:
         # Nothing new is admitted in a step that had to preempt: pages are short already.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            if not seq.block_table:
-                bm.admit(seq, record=not seq.admitted_once)
-                if not seq.admitted_once:
-                    seq.num_cached_tokens = seq.num_computed_tokens
-                    seq.admitted_once = True
-            n = min(seq.num_uncomputed_tokens, budget)
-            if not bm.ensure_slots(seq, seq.num_computed_tokens + n):
-                # Not enough pages yet: give back the prefix hits so they stay evictable.
-                bm.free(seq)
-                break
+            # Hits may include blocks that sequences scheduled earlier in this step compute now.
+            hits = bm.lookup(seq)
+            cached = len(hits) * bm.block_size
+            n = min(seq.num_tokens - cached, budget)
+            if not bm.admit(seq, hits, cached + n, record=not seq.admitted_once):
+                break  # not enough pages yet; nothing was taken
+            if not seq.admitted_once:
+                seq.num_cached_tokens = cached
+                seq.admitted_once = True
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
