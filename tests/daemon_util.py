@@ -1,10 +1,12 @@
 """The real daemon as a subprocess, and the small gRPC helpers the end-to-end and stress tests share.
 
-`DaemonProcess` runs `python -m nvllm.cli serve` with the test hooks switched on:
-  NVLLM_FAKE_MEMORY_FILE  available memory is read from a file (`set_available`), so pressure can be
-                          injected without using any memory;
-  NVLLM_TEST_STALL_S      SIGUSR1 (`stall`) makes the engine loop sleep that long without progress;
-  NVLLM_TEST_FAIL_STEP    SIGUSR2 (`fail_step`) makes the next engine step raise (when set to 1).
+`DaemonProcess` runs one of:
+- tests/daemon_main.py (the default): `nvllm serve`'s daemon built with the tests' injection points:
+  available memory is read from a file (`set_available`), so pressure can be injected without using
+  any memory; SIGUSR1 holds the engine loop still until the next one (`stall`, `resume`); SIGUSR2
+  makes the next forward pass raise (`fail_step`). Each returns once the daemon logged that it acted.
+- plain `python -m nvllm.cli serve` (plain=True): the daemon as an operator runs it, for the tests
+  that measure it (idle CPU, resident set, start-up time, a round trip under emulation).
 """
 
 from __future__ import annotations
@@ -23,14 +25,19 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from daemon_main import FAULT_ARMED, STALL_BEGAN, STALL_ENDED
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = Path(__file__).resolve().parent / "daemon_main.py"
 NUM_BLOCKS = 256
 MAX_MESSAGE_BYTES = 64 * 1024
-PLENTY = str(64 << 30)        # fake "available bytes": no pressure
-READY_TIMEOUT_S = 60.0
+PLENTY = str(64 << 30)        # "available bytes" in the memory file: no pressure
+# Under emulation Python, NumPy and gRPC load through qemu, so the wait is long. A daemon that exits
+# ends the wait at once.
+READY_TIMEOUT_S = float(os.environ.get("NVLLM_TEST_READY_TIMEOUT_S", "300"))
+LINE_TIMEOUT_S = 30.0         # for a line the daemon logs in reply to a signal
 
 BASE_CONFIG = f"""
 log_level = "info"
@@ -77,45 +84,74 @@ def config_with(config: str, **changes: Any) -> str:
 
 
 class DaemonProcess:
-    """`nvllm serve` as a subprocess; its stdout is drained by a thread (so it never blocks)."""
+    """The daemon as a subprocess on `listen` (a loopback port the kernel picks by default), ready
+    when constructed; its output is read by a thread (so it never blocks) into `lines`.
 
-    def __init__(self, tmp: Path, model: Path, config: str = BASE_CONFIG, listen: str = "127.0.0.1:0",
-                 num_blocks: int = NUM_BLOCKS, extra_env: dict[str, str] | None = None,
-                 extra_args: tuple[str, ...] = (), ready_line: str = "nvllm serving ") -> None:
+    config None: no --config (the built-in defaults); num_blocks None: the pool sized from memory.
+    """
+
+    def __init__(self, tmp: Path, model: Path, config: str | None = BASE_CONFIG, listen: str = "127.0.0.1:0",
+                 num_blocks: int | None = NUM_BLOCKS, extra_env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = (), plain: bool = False) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
+        args = ["--model", str(model), "--listen", listen, *extra_args]
+        if num_blocks is not None:
+            args += ["--num-blocks", str(num_blocks)]
+        if config is not None:
+            (tmp / "nvllm.toml").write_text(config)
+            args += ["--config", str(tmp / "nvllm.toml")]
         self.memory_file = tmp / "available_bytes"
-        self.memory_file.write_text(PLENTY)
-        cfg = tmp / "nvllm.toml"
-        cfg.write_text(config)
+        if plain:
+            command = [sys.executable, "-m", "nvllm.cli", "serve", *args]
+        else:
+            self.set_available(int(PLENTY))
+            command = [sys.executable, str(LAUNCHER), "--memory-file", str(self.memory_file), *args]
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        env.update({"NVLLM_FAKE_MEMORY_FILE": str(self.memory_file), "NVLLM_TEST_STALL_S": "2",
-                    "PYTHONUNBUFFERED": "1", **(extra_env or {})})
+        env.update({"PYTHONUNBUFFERED": "1", **(extra_env or {})})
         self.lines: list[str] = []
-        self.line_times: list[float] = []       # time.monotonic() when each line was read
-        self.ready = threading.Event()
         self.address = ""
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nvllm.cli", "serve", "--config", str(cfg), "--model", str(model),
-             "--listen", listen, "--num-blocks", str(num_blocks), *extra_args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._ready_line = ready_line
+        self.ready_after_s = 0.0        # launch -> the "nvllm serving" line, as this process saw it
+        self.held = False               # stall() sent and resume() not yet
+        self._new_line = threading.Condition()
+        self._ended = False
+        self.launched = time.monotonic()
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        if not self.ready.wait(READY_TIMEOUT_S) or not self.address:
-            self.kill()
-            raise AssertionError("daemon did not get ready:\n" + "\n".join(self.lines))
+        try:
+            line = self.wait_line("nvllm serving ", timeout=READY_TIMEOUT_S)
+        except AssertionError:
+            self.stop()
+            raise AssertionError("the daemon did not get ready:\n" + self.log()) from None
+        self.address = line.rsplit(" on ", 1)[1]
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.line_times.append(time.monotonic())
-            self.lines.append(line)
-            if line.startswith(self._ready_line):
-                self.address = line.rsplit(" on ", 1)[1]
-                self.ready.set()
-        self.ready.set()
+            if line.startswith("nvllm serving ") and not self.ready_after_s:
+                self.ready_after_s = time.monotonic() - self.launched
+            with self._new_line:
+                self.lines.append(line.rstrip("\n"))
+                self._new_line.notify_all()
+        with self._new_line:
+            self._ended = True
+            self._new_line.notify_all()
+
+    def wait_line(self, text: str, start: int = 0, timeout: float = LINE_TIMEOUT_S) -> str:
+        """The first line from lines[start] on that contains text, once the daemon has written it.
+        AssertionError if the daemon's output ends or timeout passes first."""
+        deadline = time.monotonic() + timeout
+        with self._new_line:
+            while True:
+                found = next((line for line in self.lines[start:] if text in line), None)
+                if found is not None:
+                    return found
+                start = len(self.lines)
+                left = deadline - time.monotonic()
+                if self._ended or left <= 0:
+                    raise AssertionError(f"the daemon wrote no line with {text!r}:\n" + "\n".join(self.lines[-60:]))
+                self._new_line.wait(left)
 
     @property
     def pid(self) -> int:
@@ -128,46 +164,60 @@ class DaemonProcess:
     def log(self) -> str:
         return "\n".join(self.lines)
 
-    def seen_at(self, text: str, after: float = 0.0) -> float | None:
-        """When the first line containing text (read after `after`) was read, or None."""
-        for t, line in zip(list(self.line_times), list(self.lines)):
-            if t >= after and text in line:
-                return t
-        return None
-
     def rss(self) -> int:
         """The daemon's resident set, in bytes."""
         return psutil.Process(self.proc.pid).memory_info().rss
 
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """`nvllm ARGS --target ADDRESS` in a fresh process."""
+        return subprocess.run([sys.executable, "-m", "nvllm.cli", *args, "--target", self.address],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+    # -- the injection points (not with plain=True) ---------------------------------------------
     def set_available(self, n: int) -> None:
-        self.memory_file.write_text(str(n))
+        """What the memory watchdog reads next; the file is replaced whole, never seen half-written."""
+        part = self.memory_file.with_name(self.memory_file.name + ".part")
+        part.write_text(str(n))
+        os.replace(part, self.memory_file)
 
     def stall(self) -> None:
-        """The engine loop sleeps NVLLM_TEST_STALL_S seconds (2 by default) from its next iteration on."""
-        self.proc.send_signal(signal.SIGUSR1)
+        """Hold the engine loop still until resume(); returns once the engine thread is held. Adds
+        sent meanwhile wait in its inbox (Health counts them as waiting)."""
+        self.held = True
+        self._signal(signal.SIGUSR1, STALL_BEGAN)
+
+    def resume(self) -> None:
+        """Let the held engine loop go; returns once it runs again."""
+        self.held = False
+        self._signal(signal.SIGUSR1, STALL_ENDED)
 
     def fail_step(self) -> None:
-        """The next engine step raises (needs NVLLM_TEST_FAIL_STEP=1 in the daemon's environment)."""
-        self.proc.send_signal(signal.SIGUSR2)
+        """The next forward pass raises; returns once that is armed."""
+        self._signal(signal.SIGUSR2, FAULT_ARMED)
 
+    def _signal(self, signum: int, reply: str) -> None:
+        start = len(self.lines)
+        self.proc.send_signal(signum)
+        self.wait_line(reply, start)
+
+    # -- the end ---------------------------------------------------------------------------------
     def wait(self, timeout: float = 30.0) -> int:
         rc = self.proc.wait(timeout)
         self._reader.join(5)
         return rc
 
-    def kill9(self) -> int:
-        """SIGKILL, no drain; returns the exit status (-9)."""
-        self.proc.send_signal(signal.SIGKILL)
-        return self.wait()
-
-    def kill(self) -> None:
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (the drain; a held engine is let go first) and the exit status; SIGKILL after timeout."""
         if self.proc.poll() is None:
+            if self.held:
+                self.proc.send_signal(signal.SIGUSR1)
+                self.held = False
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                return self.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+        return self.wait()
 
 
 # -- requests and answers ----------------------------------------------------------------------
@@ -306,3 +356,23 @@ class NotifySocket:
         self._done.set()
         self._reader.join()
         self.sock.close()
+
+
+def pings_while_stalled(daemon: DaemonProcess, notify: NotifySocket, window_s: float) -> list[float]:
+    """Hold the daemon's engine loop; once the daemon logs that it withholds the watchdog ping, keep it
+    held window_s longer and note the pings that arrive meanwhile; let it go and wait for the pings to
+    resume. Returns the pings that came while withheld (there should be none).
+
+    The window only sets how long the pings are watched: the engine stays held however long the test
+    takes, so a slow machine shortens nothing."""
+    start = len(daemon.lines)
+    daemon.stall()
+    daemon.wait_line("made no progress", start)
+    withheld = time.monotonic()
+    time.sleep(window_s)
+    quiet = [t for t in notify.ping_times() if t > withheld]
+    daemon.resume()
+    daemon.wait_line("watchdog pings resume", start)
+    resumed = time.monotonic()
+    wait_for(lambda: notify.ping_times() and notify.ping_times()[-1] > resumed, "a ping after the stall")
+    return quiet

@@ -21,7 +21,7 @@ import pytest
 
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
-from served import Served
+from daemon_util import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "aarch64-check.sh"
@@ -30,9 +30,9 @@ EXIT_SKIP = 77
 
 
 @pytest.mark.aarch64
-def test_daemon_round_trip_serve_health_and_a_streamed_answer(tiny_models: dict[str, Path]) -> None:
+def test_daemon_round_trip_serve_health_and_a_streamed_answer(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     model = tiny_models["tiny-llama"]
-    daemon = Served(model, "--num-blocks", "64")
+    daemon = DaemonProcess(tmp_path, model, config=None, num_blocks=64, plain=True)
     try:
         h = daemon.cli("health", "--json")
         assert h.returncode == 0, h.stderr
@@ -58,6 +58,7 @@ def test_daemon_round_trip_serve_health_and_a_streamed_answer(tiny_models: dict[
     assert rc == 0, daemon.log()
 
 
+@pytest.mark.slow
 def test_emulated_aarch64_run_passes() -> None:
     """deploy/aarch64-check.sh end to end: arm64 root, pip install there, `pytest -m aarch64` under qemu."""
     if os.environ.get("NVLLM_SKIP_AARCH64") == "1":

@@ -1,7 +1,8 @@
 """The async engine: the engine loop in its own thread, outputs to asyncio; and the servicer in process.
 
-Fault injection here patches the engine's parts (the model's forward, the scheduler) to raise, which
-the real daemon's tests cannot do.
+Fault injection here patches the engine's parts (the model's forward, the scheduler) to raise, and
+`Hold` holds the engine thread still; the tests wait on events those patches set, never on a sleep
+that a slow machine could outlast.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine, EngineDead
-from nvllm.engine.llm_engine import EngineConfig, LLMEngine
+from nvllm.engine.llm_engine import LLMEngine
 from nvllm.sampling_params import InvalidParameter
 
 NUM_BLOCKS = 128
@@ -25,7 +26,7 @@ NUM_BLOCKS = 128
 
 @pytest.fixture
 def engine(tiny: Path) -> LLMEngine:
-    return LLMEngine.from_dir(tiny, EngineConfig(num_blocks=NUM_BLOCKS, max_num_seqs=32))
+    return LLM(tiny, num_blocks=NUM_BLOCKS, max_num_seqs=32).engine
 
 
 def run(coro_fn, engine: LLMEngine, heartbeat_s: float = 1.0):
@@ -50,6 +51,29 @@ async def until(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+class Hold:
+    """Holds the engine thread at the top of its loop (inside has_unfinished, after it bumped
+    `progress`) from the next iteration until release()."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.held = threading.Event()
+        self._released = threading.Event()
+        real = engine.has_unfinished
+
+        def has_unfinished() -> bool:
+            if not self._released.is_set():
+                self.held.set()
+                self._released.wait()
+            return real()
+        engine.has_unfinished = has_unfinished
+
+    async def wait_held(self) -> None:
+        assert await asyncio.get_running_loop().run_in_executor(None, self.held.wait, 10.0), "never held"
+
+    def release(self) -> None:
+        self._released.set()
 
 
 def pages_back(ae: AsyncEngine) -> bool:
@@ -130,43 +154,52 @@ class TestStreams:
 
     def test_waiting_counts_requests_not_yet_taken_by_the_engine(self, engine: LLMEngine) -> None:
         async def go(ae: AsyncEngine):
-            await until(lambda: ae.progress > 0)
-            ae.stall(0.5)
-            await asyncio.sleep(0.05)
-            streams = [ae.add(ae.make_sequence(f"w{i}", [1, 2], SamplingParams(max_tokens=2))) for i in range(3)]
-            waiting = ae.stats()["waiting"]
+            hold = Hold(engine)
+            try:
+                await hold.wait_held()
+                streams = [ae.add(ae.make_sequence(f"w{i}", [1, 2], SamplingParams(max_tokens=2)))
+                           for i in range(3)]
+                waiting = ae.stats()["waiting"]
+            finally:
+                hold.release()
+            finals = []
             for s in streams:
-                async for _ in s:
-                    pass
-            return waiting
+                finals.append([o async for o in s][-1])
+            return waiting, finals, ae.stats()["waiting"]
 
-        assert run(go, engine) == 3
+        waiting, finals, after = run(go, engine)
+        assert waiting == 3 and after == 0
+        assert [f.completion_tokens for f in finals] == [2, 2, 2]
 
 
 class TestLoop:
     def test_idle_loop_sleeps_and_wakes_for_the_heartbeat(self, engine: LLMEngine) -> None:
-        async def go(ae: AsyncEngine):
-            await asyncio.sleep(0.1)
-            before = ae.progress
-            await asyncio.sleep(1.0)
-            return ae.progress - before
+        heartbeat_s = 0.1
 
-        ticks = run(go, engine, heartbeat_s=0.1)
-        assert 3 <= ticks <= 30     # about 10: neither stuck nor spinning
+        async def go(ae: AsyncEngine):
+            before, t0 = ae.progress, time.monotonic()
+            await until(lambda: ae.progress >= before + 5)      # it wakes by itself: not stuck
+            return time.monotonic() - t0
+
+        took = run(go, engine, heartbeat_s=heartbeat_s)
+        # Each of the 4 gaps between 5 idle iterations is a full heartbeat wait: a loop that spun would
+        # take microseconds. (A slow machine only makes this longer.)
+        assert took >= 3 * heartbeat_s
 
     def test_progress_stops_while_stalled(self, engine: LLMEngine) -> None:
         async def go(ae: AsyncEngine):
-            await until(lambda: ae.progress > 0)
-            ae.stall(1.0)
-            await asyncio.sleep(0.2)
-            before = ae.progress
-            await asyncio.sleep(0.5)
-            during = ae.progress - before
-            await asyncio.sleep(0.6)
-            return during, ae.progress - before
+            hold = Hold(engine)
+            try:
+                await hold.wait_held()
+                before = ae.progress
+                await asyncio.sleep(0.5)     # how long it is watched; it stays held regardless
+                during = ae.progress - before
+            finally:
+                hold.release()
+            await until(lambda: ae.progress > before)
+            return during
 
-        during, after = run(go, engine, heartbeat_s=0.05)
-        assert during == 0 and after > 0
+        assert run(go, engine, heartbeat_s=0.05) == 0     # ten heartbeats held: no progress
 
     def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(self, engine: LLMEngine) -> None:
         forward = engine.model.forward

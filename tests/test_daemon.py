@@ -1,9 +1,10 @@
-"""End-to-end: the real daemon process (`python -m nvllm.cli serve`) on loopback, driven over gRPC.
+"""End-to-end: the real daemon process on loopback, driven over gRPC.
 
+The daemon runs through the tests' launcher (daemon_main.py: `nvllm serve`'s daemon and arguments).
 One daemon on the tiny Llama serves most tests; the queue bound, the drain on SIGTERM and the
 second-signal exit each get their own (they need other settings, or end the process). Memory
-pressure is injected through the NVLLM_FAKE_MEMORY_FILE test hook; requests are held in flight
-deterministically with the engine-stall hook (NVLLM_TEST_STALL_S + SIGUSR1), never by timing.
+pressure is injected through the launcher's memory file; requests are held in flight by holding the
+engine loop still (`stall` until `resume`), never by timing.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import asyncio
 import json
 import math
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -28,9 +26,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
-from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, PLENTY, ROOT, DaemonProcess,
+from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, PLENTY, ROOT, DaemonProcess, NotifySocket,
                          check, collect, health, health_when, joined, offline_result, pages_all_back,
-                         read_rest, request, wait_for)
+                         pings_while_stalled, read_rest, request, wait_for)
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -39,7 +37,7 @@ from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, PLENTY, ROO
 def daemon(tiny: Path, tmp_path_factory: pytest.TempPathFactory):
     d = DaemonProcess(tmp_path_factory.mktemp("daemon"), tiny)
     yield d
-    d.kill()
+    d.stop()
 
 
 
@@ -117,11 +115,13 @@ class TestGenerate:
         assert h.pages_free + h.pages_cached == h.pages_total == NUM_BLOCKS
 
     def test_deadline_aborts_the_request(self, daemon: DaemonProcess) -> None:
-        daemon.stall()    # the engine holds still for 2 s: the request cannot finish by its deadline
-        time.sleep(0.1)
-        with grpc.insecure_channel(daemon.address) as ch:
-            with pytest.raises(grpc.RpcError) as e:
-                list(pb_grpc.GeneratorStub(ch).Generate(request("too slow", max_tokens=8), timeout=0.5))
+        daemon.stall()    # the engine holds still: the request cannot finish by its deadline
+        try:
+            with grpc.insecure_channel(daemon.address) as ch:
+                with pytest.raises(grpc.RpcError) as e:
+                    list(pb_grpc.GeneratorStub(ch).Generate(request("too slow", max_tokens=8), timeout=0.5))
+        finally:
+            daemon.resume()
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         health_when(daemon.address, pages_all_back, "the aborted request to leave", timeout=15)
         assert "request aborted" in daemon.log()
@@ -222,8 +222,8 @@ class TestRefusals:
             assert "available memory 100 MiB" in e.value.details()
             # Between the watermarks admission stays closed (hysteresis) ...
             daemon.set_available(400 << 20)
-            time.sleep(0.3)
-            assert health(daemon.address).state == pb.HealthResponse.STATE_NOT_ADMITTING
+            h = health_when(daemon.address, lambda h: h.available_memory_bytes == 400 << 20, "the 400 MiB reading")
+            assert h.state == pb.HealthResponse.STATE_NOT_ADMITTING
         finally:
             # ... and above the high one it opens again.
             daemon.set_available(int(PLENTY))
@@ -323,14 +323,14 @@ def test_queue_bound_refuses_the_excess(tiny: Path, tmp_path: Path) -> None:
                 stub = pb_grpc.GeneratorStub(ch)
                 first = stub.Generate(request("first", max_tokens=30, ignore_eos=True))
                 head = await first.read()                       # running: it holds the one seat
-                d.stall()                                       # nothing moves for 2 s
-                await asyncio.sleep(0.1)
+                d.stall()                                       # nothing moves until resume()
                 queued = [asyncio.ensure_future(collect(stub, request(f"queued {i}", max_tokens=8, ignore_eos=True)))
                           for i in range(2)]
                 while (await stub.Health(pb.HealthRequest())).waiting < 2:
                     await asyncio.sleep(0.01)
                 with pytest.raises(grpc.aio.AioRpcError) as e:
                     await collect(stub, request("one too many", max_tokens=8))
+                d.resume()
                 rest = await read_rest(first)
                 return e.value, [head] + rest, await asyncio.gather(*queued)
 
@@ -340,7 +340,7 @@ def test_queue_bound_refuses_the_excess(tiny: Path, tmp_path: Path) -> None:
         assert first[-1].usage.completion_tokens == 30
         assert [q[-1].usage.completion_tokens for q in queued] == [8, 8]
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_sigterm_drains_running_streams_and_exits_0(tiny: Path, tmp_path: Path) -> None:
@@ -354,8 +354,7 @@ def test_sigterm_drains_running_streams_and_exits_0(tiny: Path, tmp_path: Path) 
                 stub = pb_grpc.GeneratorStub(ch)
                 calls = [stub.Generate(request(f"drain {i}", max_tokens=40, ignore_eos=True)) for i in range(8)]
                 heads = [await c.read() for c in calls]          # all 8 running
-                d.stall()                                        # hold them in flight for 2 s
-                await asyncio.sleep(0.1)
+                d.stall()                                        # hold them in flight
                 d.proc.send_signal(signal.SIGTERM)
                 while (await stub.Health(pb.HealthRequest())).state != pb.HealthResponse.STATE_DRAINING:
                     await asyncio.sleep(0.01)
@@ -363,6 +362,7 @@ def test_sigterm_drains_running_streams_and_exits_0(tiny: Path, tmp_path: Path) 
                     health_pb2.HealthCheckRequest(service="nvllm.v1.Generator"))
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await collect(stub, request("too late", max_tokens=4))
+                d.resume()
                 tails = [await read_rest(c) for c in calls]
                 return ready.status, refused.value, [[h] + t for h, t in zip(heads, tails)]
 
@@ -374,7 +374,7 @@ def test_sigterm_drains_running_streams_and_exits_0(tiny: Path, tmp_path: Path) 
             assert s[-1].finish_reason == pb.FINISH_REASON_LENGTH and s[-1].usage.completion_tokens == 40
         assert d.wait() == 0, d.log()
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_drain_grace_aborts_what_is_left_and_a_second_signal_exits_at_once(tiny: Path, tmp_path: Path) -> None:
@@ -385,9 +385,11 @@ def test_drain_grace_aborts_what_is_left_and_a_second_signal_exits_at_once(tiny:
             async with grpc.aio.insecure_channel(d.address) as ch:
                 call = pb_grpc.GeneratorStub(ch).Generate(request("long", max_tokens=200, ignore_eos=True))
                 head = await call.read()
-                d.stall()                                        # outlives the 0.5 s grace
-                await asyncio.sleep(0.1)
+                d.stall()                                        # held past the 0.5 s grace
+                start = len(d.lines)
                 d.proc.send_signal(signal.SIGTERM)
+                d.wait_line("drain grace 0.5 s elapsed", start)
+                d.resume()                                       # the engine thread can stop now
                 return [head] + await read_rest(call)
 
         responses = asyncio.run(go())
@@ -396,69 +398,42 @@ def test_drain_grace_aborts_what_is_left_and_a_second_signal_exits_at_once(tiny:
         assert d.wait() == 0, d.log()
         assert "aborting 1 requests" in d.log()
     finally:
-        d.kill()
+        d.stop()
 
     d = DaemonProcess(tmp_path / "b", tiny, BASE_CONFIG)
     try:
         with grpc.insecure_channel(d.address) as ch:
             call = pb_grpc.GeneratorStub(ch).Generate(request("long", max_tokens=200, ignore_eos=True))
             next(call)
-            d.stall()
-            time.sleep(0.1)
+            d.stall()                                            # the drain cannot end by itself
+            start = len(d.lines)
             d.proc.send_signal(signal.SIGTERM)
-            wait_for(lambda: "draining" in d.log(), "the drain to begin")
+            d.wait_line("draining", start)
             d.proc.send_signal(signal.SIGTERM)
             assert d.wait(timeout=5) == 1
             call.cancel()
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_systemd_notify_ready_watchdog_and_stopping(tiny: Path, tmp_path: Path) -> None:
-    """READY=1 once the port answers; WATCHDOG=1 while the engine loops, none while it stalls;
+    """READY=1 once the port answers; WATCHDOG=1 while the engine loops, none while it is held still;
     STOPPING=1 on SIGTERM. Against a real unix datagram socket as NOTIFY_SOCKET."""
-    path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.settimeout(0.2)
-    got: list[tuple[float, str]] = []
-    done = threading.Event()
-
-    def receive() -> None:
-        while not done.is_set():
-            try:
-                got.append((time.monotonic(), sock.recv(4096).decode()))
-            except socket.timeout:
-                pass
-    reader = threading.Thread(target=receive, daemon=True)
-    reader.start()
-
-    def pings() -> int:
-        return sum(1 for _, m in got if "WATCHDOG=1" in m.split("\n"))
-
+    notify = NotifySocket(tmp_path / "notify.sock")
     # WatchdogSec=1 s: pings every 0.5 s, the engine heartbeat every 0.25 s.
-    d = DaemonProcess(tmp_path / "d", tiny, extra_env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"})
+    d = DaemonProcess(tmp_path / "d", tiny, extra_env=notify.env(1.0))
     try:
-        wait_for(lambda: any("READY=1" in m.split("\n") for _, m in got), "READY=1")
-        ready = [m for _, m in got if "READY=1" in m.split("\n")]
+        wait_for(lambda: notify.has("READY=1"), "READY=1")
+        ready = [m for _, m in notify.got if "READY=1" in m.split("\n")]
         assert len(ready) == 1 and "STATUS=tiny-llama: 0 running" in ready[0]
         assert health(d.address).state == pb.HealthResponse.STATE_SERVING   # bound before READY
-        wait_for(lambda: pings() >= 2, "watchdog pings while idle")
-        d.stall()                               # the engine loop sleeps 2 s
-        time.sleep(0.7)                         # one tick may still see the last progress
-        before = pings()
-        time.sleep(1.0)
-        assert pings() == before                # two ticks without progress: no ping
-        wait_for(lambda: pings() > before, "pings to resume", timeout=5)
-        assert "made no progress" in d.log()
-        d.proc.send_signal(signal.SIGTERM)
-        assert d.wait() == 0
-        assert any("STOPPING=1" in m.split("\n") for _, m in got)
+        wait_for(lambda: len(notify.ping_times()) >= 2, "watchdog pings while idle")
+        assert pings_while_stalled(d, notify, window_s=1.0) == []        # two ticks held: no ping
+        assert d.stop() == 0, d.log()
+        wait_for(lambda: notify.has("STOPPING=1"), "STOPPING=1")    # sent before the exit, read by a thread
     finally:
-        d.kill()
-        done.set()
-        reader.join()
-        sock.close()
+        d.stop()
+        notify.close()
 
 
 @pytest.mark.smollm2
@@ -471,8 +446,8 @@ def test_default_model_answers_like_the_offline_engine(smollm2: Path, tmp_path: 
         req.chat.messages.add(**messages[0])
         with grpc.insecure_channel(d.address) as ch:
             responses = list(pb_grpc.GeneratorStub(ch).Generate(req, timeout=120))
-        want = LLM(smollm2, num_blocks=64).chat(messages, SamplingParams(temperature=0, max_tokens=16))[0]
+        want = LLM(smollm2, num_blocks=64, max_model_len=1024).chat(messages, SamplingParams(temperature=0, max_tokens=16))[0]
         assert joined(responses) == (want.text, want.token_ids)
         assert "Paris" in want.text
     finally:
-        d.kill()
+        d.stop()

@@ -390,6 +390,7 @@ def build_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
+@pytest.mark.slow
 def test_install_creates_a_real_clean_venv(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
     root = tmp_path / "root"

@@ -77,6 +77,7 @@ def test_every_source_file_compiles_under_python_3_10(py310: str) -> None:
     assert r.returncode == 0, f"syntax errors under {TARGET}:\n{r.stdout}{r.stderr}"
 
 
+@pytest.mark.slow
 def test_installs_imports_and_runs_under_python_3_10(py310: str, tiny_models, tmp_path: Path) -> None:
     # A copy of the checkout, as install.sh makes one: pip's build leaves nothing in the work tree.
     src = tmp_path / "src"

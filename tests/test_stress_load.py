@@ -1,7 +1,8 @@
 """Stress 2 and 3, load: overload against the queue bound, and churn (cancellations, deadlines,
 disconnects) against leaks, against the real daemon on loopback.
 
-Timing never decides an outcome: requests are held in flight with the engine-stall hook (SIGUSR1),
+Timing never decides an outcome: requests are held in flight by holding the engine loop still (SIGUSR1
+to the tests' launcher, until the next SIGUSR1),
 and the one rate compared (tokens/s before and after the churn) has a generous bound, best of three.
 """
 
@@ -25,7 +26,7 @@ from daemon_util import (BASE_CONFIG, ROOT, DaemonProcess, assert_sound, config_
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.stress
+pytestmark = [pytest.mark.stress, pytest.mark.slow]
 
 MAX_NUM_SEQS = 16
 MAX_WAITING = 64
@@ -70,7 +71,6 @@ async def run_call(stub: pb_grpc.GeneratorStub, req: pb.GenerateRequest, deadlin
 
 # -- 2. overload ---------------------------------------------------------------------------------------
 NUM_CLIENTS = 200
-STALL_S = 8.0
 DEADLINE_S = 120.0
 
 
@@ -80,17 +80,21 @@ def test_overload_200_clients_against_a_queue_of_64(tiny: Path, tmp_path: Path, 
     moved); every admitted one completes within its deadline with the text it gets alone."""
     config = config_with(BASE_CONFIG, max_num_seqs=MAX_NUM_SEQS, max_waiting=MAX_WAITING,
                          server__max_streams_per_client=NUM_CLIENTS + 56)   # all clients share 127.0.0.1
-    d = DaemonProcess(tmp_path, tiny, config, extra_env={"NVLLM_TEST_STALL_S": str(STALL_S)})
+    d = DaemonProcess(tmp_path, tiny, config)
     try:
         async def go():
             channels = [grpc.aio.insecure_channel(d.address) for _ in range(NUM_CLIENTS)]
             try:
                 await asyncio.gather(*[ch.channel_ready() for ch in channels])
                 d.stall()
-                await asyncio.sleep(0.2)
                 sent_at = time.monotonic()
-                calls = [run_call(pb_grpc.GeneratorStub(ch), overload_request(i), DEADLINE_S)
+                calls = [asyncio.ensure_future(run_call(pb_grpc.GeneratorStub(ch), overload_request(i), DEADLINE_S))
                          for i, ch in enumerate(channels)]
+                # Held still, the engine answers nobody: the calls that end now are the refusals.
+                excess = NUM_CLIENTS - MAX_NUM_SEQS - MAX_WAITING
+                while sum(c.done() for c in calls) < excess and time.monotonic() < sent_at + 60:
+                    await asyncio.sleep(0.01)
+                d.resume()
                 results = await asyncio.wait_for(asyncio.gather(*calls), DEADLINE_S + 30)
                 return sent_at, results
             finally:
@@ -126,7 +130,7 @@ def test_overload_200_clients_against_a_queue_of_64(tiny: Path, tmp_path: Path, 
                     slowest_refusal_ms=round(1000 * (last_refusal - sent_at)),
                     leaked_pages=h.pages_total - h.pages_free - h.pages_cached)
     finally:
-        d.kill()
+        d.stop()
 
 
 # -- 3. churn ------------------------------------------------------------------------------------------
@@ -259,7 +263,7 @@ def test_churn_2000_requests_leaks_nothing(tiny: Path, tmp_path: Path, offline, 
     churned one's own speed before: on a shared machine the load changes more between "before" and
     "after" than any slowdown worth catching, but it is the same for two daemons taking turns."""
     config = config_with(BASE_CONFIG, max_num_seqs=MAX_NUM_SEQS, max_waiting=MAX_WAITING)
-    d = DaemonProcess(tmp_path, tiny, config, extra_env={"NVLLM_TEST_STALL_S": "4"})
+    d = DaemonProcess(tmp_path, tiny, config)
     try:
         tally = Churn()
         run_bounded(churn(d.address, 0, WARMUP, 1, tally))
@@ -277,7 +281,7 @@ def test_churn_2000_requests_leaks_nothing(tiny: Path, tmp_path: Path, offline, 
         try:
             rate_churned, rate_fresh = interleaved_rates(d.address, fresh.address)
         finally:
-            fresh.kill()
+            fresh.stop()
         tried = sum(tally.outcomes.values())
         assert tried == NUM_CHURN
 
@@ -286,7 +290,6 @@ def test_churn_2000_requests_leaks_nothing(tiny: Path, tmp_path: Path, offline, 
             async with grpc.aio.insecure_channel(d.address) as ch:
                 stub = pb_grpc.GeneratorStub(ch)
                 d.stall()
-                await asyncio.sleep(0.2)
                 calls = [stub.Generate(request(f"limit {i}", max_tokens=64, ignore_eos=True, temperature=0.0))
                          for i in range(64)]
                 deadline = time.monotonic() + 30
@@ -294,6 +297,7 @@ def test_churn_2000_requests_leaks_nothing(tiny: Path, tmp_path: Path, offline, 
                     assert time.monotonic() < deadline, "the 64 streams were not all admitted"
                     await asyncio.sleep(0.02)
                 extra = await run_call(stub, request("one more", max_tokens=2), 30)
+                d.resume()
                 done = []
                 for c in calls:
                     done.append([r async for r in c])
@@ -314,4 +318,4 @@ def test_churn_2000_requests_leaks_nothing(tiny: Path, tmp_path: Path, offline, 
                     aborted_in_engine=sum("request aborted" in line for line in d.lines),
                     churn_s=round(churn_s, 1))
     finally:
-        d.kill()
+        d.stop()

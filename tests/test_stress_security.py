@@ -9,6 +9,7 @@ the expected one (--tls-server-name / grpc.ssl_target_name_override).
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import logging
 import shutil
@@ -22,13 +23,13 @@ import grpc
 import psutil
 import pytest
 
-from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, ROOT, DaemonProcess, assert_sound,
+from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, ROOT, DaemonProcess, assert_sound, collect,
                          config_with, health, joined, offline_result, request, run_bounded)
 from nvllm.config import Settings, load_settings
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.stress
+pytestmark = [pytest.mark.stress, pytest.mark.slow]
 
 SERVER_NAME = "nvllm.test"
 
@@ -42,7 +43,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 # -- where it listens ------------------------------------------------------------------------------
 def is_loopback_listen(listen: str) -> bool:
-    from nvllm.server.app import is_loopback
+    from nvllm.server.listen import is_loopback
     return listen.startswith("unix:") or is_loopback(listen.rsplit(":", 1)[0])
 
 
@@ -62,11 +63,11 @@ def test_the_daemon_listens_on_loopback_only(tiny: Path, tmp_path: Path, offline
         assert listening and all(is_loopback_listen(f"{a.ip}:{a.port}") for a in listening), listening
         assert_sound(d, offline)
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_a_non_loopback_address_without_tls_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
-    from nvllm.server import app
+    from nvllm.server import listen
 
     class Server:      # stands in for grpc.aio.Server: nothing is bound
         def add_insecure_port(self, address: str) -> int:
@@ -74,14 +75,14 @@ def test_a_non_loopback_address_without_tls_is_warned_about(caplog: pytest.LogCa
 
     settings = Settings()
     settings.server.listen = "0.0.0.0:50051"
-    with caplog.at_level(logging.WARNING, logger="nvllm.server.app"):
-        app.bind(Server(), settings)
+    with caplog.at_level(logging.WARNING, logger="nvllm.server.listen"):
+        listen.bind(Server(), settings)
     assert "listening on 0.0.0.0:50051 without TLS" in caplog.text
     caplog.clear()
-    for listen in ("127.0.0.1:50051", "[::1]:50051", "localhost:50051"):
-        settings.server.listen = listen
-        with caplog.at_level(logging.WARNING, logger="nvllm.server.app"):
-            app.bind(Server(), settings)
+    for address in ("127.0.0.1:50051", "[::1]:50051", "localhost:50051"):
+        settings.server.listen = address
+        with caplog.at_level(logging.WARNING, logger="nvllm.server.listen"):
+            listen.bind(Server(), settings)
     assert "without TLS" not in caplog.text
 
 
@@ -93,7 +94,7 @@ def test_a_unix_socket_gets_the_configured_mode(tiny: Path, tmp_path: Path, offl
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         assert_sound(d, offline)
     finally:
-        d.kill()
+        d.stop()
 
 
 # -- TLS ---------------------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ def test_tls_when_configured(tiny: Path, tmp_path: Path, certs: Path, offline, r
         half = run_cli("health", "--target", d.address, "--tls-cert", str(certs / "client.pem"))
         assert half.returncode != 0 and "--tls-cert and --tls-key go together" in half.stderr
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_mutual_tls_when_a_client_ca_is_configured(tiny: Path, tmp_path: Path, certs: Path, offline,
@@ -187,7 +188,7 @@ def test_mutual_tls_when_a_client_ca_is_configured(tiny: Path, tmp_path: Path, c
         reliability("tls", plaintext_refused=True, wrong_name_refused=True, mutual_tls_no_cert_refused=True,
                     mutual_tls_other_ca_refused=True, cli_query_and_health_over_tls=True)
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_a_client_ca_without_a_server_certificate_refuses_to_start(tiny: Path, tmp_path: Path,
@@ -255,8 +256,16 @@ def test_caps_on_size_prompt_stop_strings_and_streams_per_client(tiny: Path, tmp
                 other = None
                 if d.address.startswith("localhost"):                    # another address is another client
                     async with grpc.aio.insecure_channel(f"[::1]:{d.port}") as c6:
-                        other = [r async for r in pb_grpc.GeneratorStub(c6).Generate(
-                            request("from ::1", max_tokens=3, temperature=0.0))]
+                        call = asyncio.ensure_future(collect(pb_grpc.GeneratorStub(c6),
+                                                             request("from ::1", max_tokens=3, temperature=0.0)))
+                        # Admitted while the four are still open: it waits for the engine, not refused.
+                        health_a = pb_grpc.GeneratorStub(a).Health
+                        while not call.done() and (await health_a(pb.HealthRequest())).waiting < 1:
+                            await asyncio.sleep(0.01)
+                        d.resume()
+                        other = await call
+                else:
+                    d.resume()
                 for c in held:
                     while await c.read() is not grpc.aio.EOF:
                         pass
@@ -277,7 +286,7 @@ def test_caps_on_size_prompt_stop_strings_and_streams_per_client(tiny: Path, tmp
                     other_address_served=other is not None,
                     leaked_pages=h.pages_total - h.pages_free - h.pages_cached)
     finally:
-        d.kill()
+        d.stop()
 
 
 # -- model folders that are refused ---------------------------------------------------------------
@@ -334,7 +343,7 @@ def test_chat_content_and_roles_reach_the_prompt_literally(tiny: Path, tmp_path:
                 assert joined(via_chat) == joined(via_ids)
         assert_sound(d, offline)
     finally:
-        d.kill()
+        d.stop()
 
 
 def test_request_fields_never_reach_a_shell_or_a_path(tiny: Path, tmp_path: Path, offline) -> None:
@@ -354,12 +363,13 @@ def test_request_fields_never_reach_a_shell_or_a_path(tiny: Path, tmp_path: Path
         assert not marker.exists()
         assert_sound(d, offline)
     finally:
-        d.kill()
+        d.stop()
 
 
 # The modules a request passes through: none may run a shell, load pickles, eval, or build a jinja
-# environment other than the sandboxed one in tokenizer.py.
-REQUEST_PATH = ["server", "engine", "model", "tokenizer.py", "sampling_params.py", "v1"]
+# environment other than the sandboxed one in chat_template.py.
+REQUEST_PATH = ["server", "engine", "model", "tokenizer.py", "chat_template.py", "detokenizer.py",
+                "sampling_params.py", "v1"]
 FORBIDDEN_MODULES = {"subprocess", "pickle", "shelve", "marshal", "dill", "cloudpickle"}
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "system", "popen", "spawnl", "spawnv", "execv",
                    "execvp", "load", "Environment", "Template", "from_string"}
@@ -384,7 +394,7 @@ def test_no_shell_pickle_eval_or_unsandboxed_template_on_the_request_path() -> N
                         and not (name == "compile" and base == "re"):
                     found.append(f"{f.name}:{node.lineno} calls {base + '.' if base else ''}{name}")
     # The one jinja environment: the sandboxed one, whose templates come from the model folder only.
-    tokenizer = (package / "tokenizer.py").read_text()
-    assert "ImmutableSandboxedEnvironment(" in tokenizer
-    allowed = {f for f in found if f.startswith("tokenizer.py") and "from_string" in f}
+    chat_template = (package / "chat_template.py").read_text()
+    assert "ImmutableSandboxedEnvironment(" in chat_template
+    allowed = {f for f in found if f.startswith("chat_template.py") and "from_string" in f}
     assert set(found) - allowed == set(), found

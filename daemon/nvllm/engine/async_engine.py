@@ -17,10 +17,9 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.sequence import RequestOutput, Sequence
@@ -41,10 +40,8 @@ class _Stream:
 
 @dataclass
 class _Command:
-    kind: str                    # "add", "abort", "stall", "fault", "call", "stop"
+    kind: str                    # "add", "abort", "stop"
     arg: Any = None
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
 
 
 class RequestStream:
@@ -114,8 +111,6 @@ class AsyncEngine:
         self._running = False
         # Loop-side state: only the event loop's thread touches these.
         self._streams: dict[str, _Stream] = {}
-        # Engine-side state: only the engine thread touches this.
-        self._owned: set[str] = set()      # added to the engine, final output not yet seen
         # Shared: the last stats snapshot and the adds not yet taken from the inbox.
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] = engine.stats()
@@ -217,27 +212,6 @@ class AsyncEngine:
             stream.abandoned = True
             self._send(_Command("abort", rid))
 
-    def abort(self, request_id: str) -> None:
-        self._send(_Command("abort", request_id))
-
-    def stall(self, seconds: float) -> None:
-        """Test hook: the engine thread sleeps `seconds` without bumping `progress`."""
-        self._send(_Command("stall", float(seconds)))
-
-    def inject_step_fault(self) -> None:
-        """Test hook: the model's forward pass raises once, in the next step that runs it, so that
-        LLMEngine.step fails that step's requests (and only those) the way a real fault would."""
-        self._send(_Command("fault"))
-
-    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
-        """Run fn(engine) on the engine thread between steps and return its result (tests, admin)."""
-        cmd = _Command("call", fn)
-        self._send(cmd)
-        await asyncio.get_running_loop().run_in_executor(None, cmd.done.wait)
-        if isinstance(cmd.result, BaseException):
-            raise cmd.result
-        return cmd.result
-
     def _send(self, cmd: _Command) -> None:
         self._inbox.put(cmd)
         self._wake.set()
@@ -305,48 +279,20 @@ class AsyncEngine:
                     self._add(cmd.arg)
                 elif cmd.kind == "abort":
                     self.engine.abort_request(cmd.arg)
-                elif cmd.kind == "stall":
-                    log.warning("engine loop stalling for %.1f s (test hook)", cmd.arg)
-                    time.sleep(cmd.arg)
-                elif cmd.kind == "fault":
-                    self._arm_step_fault()
-                elif cmd.kind == "call":
-                    try:
-                        cmd.result = cmd.arg(self.engine)
-                    except Exception as e:
-                        cmd.result = e
-                    cmd.done.set()
                 elif cmd.kind == "stop":
                     return True
         finally:
             if adds:
                 self._refresh(adds)
 
-    def _arm_step_fault(self) -> None:
-        """Shadow the model's forward with one that restores the real one and raises."""
-        model = self.engine.model
-        if "forward" in vars(model):     # already armed
-            return
-
-        def failing_forward(*args: Any, **kwargs: Any) -> Any:
-            del model.forward
-            raise RuntimeError("injected step fault (test hook NVLLM_TEST_FAIL_STEP)")
-        log.warning("the next engine step will fail (test hook)")
-        model.forward = failing_forward
-
     def _add(self, seq: Sequence) -> None:
         try:
             self.engine.add_sequence(seq)
         except InvalidParameter as e:
             self._post([(seq.request_id, e)])
-            return
-        self._owned.add(seq.request_id)
 
     def _step(self) -> None:
         outputs = self.engine.step()
-        for out in outputs:
-            if out.finished:
-                self._owned.discard(out.request_id)
         self._refresh()
         self._post(outputs)
 
@@ -358,7 +304,7 @@ class AsyncEngine:
 
     def _fail_all(self, error: str) -> None:
         """After an unexpected error: abort what the engine holds and fail every request."""
-        owned, self._owned = list(self._owned), set()
+        owned = list(self.engine.seqs)
         for rid in owned:
             try:
                 self.engine.abort_request(rid)
@@ -376,7 +322,7 @@ class AsyncEngine:
 
     def _abort_all(self) -> None:
         """On shutdown: end everything with finish_reason "abort"."""
-        for rid in list(self._owned):
+        for rid in list(self.engine.seqs):
             try:
                 self.engine.abort_request(rid)
             except Exception:
@@ -387,7 +333,6 @@ class AsyncEngine:
                 outputs += self.engine.step()
         except Exception:
             log.exception("collecting aborted requests failed")
-        self._owned.clear()
         try:
             self._refresh()
         except Exception:
