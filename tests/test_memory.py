@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nvllm.server.memory import (
-    GiB,
-    MiB,
-    MemoryReading,
-    MemoryWatchdog,
-    PoolTooSmall,
-    available_memory,
-    cgroup_headroom,
-    size_pool,
-)
+from nvllm.model.kv_cache import KVCache
+from nvllm.engine.memory import GiB, MiB, MemoryReading, PoolTooSmall, available_memory, cgroup_headroom, size_pool
+from nvllm.server.watchdog import MemoryWatchdog
 
 HOST = 8 * GiB
 V1_UNLIMITED = "9223372036854771712"
@@ -242,6 +235,59 @@ class TestSizePool:
         msg = str(err.value)
         assert "raise cache.num_blocks to 500 or more" in msg
         assert "lower scheduler.max_model_len to 160 or less" in msg
+
+
+class TestDemandCap:
+    """The pool never holds more than max_num_seqs sequences of max_model_len can use at once."""
+
+    def test_demand_wins_when_lower_than_the_budget(self) -> None:
+        s = sizing(max_num_seqs=2, min_blocks_needed=16)  # budget 1536 blocks, demand 32
+        assert s.num_blocks == 32 and s.demand_blocks == 32 and s.bound == "demand"
+        line = s.log_line()
+        assert "decided by demand" in line
+        assert "demand: max_num_seqs 2 x 16 blocks per max_model_len sequence = 32 blocks" in line
+        assert "budget 4.50 GiB" in line  # the memory arithmetic is still stated
+
+    def test_demand_above_the_budget_changes_nothing(self) -> None:
+        plain, capped = sizing(), sizing(max_num_seqs=1000)
+        assert capped.num_blocks == plain.num_blocks == int(9 * GiB * 0.5) // BPB
+        assert capped.bound == plain.bound == "memory"
+        assert "decided by memory" in capped.log_line() and "= 16000 blocks" in capped.log_line()
+
+    def test_the_cap_is_named_when_it_decides(self) -> None:
+        s = sizing(max_pool_bytes=300 * MiB, max_num_seqs=1000)
+        assert s.num_blocks == 100 and s.bound == "cap"
+        assert "decided by the cap (cache.max_pool_mb)" in s.log_line()
+
+    def test_demand_under_a_cap(self) -> None:
+        s = sizing(max_pool_bytes=300 * MiB, max_num_seqs=2)
+        assert s.num_blocks == 32 and s.bound == "demand"
+
+    def test_override_beats_demand(self) -> None:
+        s = sizing(num_blocks_override=5000, max_num_seqs=1)
+        assert s.num_blocks == 5000 and s.bound == "cache.num_blocks"
+        assert "set by cache.num_blocks" in s.log_line()
+
+    def test_one_sequence_always_fits_the_demand(self) -> None:
+        s = sizing(max_num_seqs=1, min_blocks_needed=16)
+        assert s.num_blocks == 16 and s.bound == "demand"
+
+    def test_without_max_num_seqs_there_is_no_demand_line(self) -> None:
+        s = sizing()
+        assert s.demand_blocks == 0 and "demand" not in s.log_line()
+
+    def test_rejects_no_sequences(self) -> None:
+        with pytest.raises(ValueError):
+            sizing(max_num_seqs=0)
+
+    def test_smollm2_defaults_still_take_the_2_gib_cap(self) -> None:
+        # SmolLM2-135M: 30 layers, 3 KV heads of 64; the defaults: 32 sequences of 4096 tokens want
+        # 8192 blocks (5.62 GiB), more than the 2 GiB cap's 2912, so the cap decides.
+        bpb = KVCache.bytes_per_block(30, 16, 3, 64)
+        s = size_pool(bpb, 20 * GiB, 0.5, GiB, 2048 * MiB, None, 4096 // 16, block_size=16,
+                      max_model_len=4096, max_num_seqs=32)
+        assert (bpb, s.demand_blocks, s.num_blocks, s.num_tokens) == (737280, 8192, 2912, 46592)
+        assert s.bound == "cap"
 
 
 class FakeMemory:
