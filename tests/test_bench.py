@@ -37,3 +37,10 @@ def test_cli_bench_prints_one_json_object(tiny_models):
     bad = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--concurrency", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--concurrency" in bad.stderr
+
+
+def test_sampler_bench_times_every_case():
+    results = bench.bench_sampler(rows=3, vocab=300, repeats=2)
+    assert [r["case"] for r in results] == list(bench.SAMPLER_CASES)
+    assert all(0 < r["min_ms"] <= r["median_ms"] for r in results)
+    assert bench.main(["no-such-bench"]) == 2

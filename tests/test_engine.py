@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from nvllm import LLM, SamplingParams
-from nvllm.engine.llm_engine import EngineConfig, LLMEngine
+from nvllm.engine.factory import EngineBuildError
+from nvllm.engine.llm_engine import LLMEngine
 from nvllm.sampling_params import InvalidParameter
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -59,7 +60,7 @@ def test_chunked_prefill_keeps_outputs_identical(model_dir, alone):
 
 
 def test_chunked_prefill_never_starves_decodes(model_dir):
-    engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=64, max_num_batched_tokens=16))
+    engine = LLM(model_dir, num_blocks=64, max_num_batched_tokens=16).engine
     plans = []
     schedule = engine.scheduler.schedule
 
@@ -102,7 +103,7 @@ def test_shared_system_prompt_hits_prefix_cache(model_dir):
 
 
 def test_abort_frees_pages_at_once(model_dir):
-    engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=64))
+    engine = LLM(model_dir, num_blocks=64).engine
     engine.add_request("a", list(range(3, 40)), SamplingParams(temperature=0, max_tokens=50))
     engine.add_request("b", list(range(50, 70)), SamplingParams(temperature=0, max_tokens=50))
     engine.step()
@@ -121,7 +122,7 @@ def test_abort_frees_pages_at_once(model_dir):
 
 
 def test_request_added_mid_flight_starts_next_step(model_dir):
-    engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=64))
+    engine = LLM(model_dir, num_blocks=64).engine
     engine.add_request("first", list(range(3, 20)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     engine.step()
     engine.step()
@@ -130,12 +131,16 @@ def test_request_added_mid_flight_starts_next_step(model_dir):
     assert {o.request_id for o in outs} == {"first", "late"}
 
 
+def test_a_pool_that_cannot_hold_one_full_length_sequence_is_refused(model_dir):
+    # So no admitted request can ever need more pages than the pool has.
+    with pytest.raises(EngineBuildError, match=r"max_model_len=200 needs 13 blocks.*raise cache.num_blocks to 13"):
+        LLM(model_dir, num_blocks=4, max_model_len=200)
+
+
 def test_request_that_can_never_fit_is_refused_with_the_limit(model_dir):
-    engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=4, max_model_len=200))
+    engine = LLM(model_dir, num_blocks=13, max_model_len=200).engine
     with pytest.raises(InvalidParameter, match=r"max_tokens.*max_model_len 200 by 10"):
         engine.add_request("x", list(range(3, 13)), SamplingParams(max_tokens=200))
-    with pytest.raises(InvalidParameter, match=r"need 5 pages, the pool holds 4 \(short by 1\)"):
-        engine.add_request("y", list(range(3, 13)), SamplingParams(max_tokens=70))
     with pytest.raises(InvalidParameter, match=r"prompt_token_ids.*shorter than max_model_len"):
         engine.add_request("z", [5] * 200, SamplingParams(max_tokens=1))
     with pytest.raises(InvalidParameter, match="prompt_token_ids must be non-empty"):
@@ -151,3 +156,96 @@ def test_stats_report_pages_and_counts(model_dir):
     assert s["pages_free"] + s["pages_cached"] + s["pages_used"] == 32
     assert s["running"] == 0 and s["waiting"] == 0
     assert s["generated_tokens"] == 36 and s["tokens_per_s"] > 0
+
+
+@pytest.fixture(params=["c-kernels", "numpy"])
+def kernel_path(request, monkeypatch):
+    """Run on the C kernels and on the NumPy code that stands in for them."""
+    from nvllm.model import kernels
+    if request.param == "numpy":
+        monkeypatch.setattr(kernels, "lib", None)
+    elif kernels.lib is None:
+        pytest.skip("the C kernels were not built")
+    return request.param
+
+
+def test_chat_requests_given_at_once_compute_their_system_prompt_once(model_dir, kernel_path):
+    # Blocks are findable from the step that computes them: the five later requests, admitted in the
+    # same step as the first, read its system prompt's K/V instead of computing it again.
+    system = "You are a careful assistant for a hardware store. Answer briefly and name the aisle. " * 2
+    questions = ["Screws?", "Paint?", "Closing time?", "Ladders?", "Garden?", "Keys?"]
+    convs = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions]
+    cold = LLM(model_dir, num_blocks=128, enable_prefix_caching=False)
+    warm = LLM(model_dir, num_blocks=128)
+    ids = [warm.tokenizer.encode_chat(c) for c in convs]
+    shared = next(i for i in range(min(map(len, ids))) if len({x[i] for x in ids}) > 1)
+    shared_full = shared // 16 * 16
+    assert shared_full >= 4 * 16 and sum(map(len, ids)) > 512, "a long prompt, more than one step's budget"
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ref = [o.token_ids for o in cold.chat(convs, params)]
+    out = warm.chat(convs, params)
+    assert [o.token_ids for o in out] == ref
+    assert [o.cached_tokens for o in out] == [0] + [shared_full] * 5
+    s = warm.stats()
+    assert s["prefix_cache_hit_tokens"] >= 5 * shared_full
+    assert s["prompt_tokens_computed"] == cold.stats()["prompt_tokens_computed"] - 5 * shared_full
+    assert_pool_clean(warm)
+
+
+def test_a_prompt_whose_prefix_another_computes_in_the_same_step_decodes_from_it(model_dir, kernel_path):
+    # The second copy hits all 6 full blocks and computes only its last token, on the decode path,
+    # in the very step the first copy writes those blocks.
+    prompt = {"prompt_token_ids": np.random.default_rng(3).integers(3, 500, 6 * 16 + 1).tolist()}
+    ref = LLM(model_dir, num_blocks=64, enable_prefix_caching=False).generate(prompt, GREEDY)[0].token_ids
+    llm = LLM(model_dir, num_blocks=64)
+    out = llm.generate([prompt, prompt], GREEDY)
+    assert [o.token_ids for o in out] == [ref, ref]
+    assert [o.cached_tokens for o in out] == [0, 96]
+    s = llm.stats()
+    assert s["steps"] == GREEDY.max_tokens, "both were admitted in the first step"
+    assert s["prompt_tokens_computed"] == 97 + 1
+    assert_pool_clean(llm)
+
+
+def test_a_failed_step_leaves_no_uncomputed_block_in_the_prefix_cache(model_dir, monkeypatch):
+    rng = np.random.default_rng(5)
+    system = rng.integers(3, 500, 64).tolist()
+    ps = [{"prompt_token_ids": system + rng.integers(3, 500, 6).tolist()} for _ in range(3)]
+    ref = [o.token_ids for o in LLM(model_dir, num_blocks=64, enable_prefix_caching=False).generate(ps, GREEDY)]
+    llm = LLM(model_dir, num_blocks=64)
+    forward = llm.engine.model.forward
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine.model, "forward", failing_once)
+    failed = llm.generate(ps, GREEDY)
+    assert [o.finish_reason for o in failed] == ["abort"] * 3
+    assert_pool_clean(llm)
+    # The blocks registered for the failed step were never written: nothing may hit them now.
+    out = llm.generate(ps, GREEDY)
+    assert [o.token_ids for o in out] == ref
+    assert [o.cached_tokens for o in out] == [0, 64, 64]
+    assert_pool_clean(llm)
+
+
+def test_a_failed_step_logs_each_request_by_its_id(model_dir, monkeypatch, caplog):
+    llm = LLM(model_dir, num_blocks=64)
+    engine = llm.engine
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the model broke")
+    monkeypatch.setattr(engine.model, "forward", broken)
+    for rid in ("a", "b"):
+        engine.add_request(rid, [5, 6, 7], SamplingParams(max_tokens=2))
+    with caplog.at_level("ERROR", logger="nvllm.engine"):
+        outs = engine.step()
+    assert {o.request_id: o.finish_reason for o in outs} == {"a": "abort", "b": "abort"}
+    assert all("the model broke" in o.error for o in outs)
+    named = [r for r in caplog.records if getattr(r, "request_id", None) in ("a", "b")]
+    assert sorted(r.request_id for r in named) == ["a", "b"]
+    assert all("the model broke" in r.getMessage() for r in named)

@@ -182,7 +182,7 @@ def test_greedy_continuations_match_transformers(name, request):
     cases = json.loads(path.read_text())
     if name == "smollm2-135m-instruct":
         assert len(cases) >= 8
-    llm = LLM(model_path(name, request), num_blocks=128)
+    llm = LLM(model_path(name, request), num_blocks=128, max_model_len=2048)
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases],
                         SamplingParams(temperature=0, max_tokens=max(len(c["output_ids"]) for c in cases)))
     for c, o in zip(cases, outs):
@@ -198,7 +198,7 @@ def test_greedy_continuations_match_transformers(name, request):
 
 
 def test_smollm2_knows_the_capital_of_france(smollm2):
-    llm = LLM(smollm2, num_blocks=64)
+    llm = LLM(smollm2, num_blocks=64, max_model_len=1024)
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0, max_tokens=32))[0]
     assert out.text == "The capital of France is Paris."

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nvllm import LLM, SamplingParams
-from nvllm.engine.llm_engine import EngineConfig, LLMEngine
+from nvllm.engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_max_tokens_gives_length(llm):
 
 
 def test_eos_stops_unless_ignored(tiny_models):
-    engine = LLMEngine.from_dir(tiny_models["tiny-llama"], EngineConfig(num_blocks=64))
+    engine = LLM(tiny_models["tiny-llama"], num_blocks=64).engine
     eos = min(engine.eos_token_ids)
     # Make EOS the greedy choice early: scale up its lm_head column (untied, so only the output changes).
     engine.model.weights.lm_head[:, eos] *= 100

@@ -295,13 +295,15 @@ class TestLogs:
         with pytest.raises(ValueError, match="log level"):
             logs.setup_logging("verbose")
 
-    def test_request_logger_puts_the_id_on_each_line(self, log_file) -> None:
+    def test_a_request_id_given_with_the_record_is_on_its_line(self, log_file) -> None:
+        # How the engine thread, outside any request's context, names the request a line is about.
         path, stream = log_file
         logs.setup_logging("info", stream=stream)
-        rlog = logs.request_logger("req-7f3a", "nvllm.engine")
-        rlog.info("admitted")
-        rlog.info("finished", extra={"tokens": 3})
-        logging.getLogger("nvllm.engine").info("idle")
+        log = logging.getLogger("nvllm.engine")
+        log.info("admitted", extra={"request_id": "req-7f3a"})
+        with logs.request_context("other"):
+            log.info("finished", extra={"request_id": "req-7f3a"})
+        log.info("idle")
         assert lines(path) == ["INFO nvllm.engine [request_id=req-7f3a]: admitted",
                                "INFO nvllm.engine [request_id=req-7f3a]: finished",
                                "INFO nvllm.engine: idle"]
@@ -333,7 +335,8 @@ class TestLogs:
             "INFO nvllm.server.service [request_id=b2]: streaming",
             "INFO nvllm.server.service [request_id=b2]: child task"])
         assert got[4] == "INFO nvllm.server.service: outside"
-        assert logs.current_request_id() is None
+        log.info("after")
+        assert lines(path)[-1] == "INFO nvllm.server.service: after"
 
     def test_exception_is_folded_into_one_line(self, log_file, monkeypatch) -> None:
         path, stream = log_file
@@ -342,7 +345,7 @@ class TestLogs:
         try:
             raise ValueError("boom\nsecond line")
         except ValueError:
-            logs.request_logger("r9", "nvllm.engine").exception("step failed")
+            logging.getLogger("nvllm.engine").exception("step failed", extra={"request_id": "r9"})
         (line,) = lines(path)
         assert line.startswith("<3>nvllm.engine [request_id=r9]: step failed | Traceback (most recent call last):")
         assert "ValueError: boom | second line" in line

@@ -19,7 +19,9 @@ from tokenizers import Tokenizer as Backend  # noqa: E402
 from tokenizers import models as tk_models  # noqa: E402
 from tokenizers import normalizers, trainers  # noqa: E402
 
-from nvllm.tokenizer import IncrementalDetokenizer, Tokenizer, validate_messages  # noqa: E402
+from nvllm.chat_template import validate_messages  # noqa: E402
+from nvllm.detokenizer import IncrementalDetokenizer  # noqa: E402
+from nvllm.tokenizer import Tokenizer  # noqa: E402
 
 FFFD = "\ufffd"
 # NVLLM_HYPOTHESIS_EXAMPLES=5000 for a deeper search than the default run.
@@ -120,30 +122,23 @@ class TestFromDir:
     def test_reads_special_tokens_and_eos_of_tiny_llama(self, llama):
         assert llama.vocab_size == 512
         assert llama.bos_token == "<|im_start|>" and llama.bos_token_id == 1
-        assert llama.eos_token == "<|im_end|>" and llama.eos_token_ids == {2}
+        assert llama.eos_token == "<|im_end|>" and llama.eos_token_id == 2
         assert llama.all_special_ids == {0, 1, 2}
         assert llama.pad_token_id == 0
 
-    def test_eos_ids_union_generation_config_list_with_config_and_tokenizer_config(self, qwen):
-        # generation_config: [2, 0]; config.json: 2; tokenizer_config eos_token: <|im_end|> = 2
-        assert qwen.eos_token_ids == {0, 2}
-        assert qwen.bos_token_id is None
-
-    def test_eos_ids_from_every_file(self, tiny_models, tmp_path):
+    def test_eos_token_comes_from_tokenizer_config(self, qwen, tiny_models, tmp_path):
+        assert qwen.eos_token_id == 2 and qwen.bos_token_id is None
         folder = copy_model(tiny_models["tiny-llama"], tmp_path / "m")
-        edit_json(folder / "generation_config.json", eos_token_id=[5, 6])
-        edit_json(folder / "config.json", eos_token_id=7)
         edit_json(folder / "tokenizer_config.json", eos_token={"content": "<|endoftext|>", "special": True})
         tok = Tokenizer.from_dir(folder)
-        assert tok.eos_token_ids == {0, 5, 6, 7}
-        assert tok.eos_token == "<|endoftext|>"
+        assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 0
 
     def test_missing_optional_files_are_fine(self, tiny_models, tmp_path):
         folder = copy_model(tiny_models["tiny-llama"], tmp_path / "m")
         for name in ("generation_config.json", "config.json", "tokenizer_config.json"):
             (folder / name).unlink()
         tok = Tokenizer.from_dir(folder)
-        assert tok.eos_token_ids == set() and tok.bos_token_id is None
+        assert tok.eos_token_id is None and tok.bos_token_id is None
         assert tok.encode("Hello") == Tokenizer.from_dir(tiny_models["tiny-llama"]).encode("Hello")
         with pytest.raises(ValueError, match="no chat template"):
             tok.render_chat([{"role": "user", "content": "hi"}])
@@ -160,8 +155,8 @@ class TestFromDir:
 
     def test_broken_json_names_the_file(self, tiny_models, tmp_path):
         folder = copy_model(tiny_models["tiny-llama"], tmp_path / "m")
-        (folder / "generation_config.json").write_text("{not json", encoding="utf-8")
-        with pytest.raises(ValueError, match="generation_config.json"):
+        (folder / "tokenizer_config.json").write_text("{not json", encoding="utf-8")
+        with pytest.raises(ValueError, match="tokenizer_config.json"):
             Tokenizer.from_dir(folder)
 
     def test_chat_template_list_takes_default(self, tiny_models, tmp_path):
@@ -361,7 +356,7 @@ class TestTemplateEnvironment:
         assert templated(src).render_chat([USER], add_generation_prompt=False) == "<s>|</s>|False|True|False"
 
     def test_template_is_compiled_once(self, llama, monkeypatch):
-        import nvllm.tokenizer as module
+        import nvllm.chat_template as module
 
         def fail(source):
             raise AssertionError("recompiled")
@@ -516,7 +511,7 @@ def smol(smollm2) -> Tokenizer:
 class TestSmolLM2:
     def test_special_ids(self, smol):
         assert smol.eos_token == "<|im_end|>"
-        assert smol.token_to_id("<|im_end|>") in smol.eos_token_ids
+        assert smol.token_to_id("<|im_end|>") == smol.eos_token_id
         assert smol.vocab_size == 49152
 
     def test_chat_default_system_prompt(self, smol):

@@ -6,6 +6,8 @@ Floors:
   roofline      this machine's limits: reading every weight once at the measured memory bandwidth,
                 or the step's FLOPs at the measured peak sgemm rate, whichever is slower.
 Every figure is also given as a fraction of its floor (1.0 = at the floor).
+
+`python -m nvllm.bench sampler` times sample() alone, on random logits, for a few parameter mixes.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from typing import Any, Callable
 import numpy as np
 import psutil
 
-from nvllm.engine.llm_engine import EngineConfig, LLMEngine
+from nvllm.config import load_settings
+from nvllm.engine.factory import build_engine
+from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model import kernels
 from nvllm.model.loader import ModelWeights
+from nvllm.model.sampler import SamplingBatch, make_generator, sample
 from nvllm.sampling_params import SamplingParams
 
 
@@ -196,10 +201,12 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     max_c = max(concurrency)
     budget = max(512, max(prefill_lens))
     blocks = max_c * -(-(prompt_len + gen_len) // 16) + 2 * -(-max(prefill_lens) // 16) + 16
-    engine = LLMEngine.from_dir(model_dir, EngineConfig(num_blocks=blocks, max_num_seqs=max_c,
-                                                        max_num_batched_tokens=budget,
-                                                        enable_prefix_caching=False,
-                                                        blas_threads=blas_threads))
+    settings = load_settings(overrides={
+        "model": {"path": str(model_dir), "blas_threads": blas_threads},
+        "cache": {"num_blocks": blocks, "enable_prefix_caching": False},
+        "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
+                      "max_model_len": min(max(prompt_len + gen_len, max(prefill_lens)) + 1, blocks * 16)}})
+    engine = build_engine(settings)
     mc = engine.model.config
     w = engine.model.weights
     sample_rss()
@@ -231,9 +238,9 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         sample_rss()
         roof = floors.roofline(n, 1, head_flops)
         result["prefill"].append({
-            "prompt_tokens": n, "seconds": round(t, 4), "tokens_per_s": round(n / t, 1),
-            "matmul_floor_s": round(mm, 4), "fraction_of_floor": round(mm / t, 3),
-            "roofline_s": round(roof, 4), "fraction_of_roofline": round(roof / t, 3)})
+            "prompt_tokens": n, "seconds": round(t, 6), "tokens_per_s": round(n / t, 1),
+            "matmul_floor_s": round(mm, 6), "fraction_of_floor": round(mm / t, 3),
+            "roofline_s": round(roof, 6), "fraction_of_roofline": round(roof / t, 3)})
     for c in concurrency:
         progress(f"decode at concurrency {c}")
         prompts = [random_prompt(rng, mc.vocab_size, prompt_len) for _ in range(c)]
@@ -392,3 +399,71 @@ def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len
                                   progress, blas_threads)
     print(json.dumps(result) if as_json else format_table(result))
     return result
+
+
+# ---------------------------------------------------------------- sampler micro-benchmark
+
+_PENALTIES: dict[str, Any] = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5, ban=True)
+SAMPLER_CASES: dict[str, dict[str, Any]] = {
+    "all methods (T=0.8 top_k=50 top_p=0.9 min_p=0.05 penalties bans logprobs=5)":
+        dict(top_k=50, top_p=0.9, min_p=0.05, logprobs=5, **_PENALTIES),
+    "all methods but top_k off (top_p=0.9 min_p=0.05 penalties logprobs=5)":
+        dict(top_p=0.9, min_p=0.05, logprobs=5, **_PENALTIES),
+    "top_p=0.95 only": dict(top_p=0.95),
+    "temperature only (T=0.8)": dict(),
+    "greedy only": dict(temperature=0.0),
+    "greedy + penalties + logprobs=5": dict(temperature=0.0, logprobs=5, **_PENALTIES),
+}
+
+
+def _sampler_batch(n: int, vocab: int, rng: np.random.Generator, **kw: Any) -> SamplingBatch:
+    def full(v: Any, dt: Any) -> np.ndarray:
+        return np.full(n, v, dtype=dt)
+
+    return SamplingBatch(
+        temperature=full(kw.get("temperature", 0.8), np.float32),
+        top_p=full(kw.get("top_p", 1.0), np.float32),
+        top_k=full(kw.get("top_k", 0), np.int32),
+        min_p=full(kw.get("min_p", 0.0), np.float32),
+        presence_penalty=full(kw.get("presence_penalty", 0.0), np.float32),
+        frequency_penalty=full(kw.get("frequency_penalty", 0.0), np.float32),
+        repetition_penalty=full(kw.get("repetition_penalty", 1.0), np.float32),
+        output_token_ids=[rng.integers(0, vocab, 128) for _ in range(n)],
+        prompt_token_ids=[rng.integers(0, vocab, 512) for _ in range(n)],
+        generators=[make_generator(i) for i in range(n)],
+        banned_token_ids=[np.array([0, 2]) if kw.get("ban") else None for _ in range(n)],
+        num_logprobs=full(kw.get("logprobs", -1), np.int32),
+    )
+
+
+def bench_sampler(rows: int = 32, vocab: int = 49152, repeats: int = 30) -> list[dict[str, Any]]:
+    """sample() on [rows, vocab] random logits for each of SAMPLER_CASES: ms per call, median and min."""
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    results = []
+    for name, kw in SAMPLER_CASES.items():
+        batch = _sampler_batch(rows, vocab, rng, **kw)
+        sample(logits, batch)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            sample(logits, batch)
+            times.append(time.perf_counter() - t0)
+        results.append({"case": name, "median_ms": float(np.median(times)) * 1e3, "min_ms": min(times) * 1e3})
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["sampler"]:
+        print("usage: python -m nvllm.bench sampler  (the engine bench is `nvllm bench`)", file=sys.stderr)
+        return 2
+    rows, vocab, repeats = 32, 49152, 30
+    print(f"sample(): N={rows} rows, V={vocab}, numpy {np.__version__}; ms per call, median (min) of {repeats}")
+    for r in bench_sampler(rows, vocab, repeats):
+        print(f"  {r['median_ms']:7.2f} ({r['min_ms']:6.2f})  {r['case']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

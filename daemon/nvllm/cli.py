@@ -35,13 +35,13 @@ def _add_sampling_flags(p: argparse.ArgumentParser, greedy_default: bool) -> Non
     g.add_argument("--logprobs", type=int, default=None, help="top-N logprobs per token")
 
 
-SAMPLING_FIELDS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
-                   "include_stop_str_in_output", "logprobs")
-
-
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k, None) is not None}
+    """The sampling flags given, by SamplingParams' own field names (the flags' dests)."""
+    from dataclasses import fields
+
+    from nvllm.sampling_params import SamplingParams
+
+    return {f.name: getattr(args, f.name) for f in fields(SamplingParams) if getattr(args, f.name, None) is not None}
 
 
 def _read_prompts(args: argparse.Namespace) -> list[Any]:
@@ -66,6 +66,8 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from nvllm.config import ConfigError
+    from nvllm.engine.factory import EngineBuildError
     from nvllm.llm import LLM, CompletionOutput
     from nvllm.sampling_params import InvalidParameter, SamplingParams
 
@@ -73,6 +75,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks)
+    except (ConfigError, EngineBuildError, InvalidParameter) as e:
+        print(f"nvllm generate: {e}", file=sys.stderr)
+        return 2
+    try:
         started = time.perf_counter()   # the figures of --stats leave out loading the model
         results = [CompletionOutput("") for _ in prompts]
         for i, out in llm.stream(prompts, params):
@@ -94,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                    "finish_reason": r.finish_reason}
             if r.logprobs is not None:
                 obj["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob,
-                                    "top": [[i, p] for i, p in lp.top]} for lp in r.logprobs]
+                                    "top": [[t.token_id, t.logprob] for t in lp.top]} for lp in r.logprobs]
             print(json.dumps(obj, ensure_ascii=False))
         elif not args.stream:
             print(r.text)
@@ -347,6 +353,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from nvllm import bench
+    from nvllm.config import ConfigError
+    from nvllm.engine.factory import EngineBuildError
 
     def numbers(text: str, flag: str) -> list[int]:
         try:
@@ -357,9 +365,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"nvllm bench: {flag} takes positive whole numbers separated by commas, got {text!r}")
         return values
 
-    bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
-              args.prompt_len, args.gen_len, args.target, args.json,
-              numbers(args.prefill_len, "--prefill-len"), args.blas_threads)
+    try:
+        bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
+                  args.prompt_len, args.gen_len, args.target, args.json,
+                  numbers(args.prefill_len, "--prefill-len"), args.blas_threads)
+    except (ConfigError, EngineBuildError) as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

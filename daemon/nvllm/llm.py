@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from nvllm.engine.llm_engine import EngineConfig, LLMEngine
+from nvllm.config import load_settings
+from nvllm.engine.factory import build_engine
+from nvllm.engine.llm_engine import LLMEngine, Prompt
 from nvllm.engine.sequence import RequestOutput, TokenLogprob
-from nvllm.model.kv_cache import KVCache
-from nvllm.model.loader import load_config
 from nvllm.sampling_params import SamplingParams
-
-Prompt = str | dict[str, Any]      # text, {"prompt_token_ids": [...]} or {"messages": [...]}
 
 
 @dataclass
@@ -47,30 +43,21 @@ class CompletionOutput:
         self.cached_tokens = out.cached_tokens
 
 
-def default_num_blocks(model_dir: Path, block_size: int, max_num_seqs: int, max_model_len: int,
-                       memory_fraction: float = 0.25) -> int:
-    """Enough pages for every seat at full length, but no more than a share of available memory."""
-    c = load_config(model_dir)
-    per_block = KVCache.bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim)
-    want = max_num_seqs * -(-max_model_len // block_size)
-    can = int(psutil.virtual_memory().available * memory_fraction) // per_block
-    return max(1, min(want, can))
-
-
 class LLM:
-    def __init__(self, model: str | Path, block_size: int = 16, num_blocks: int | None = None,
-                 max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                 blas_threads: int = 0) -> None:
-        model_dir = Path(model)
-        cfg = load_config(model_dir)
-        max_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        if num_blocks is None:
-            num_blocks = default_num_blocks(model_dir, block_size, max_num_seqs, max_len)
-        self._attach(LLMEngine.from_dir(model_dir, EngineConfig(
-            block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_len,
-            enable_prefix_caching=enable_prefix_caching, blas_threads=blas_threads)))
+    """Keyword arguments are the settings' names (deploy/nvllm.toml); what is not given takes the
+    daemon's default, the page pool included (engine/factory.py sizes it by the daemon's rule)."""
+
+    def __init__(self, model: str | Path, block_size: int | None = None, num_blocks: int | None = None,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, enable_prefix_caching: bool | None = None,
+                 blas_threads: int | None = None) -> None:
+        settings = load_settings(overrides={
+            "model": {"path": str(model), "blas_threads": blas_threads},
+            "cache": {"block_size": block_size, "num_blocks": num_blocks,
+                      "enable_prefix_caching": enable_prefix_caching},
+            "scheduler": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                          "max_model_len": max_model_len}})
+        self._attach(build_engine(settings))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":
@@ -82,18 +69,6 @@ class LLM:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self._ids = itertools.count()
-
-    def _prompt_ids(self, prompt: Prompt) -> str | list[int]:
-        if isinstance(prompt, str):
-            return prompt
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return list(prompt["prompt_token_ids"])
-            if "messages" in prompt:
-                return self.tokenizer.encode_chat(prompt["messages"])
-            if "prompt" in prompt:
-                return prompt["prompt"]
-        raise TypeError(f"a prompt is a string, {{'prompt_token_ids': [...]}} or {{'messages': [...]}}, got {prompt!r}")
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
                params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -109,7 +84,7 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, self._prompt_ids(prompt), p)
+                self.engine.add_request(rid, prompt, p)
                 index[rid] = i
             while self.engine.has_unfinished():
                 for out in self.engine.step():

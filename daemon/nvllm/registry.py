@@ -63,7 +63,6 @@ KNOWN_MODELS: Dict[str, ModelSource] = {
         original="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 # ---------------------------------------------------------------- progress

@@ -22,7 +22,6 @@ NEUTRAL_DEFAULTS: dict[str, float | int] = {
     "min_p": 0.0,
     "repetition_penalty": 1.0,
 }
-MODEL_DEFAULT_FIELDS = tuple(NEUTRAL_DEFAULTS)
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 # vLLM raises temperatures in (0, 0.01) to 0.01: below it softmax overflows into inf/nan.
@@ -37,11 +36,12 @@ _SHOW_CHARS = 48  # a refused value is echoed in the error, cut to this many cha
 class InvalidParameter(ValueError):
     """A request parameter out of range; the message names the parameter, the value and the range."""
 
-    def __init__(self, field: str, value: Any, reason: str, shown: str | None = None) -> None:
+    def __init__(self, field: str, value: Any, reason: str, shown: str | None = None,
+                 message: str | None = None) -> None:
         self.field = field
         self.value = value
         self.reason = reason
-        super().__init__(f"{field} must be {reason}, got {_show(value) if shown is None else shown}")
+        super().__init__(message or f"{field} must be {reason}, got {_show(value) if shown is None else shown}")
 
 
 def _show(value: Any) -> str:
@@ -206,7 +206,7 @@ class SamplingParams:
         defaults = model_defaults or {}
         filled: dict[str, Any] = {}
         from_model: set[str] = set()
-        for name in MODEL_DEFAULT_FIELDS:
+        for name in NEUTRAL_DEFAULTS:
             if getattr(self, name) is None:
                 if defaults.get(name) is not None:
                     filled[name] = defaults[name]

@@ -6,82 +6,65 @@ import logging
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, List, Mapping, Union
 
 import numpy as np
 
+from nvllm.config import Settings
+from nvllm.detokenizer import IncrementalDetokenizer
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
-from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob
+from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob
 from nvllm.model.decoder import ForwardBatch, Model, set_blas_threads
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.loader import read_json
 from nvllm.model.sampler import SamplingBatch, sample
 from nvllm.sampling_params import InvalidParameter, SamplingParams
-from nvllm.tokenizer import IncrementalDetokenizer, Tokenizer
+from nvllm.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine")
 
-GENERATION_DEFAULT_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 _EMPTY = np.zeros(0, dtype=np.int64)
 
-
-@dataclass
-class EngineConfig:
-    block_size: int = 16
-    num_blocks: int = 512
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    max_stop_strings: int = 16
-    max_stop_string_chars: int = 256
-    blas_threads: int = 0          # 0: one per usable core but one
+# What a request may give as its prompt: text, token ids, or {"prompt": text},
+# {"prompt_token_ids": [...]}, {"messages": [...]} (rendered here with the model's chat template).
+Prompt = Union[str, List[int], Mapping[str, Any]]
 
 
 class LLMEngine:
-    def __init__(self, model: Model, tokenizer: Tokenizer, config: EngineConfig,
-                 model_defaults: dict[str, Any] | None = None, kv_cache: KVCache | None = None) -> None:
+    """Built by engine/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
+
+    def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
+                 max_model_len: int, generation_defaults: Mapping[str, Any] | None = None,
+                 eos_token_ids: Iterable[int] = ()) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.config = config
-        self.blas_threads = set_blas_threads(config.blas_threads)
-        mc = model.config
-        limit = mc.max_position_embeddings
-        self.max_model_len = min(config.max_model_len or limit, limit)
-        self.kv_cache = kv_cache or model.make_kv_cache(config.num_blocks, config.block_size)
-        self.block_manager = BlockManager(self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.model_defaults = {k: v for k, v in (model_defaults or {}).items() if k in GENERATION_DEFAULT_KEYS}
-        self.eos_token_ids = frozenset(tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
-        self.seqs: dict[str, Sequence] = {}
+        self.kv_cache = kv_cache
+        self.settings = settings
+        self.max_model_len = max_model_len
+        self.blas_threads = set_blas_threads(settings.model.blas_threads)
+        self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
+                                          settings.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
+                                   settings.scheduler.max_num_batched_tokens)
+        self.generation_defaults = dict(generation_defaults or {})
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.seqs: dict[str, Sequence] = {}      # every unfinished request, by id
         self._aborted: list[RequestOutput] = []
         self.num_steps = 0
         self.num_prompt_tokens_computed = 0
         self.num_generated_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) for tokens/s
 
-    @classmethod
-    def from_dir(cls, model_dir: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
-        model_dir = Path(model_dir)
-        model = Model.from_dir(model_dir)
-        tokenizer = Tokenizer.from_dir(model_dir)
-        gen = model_dir / "generation_config.json"
-        defaults = read_json(gen) if gen.exists() else {}
-        return cls(model, tokenizer, config or EngineConfig(), defaults)
-
     # -- requests -----------------------------------------------------------------------------
     def make_params(self, params: SamplingParams | None) -> SamplingParams:
         """The request's parameters with the model's defaults filled in, validated once."""
+        limits = self.settings.server
         return (params or SamplingParams()).resolve(
-            self.model_defaults, max_stop_strings=self.config.max_stop_strings,
-            max_stop_string_chars=self.config.max_stop_string_chars,
+            self.generation_defaults, max_stop_strings=limits.max_stop_strings,
+            max_stop_string_chars=limits.max_stop_string_chars,
             vocab_size=self.model.config.vocab_size, max_model_len=self.max_model_len)
 
-    def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | None = None) -> None:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         """Queue a request; refuses (InvalidParameter) one that is malformed or can never fit."""
         self.add_sequence(self.make_sequence(request_id, prompt, params))
 
@@ -92,21 +75,42 @@ class LLMEngine:
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def make_sequence(self, request_id: str, prompt: str | list[int],
-                      params: SamplingParams | None = None) -> Sequence:
-        """Validate a request and build its sequence. Reads no engine state that steps change, so
-        another thread may call it while the engine runs."""
-        params = self.make_params(params)
+    def prompt_ids(self, prompt: Prompt) -> tuple[str, list[int]]:
+        """(the field the prompt came in, its token ids): text is tokenized and chat messages rendered
+        with the model's template here, the one place a request becomes tokens."""
         if isinstance(prompt, str):
-            field = "prompt"
-            ids = self.tokenizer.encode(prompt) if prompt else []
-        else:
-            field = "prompt_token_ids"
-            ids = [int(t) for t in prompt]
-            vocab = self.model.config.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidParameter(field, bad[0], f"token ids in [0, {vocab})")
+            prompt = {"prompt": prompt}
+        elif isinstance(prompt, (list, tuple)):
+            prompt = {"prompt_token_ids": prompt}
+        if not isinstance(prompt, Mapping) or len(prompt) != 1 or \
+                next(iter(prompt)) not in ("prompt", "prompt_token_ids", "messages"):
+            raise InvalidParameter("prompt", prompt, 'text, token ids, or one of {"prompt": ...}, '
+                                   '{"prompt_token_ids": [...]} or {"messages": [...]}')
+        field, value = next(iter(prompt.items()))
+        if field == "prompt":
+            if not isinstance(value, str):
+                raise InvalidParameter(field, value, "a string")
+            return field, self.tokenizer.encode(value) if value else []
+        if field == "messages":
+            try:
+                return field, self.tokenizer.encode_chat(value)
+            except ValueError as e:
+                text = str(e)
+                raise InvalidParameter(field, value, text, message=text if text.startswith(field)
+                                       else f"{field}: {text}") from None
+        vocab = self.model.config.vocab_size
+        ids = []
+        for t in value:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+                raise InvalidParameter(field, t, f"token ids in [0, {vocab})")
+            ids.append(int(t))
+        return field, ids
+
+    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> Sequence:
+        """Validate a request, render and tokenize its prompt, and build its sequence. Reads no engine
+        state that steps change, so another thread may call it while the engine runs."""
+        params = self.make_params(params)
+        field, ids = self.prompt_ids(prompt)
         if not ids:
             raise InvalidParameter(field, "", "non-empty")
         n = len(ids)
@@ -121,11 +125,6 @@ class LLMEngine:
                                    f"at most {self.max_model_len - n} for a prompt of {n} tokens "
                                    f"(prompt + max_tokens exceeds max_model_len {self.max_model_len} "
                                    f"by {n + params.max_tokens - self.max_model_len})")
-        pages = self.block_manager.blocks_needed(n + params.max_tokens)
-        if pages > self.block_manager.num_blocks:
-            raise InvalidParameter("max_tokens", params.max_tokens,
-                                   f"small enough for the page pool: prompt + max_tokens need {pages} pages, the pool holds "
-                                   f"{self.block_manager.num_blocks} (short by {pages - self.block_manager.num_blocks})")
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
         return Sequence(request_id, ids, params, detok, self.eos_token_ids, seed)
@@ -154,6 +153,9 @@ class LLMEngine:
         except Exception as e:  # one bad step fails only its own requests
             log.exception("engine step failed; failing its %d requests", len(batch.seqs))
             for seq in batch.seqs:
+                # Logged per request, so that the request's own lines tell it failed and why.
+                log.error("failed in engine step %d: %s: %s", self.num_steps, type(e).__name__, e,
+                          extra={"request_id": seq.request_id})
                 self._finish(seq, "abort")
                 out = self._output(seq)
                 out.error = f"{type(e).__name__}: {e}"
@@ -166,15 +168,16 @@ class LLMEngine:
             seq.num_computed_tokens += n
             if before < seq.num_prompt_tokens:
                 self.num_prompt_tokens_computed += min(seq.num_prompt_tokens, seq.num_computed_tokens) - before
-            self.block_manager.cache_full_blocks(seq, before)
+            self.block_manager.mark_computed(seq, before)
         for row, seq in enumerate(sampled):
             token = int(result.token_ids[row])
             lp = None
             if seq.params.logprobs is not None:
                 top = result.top_logprobs[row]
-                pairs = [] if top is None else [(int(i), float(p)) for i, p in zip(*top)]
+                pairs = [] if top is None else [TopLogprob(int(i), float(p), self.tokenizer.id_to_token(int(i)) or "")
+                                                for i, p in zip(*top)]
                 lp = TokenLogprob(token, float(result.logprobs[row]), pairs)
-            self._append(seq, token, lp, now)
+            self._append(seq, token, lp)
             outputs.append(self._output(seq))
         self.num_generated_tokens += len(sampled)
         self._recent.append((now, len(sampled)))
@@ -182,7 +185,7 @@ class LLMEngine:
 
     def _run(self, batch: ScheduledBatch):
         """Pack the batch, run the model, sample the sequences whose last token was computed."""
-        bs = self.config.block_size
+        bs = self.kv_cache.block_size
         ids, pos, slots, qlens, clens, tables, logit_rows, sampled = [], [], [], [], [], [], [], []
         t = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -241,49 +244,45 @@ class LLMEngine:
         )
 
     # -- after sampling -----------------------------------------------------------------------
-    def _append(self, seq: Sequence, token: int, lp: TokenLogprob | None, now: float) -> None:
+    def _append(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> None:
         p = seq.params
         seq.token_ids.append(token)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
         if lp is not None:
             seq.pending_logprobs.append(lp)
         n_out = seq.num_output_tokens
         stop_token = n_out >= p.min_tokens   # below min_tokens no stop applies (vLLM's rule)
         if stop_token and token in seq.eos_token_ids and not p.ignore_eos:
             if p.include_stop_str_in_output:
-                self._add_text(seq, token)
+                seq.detokenizer.add(token)
             self._finish(seq, "stop")
             return
         if stop_token and p.stop_token_ids and token in p.stop_token_ids:
             if p.include_stop_str_in_output:
-                self._add_text(seq, token)
+                seq.detokenizer.add(token)
             seq.stop_reason = token
             self._finish(seq, "stop")
             return
         before = len(seq.text)
-        self._add_text(seq, token)
+        seq.detokenizer.add(token)
         if p.stop and stop_token and self._check_stop_strings(seq, before):
             return
         if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, "length")
 
-    def _add_text(self, seq: Sequence, token: int) -> None:
-        seq.text += seq.detokenizer.add(token)
-
     def _check_stop_strings(self, seq: Sequence, before: int) -> bool:
         """Find a stop string in text that ends in what this token added (matches may span tokens)."""
+        text = seq.text
         longest = max(len(s) for s in seq.params.stop)
         window_start = max(0, before - longest + 1)
         best: tuple[int, str] | None = None
         for s in seq.params.stop:
-            i = seq.text.find(s, window_start)
+            i = text.find(s, window_start)
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:
             return False
         i, s = best
-        seq.text = seq.text[:i + len(s)] if seq.params.include_stop_str_in_output else seq.text[:i]
+        seq.text_end = i + len(s) if seq.params.include_stop_str_in_output else i
         seq.stop_reason = s
         self._finish(seq, "stop")
         return True
@@ -291,18 +290,19 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         if reason != "abort" and not isinstance(seq.stop_reason, str):
             # Release text held back for an unfinished character; a stop string already cut the text.
-            seq.text += seq.detokenizer.flush()
+            seq.detokenizer.flush()
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.seqs.pop(seq.request_id, None)
 
     def _output(self, seq: Sequence) -> RequestOutput:
         finished = seq.status is SequenceStatus.FINISHED
-        end = len(seq.text)
+        text = seq.text
+        end = len(text)
         if not finished and seq.params.stop:
             # Hold back what could still turn out to be the start of a stop string.
             end = max(seq.num_text_sent, end - (max(len(s) for s in seq.params.stop) - 1))
-        text = seq.text[seq.num_text_sent:end]
+        text = text[seq.num_text_sent:end]
         seq.num_text_sent = end
         new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_sent:]
         seq.num_tokens_sent += len(new_ids)

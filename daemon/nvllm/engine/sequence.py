@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
+from nvllm.detokenizer import IncrementalDetokenizer
 from nvllm.sampling_params import SamplingParams
-from nvllm.tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -18,11 +18,17 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class TopLogprob(NamedTuple):
+    token_id: int
+    logprob: float
+    token: str                     # the vocabulary entry, as the tokenizer spells it
+
+
 @dataclass
 class TokenLogprob:
     token_id: int
     logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
+    top: list[TopLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -53,18 +59,22 @@ class Sequence:
         self.generator = np.random.default_rng(seed)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []   # prefix-cache hash of each full block, computed once
         self.num_computed_tokens = 0      # tokens whose K/V are in the pool
         self.num_cached_tokens = 0        # prompt tokens served by the prefix cache at first admission
         self.admitted_once = False
-        self.arrival_time = time.monotonic()
-        self.first_token_time: float | None = None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
-        self.text = ""                    # output text, stop strings trimmed
+        self.text_end: int | None = None  # where a stop string cut the output text
         self.num_text_sent = 0            # characters of self.text already handed out
         self.num_tokens_sent = 0
         self.pending_logprobs: list[TokenLogprob] = []
         self.prompt_array = np.asarray(prompt_token_ids, dtype=np.int64)
+
+    @property
+    def text(self) -> str:
+        """The output text so far, cut where a stop string matched."""
+        return self.detokenizer.text if self.text_end is None else self.detokenizer.text[:self.text_end]
 
     @property
     def num_tokens(self) -> int:

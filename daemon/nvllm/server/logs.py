@@ -13,8 +13,9 @@ A record never spans lines: newlines in the message and the traceback of an exce
 one line with " | ", so a journal reader or a grep never sees half an event.
 
 Request ids: the gRPC servicer wraps each request in `with request_context(request_id):` (a contextvar,
-so it follows the request through awaits and into the asyncio tasks it creates), and code that runs
-elsewhere, the engine thread, logs through `request_logger(request_id)`. Lines outside a request carry no id.
+so it follows the request through awaits and into the asyncio tasks it creates); code that runs
+elsewhere, the engine thread, passes `extra={"request_id": ...}` with its record. Lines outside a
+request carry no id.
 
 server/app.py calls `setup_logging(settings.log_level)` first thing in `nvllm serve`.
 """
@@ -26,7 +27,7 @@ import contextvars
 import logging
 import os
 import sys
-from typing import IO, Any, Iterator, MutableMapping
+from typing import IO, Iterator
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("nvllm_request_id", default=None)
 
@@ -106,20 +107,6 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-class RequestLogger(logging.LoggerAdapter):
-    """A logger whose every line carries one request's id; merges with any `extra` the caller passes."""
-
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        kwargs["extra"] = {**(kwargs.get("extra") or {}), **(self.extra or {})}
-        return msg, kwargs
-
-
-def request_logger(request_id: str, logger: logging.Logger | str = "nvllm.request") -> RequestLogger:
-    """A logger for one request's lines, for code outside the request's context (the engine thread)."""
-    base = logging.getLogger(logger) if isinstance(logger, str) else logger
-    return RequestLogger(base, {"request_id": request_id})
-
-
 @contextlib.contextmanager
 def request_context(request_id: str) -> Iterator[None]:
     """Every line logged inside the block (and in tasks it starts) carries `request_id`."""
@@ -128,10 +115,6 @@ def request_context(request_id: str) -> Iterator[None]:
         yield
     finally:
         _request_id.reset(token)
-
-
-def current_request_id() -> str | None:
-    return _request_id.get()
 
 
 class _Handler(logging.StreamHandler):

@@ -40,7 +40,7 @@ from nvllm.engine.async_engine import AsyncEngine, EngineDead
 from nvllm.engine.sequence import RequestOutput
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.logs import request_context
-from nvllm.server.memory import MemoryWatchdog
+from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.server.wire import UndecodableRequest, decode_generate_request
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
@@ -52,11 +52,8 @@ LIVENESS = ""
 MAX_REQUEST_ID_CHARS = 128
 
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
-# SamplingParams fields the proto carries as `optional` scalars.
-_OPTIONAL_SCALARS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty", "seed", "max_tokens", "min_tokens", "ignore_eos",
-                     "include_stop_str_in_output", "skip_special_tokens", "logprobs")
-_SAMPLING_FIELDS = frozenset(_OPTIONAL_SCALARS) | {"stop", "stop_token_ids"}
+# The proto's SamplingParams fields share SamplingParams' names, so neither list is written here.
+_SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)
 
 
 class Phase(enum.Enum):
@@ -113,6 +110,7 @@ class DaemonState:
         self.engine: AsyncEngine | None = None
         self.watchdog: MemoryWatchdog | None = None
         self.started_at = process_start_time()
+        self._tasks: set[asyncio.Task] = set()
         self.startup_s = 0.0
 
     # -- transitions (event loop thread) ----------------------------------------------------
@@ -135,7 +133,9 @@ class DaemonState:
 
     def on_admission_change(self, admitting: bool, reason: str) -> None:
         """The watchdog flipped (called on the loop via call_soon_threadsafe)."""
-        asyncio.ensure_future(self.sync_readiness())
+        task = asyncio.get_running_loop().create_task(self.sync_readiness())
+        self._tasks.add(task)                     # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
 
     # -- queries ------------------------------------------------------------------------------
     def state(self) -> int:
@@ -180,16 +180,10 @@ class DaemonState:
 
 # -- request -> engine arguments ------------------------------------------------------------
 def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
-    """The proto's SamplingParams as our dataclass; unset fields keep their defaults (None = model's)."""
-    kwargs: dict[str, Any] = {}
-    if request.HasField("sampling_params"):
-        sp = request.sampling_params
-        for name in _OPTIONAL_SCALARS:
-            if sp.HasField(name):
-                kwargs[name] = getattr(sp, name)
-        kwargs["stop"] = list(sp.stop)
-        kwargs["stop_token_ids"] = [int(t) for t in sp.stop_token_ids]
-    return SamplingParams(**kwargs)
+    """The proto's SamplingParams as our dataclass; unset fields keep their defaults (None = model's).
+    ListFields gives the optional scalars that are set and the repeated fields that are not empty."""
+    sp = request.sampling_params
+    return SamplingParams(**{f.name: list(v) if f.is_repeated else v for f, v in sp.ListFields()})
 
 
 def proto_field(name: str, input_field: str) -> str:
@@ -197,7 +191,9 @@ def proto_field(name: str, input_field: str) -> str:
     if name in _SAMPLING_FIELDS:
         return f"sampling_params.{name}"
     if name in ("prompt", "prompt_token_ids"):
-        return input_field    # the engine sees chat as token ids: blame what the client sent
+        return input_field    # a prompt too long for the model: blame what the client sent
+    if name == "messages":
+        return "chat.messages"
     return name
 
 
@@ -373,7 +369,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         elif which == "chat":
             if not request.chat.messages:
                 raise BadRequest("chat.messages", "chat.messages must hold at least one message")
-            prompt = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+            prompt = {"messages": [{"role": m.role, "content": m.content} for m in request.chat.messages]}
         else:
             if not request.prompt_token_ids.ids:
                 raise BadRequest("prompt_token_ids.ids", "prompt_token_ids.ids must hold at least one id")
@@ -386,12 +382,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
 
     def _make_sequence(self, engine: AsyncEngine, rid: str, input_field: str, prompt: Any,
                        params: SamplingParams):
-        """Render chat, tokenize, validate: runs in the executor."""
-        if input_field == "chat":
-            try:
-                prompt = engine.engine.tokenizer.encode_chat(prompt)
-            except ValueError as e:
-                raise BadRequest("chat", f"chat.{e}" if str(e).startswith("messages") else f"chat: {e}") from None
+        """Render chat, tokenize, validate (the engine does all three): runs in the executor."""
         try:
             return engine.make_sequence(rid, prompt, params)
         except InvalidParameter as e:
@@ -400,12 +391,9 @@ class GeneratorService(pb_grpc.GeneratorServicer):
     def _response(self, rid: str, out: RequestOutput, t0: float, first_token_time: float | None
                   ) -> pb.GenerateResponse:
         r = pb.GenerateResponse(request_id=rid, text=out.text, token_ids=out.token_ids)
-        if out.logprobs:
-            tok = self.state.engine.engine.tokenizer
-            for lp in out.logprobs:
-                r.logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
-                               top=[pb.TopLogprob(token_id=i, logprob=p, token=tok.id_to_token(i) or "")
-                                    for i, p in lp.top])
+        for lp in out.logprobs or ():
+            r.logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
+                           top=[pb.TopLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token) for t in lp.top])
         if out.finished:
             r.finish_reason = _FINISH.get(out.finish_reason or "abort", pb.FINISH_REASON_ABORT)
             if out.finish_reason == "stop" and out.stop_reason is not None:

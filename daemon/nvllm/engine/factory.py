@@ -1,0 +1,169 @@
+"""The one way to build an engine: a model path and one Settings in, a ready LLMEngine out.
+
+The daemon, `LLM`, `nvllm generate` and `nvllm bench` all come through here, so the model, the
+tokenizer, the generation defaults, the EOS ids, the max_model_len clamp and the page pool's size are
+worked out once, by one rule. The steps are separate functions because the daemon logs between them
+and `nvllm serve --dry-run` stops before allocating anything:
+
+    loaded = load_model(settings)                          # weights, tokenizer, defaults, EOS ids
+    plan = plan_pool(settings, loaded.info, reading)       # pages from one memory reading
+    engine = create_engine(settings, loaded, plan)         # allocates and touches the pool
+
+`build_engine(settings)` does all three with the memory available now.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from nvllm.config import Settings
+from nvllm.engine.llm_engine import LLMEngine
+from nvllm.engine.memory import MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.model import kernels
+from nvllm.model.decoder import Model
+from nvllm.model.kv_cache import KVCache
+from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
+from nvllm.tokenizer import Tokenizer
+
+log = logging.getLogger("nvllm.engine.factory")
+
+
+class EngineBuildError(Exception):
+    """The engine cannot be built from these settings; the one-line message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What callers above the engine may know of a model: for logs, --dry-run and the bench."""
+    path: Path
+    architecture: str
+    num_layers: int
+    num_params: int
+    vocab_size: int
+    hidden_size: int
+    max_position_embeddings: int
+    weight_bytes: int
+    bytes_per_token: int          # KV pool bytes per token of context
+
+    @classmethod
+    def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None) -> "ModelInfo":
+        per_token = KVCache.bytes_per_block(c.num_layers, 1, c.num_kv_heads, c.head_dim)
+        return cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
+                   c.max_position_embeddings, c.weight_bytes if weight_bytes is None else weight_bytes,
+                   per_token)
+
+
+@dataclass
+class LoadedModel:
+    model: Model
+    tokenizer: Tokenizer
+    generation_defaults: dict[str, Any]
+    eos_token_ids: frozenset[int]
+    info: ModelInfo
+    load_s: float
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    sizing: PoolSizing
+    max_model_len: int
+
+
+def model_path(settings: Settings) -> Path:
+    """The model folder the settings name, checked to exist (EngineBuildError otherwise)."""
+    path = settings.model_dir()
+    if not (path / "config.json").is_file():
+        m = settings.model
+        what = "a file, not a model folder" if path.is_file() else "no model folder"
+        raise EngineBuildError(
+            f"{what} at {path} (model.path={m.path!r}, model.models_dir={m.models_dir!r}): give a Hugging Face "
+            f"folder with config.json, or pull one with `nvllm models pull NAME --dir {m.models_dir}`")
+    return path
+
+
+def read_model_info(settings: Settings) -> ModelInfo:
+    """The model's shapes from config.json alone, nothing loaded (planning for another board)."""
+    path = model_path(settings)
+    try:
+        return ModelInfo.of(path, load_config(path))
+    except (ModelLoadError, OSError) as e:
+        raise EngineBuildError(f"cannot read {path / 'config.json'}: {e}") from e
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Weights, tokenizer, generation defaults and the EOS ids, merged here and nowhere else."""
+    path = model_path(settings)
+    t0 = time.monotonic()
+    try:
+        model = Model.from_dir(path)
+        tokenizer = Tokenizer.from_dir(path)
+        gen_file = path / "generation_config.json"
+        defaults = read_json(gen_file) if gen_file.exists() else {}
+    except (ModelLoadError, OSError, ValueError) as e:
+        raise EngineBuildError(f"cannot load the model at {path}: {e}") from e
+    c = model.config
+    # The tokenizer's own EOS and every id config.json and generation_config.json name: each ends a reply.
+    eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id")))
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return LoadedModel(model, tokenizer, defaults, frozenset(eos), ModelInfo.of(path, c, model.weights.nbytes),
+                       time.monotonic() - t0)
+
+
+def _ids(value: Any) -> list[int]:
+    """eos_token_id in config.json / generation_config.json: an int, a list of ints, or null."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def max_model_len(settings: Settings, info: ModelInfo) -> int:
+    """scheduler.max_model_len, never past the model's own limit."""
+    limit = info.max_position_embeddings
+    return min(settings.scheduler.max_model_len or limit, limit)
+
+
+def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading) -> PoolPlan:
+    """The page pool from one memory reading, taken after the weights are loaded; cache.num_blocks
+    overrides the sizing. Raises EngineBuildError when one max_model_len sequence would not fit."""
+    cache = settings.cache
+    max_len = max_model_len(settings, info)
+    per_seq = math.ceil(max_len / cache.block_size)
+    try:
+        sizing = size_pool(info.bytes_per_token * cache.block_size, reading.available_bytes,
+                           cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
+                           cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
+                           max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs)
+    except PoolTooSmall as e:
+        raise EngineBuildError(f"page pool too small: {e}") from e
+    return PoolPlan(sizing, max_len)
+
+
+def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan) -> LLMEngine:
+    """Allocate and touch the pool (once, now), then the engine around it."""
+    t0 = time.monotonic()
+    kv = loaded.model.make_kv_cache(plan.sizing.num_blocks, settings.cache.block_size)
+    log.info("page pool allocated and made resident: %s in %.2f s (%s)", format_bytes(kv.nbytes),
+             time.monotonic() - t0, kv.populated_by)
+    return LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
+                     loaded.generation_defaults, loaded.eos_token_ids)
+
+
+def build_engine(settings: Settings,
+                 memory_reader: Callable[[], MemoryReading] = available_memory) -> LLMEngine:
+    loaded = load_model(settings)
+    return create_engine(settings, loaded, plan_pool(settings, loaded.info, memory_reader()))
+
+
+def compute_description() -> str:
+    """Which compute path runs: the C kernels, or the NumPy twins and why."""
+    return kernels.describe()
