@@ -5,12 +5,12 @@ output (small safetensors and JSON files in tests/golden/) is committed. CI read
 
 How to run (from the repository root):
 
-    python3 -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==2.13.0            # CPU wheel; pin it, other versions are huge
-    /work/refvenv/bin/pip install transformers numpy safetensors tokenizers jinja2
+    python3 -m venv .refvenv
+    .refvenv/bin/pip install torch==2.13.0            # CPU wheel; pin it, other versions are huge
+    .refvenv/bin/pip install transformers numpy safetensors tokenizers jinja2
     python models/make_test_models.py --out models         # tiny-llama, tiny-qwen2, tiny-llama-f16
     nvllm models pull                                      # models/smollm2-135m-instruct
-    /work/refvenv/bin/python tests/golden/make_golden.py [--models-dir models] [--only NAME]
+    .refvenv/bin/python tests/golden/make_golden.py [--models-dir models] [--only NAME]
 
 When to regenerate: whenever a model folder's bytes change (make_test_models.py or the pull's weight
 conversion changed), when the prompts or cases below change, or when moving to another transformers/torch
