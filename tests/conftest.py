@@ -89,6 +89,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.write_line(f"(written to {config.stash[_FIGURES_PATH]})")
 
 
+@pytest.fixture(params=["c-kernels", "numpy"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs the test on both paths: the C kernels, and the NumPy code that stands in where they were
+    not built (no C compiler at install)."""
+    from nvllm.model import kernels
+
+    if request.param == "numpy":
+        monkeypatch.setattr(kernels, "lib", None)
+    elif kernels.lib is None:
+        pytest.skip("the C kernels were not built (no C compiler at install)")
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_models: dict[str, Path]) -> Path:
     """The tiny Llama the daemon and engine tests serve."""

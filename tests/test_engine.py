@@ -7,7 +7,6 @@ import pytest
 
 from nvllm import LLM, SamplingParams
 from nvllm.engine.factory import EngineBuildError
-from nvllm.engine.llm_engine import LLMEngine
 from nvllm.sampling_params import InvalidParameter
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -156,17 +155,6 @@ def test_stats_report_pages_and_counts(model_dir):
     assert s["pages_free"] + s["pages_cached"] + s["pages_used"] == 32
     assert s["running"] == 0 and s["waiting"] == 0
     assert s["generated_tokens"] == 36 and s["tokens_per_s"] > 0
-
-
-@pytest.fixture(params=["c-kernels", "numpy"])
-def kernel_path(request, monkeypatch):
-    """Run on the C kernels and on the NumPy code that stands in for them."""
-    from nvllm.model import kernels
-    if request.param == "numpy":
-        monkeypatch.setattr(kernels, "lib", None)
-    elif kernels.lib is None:
-        pytest.skip("the C kernels were not built")
-    return request.param
 
 
 def test_chat_requests_given_at_once_compute_their_system_prompt_once(model_dir, kernel_path):

@@ -15,7 +15,6 @@ import pytest
 from safetensors.numpy import load_file
 
 from nvllm import LLM, SamplingParams
-from nvllm.model import kernels
 from nvllm.model.decoder import ForwardBatch, Model
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -106,16 +105,6 @@ def loaded(request):
     return name, Model.from_dir(model_path(name, request)), Golden(name)
 
 
-@pytest.fixture(params=["c-kernels", "numpy"])
-def path(request, monkeypatch):
-    """Each case runs on both paths: the C kernels, and the NumPy code that stands in where they were not built."""
-    if request.param == "numpy":
-        monkeypatch.setattr(kernels, "lib", None)
-    elif kernels.lib is None:
-        pytest.skip("the C kernels were not built (no C compiler at install)")
-    return request.param
-
-
 def check(golden: Golden, ours: np.ndarray, ref: np.ndarray, what: str) -> None:
     diff = np.abs(golden.pick(ours) - ref).max()
     assert diff < TOL, f"{what}: max |logit diff| {diff:.2e} >= {TOL}"
@@ -125,25 +114,25 @@ def chunks(n: int, size: int) -> list[int]:
     return [size] * (n // size) + ([n % size] if n % size else [])
 
 
-def test_whole_prompt(loaded, path):
+def test_whole_prompt(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
     check(g, run_schedule(model, [ids], [[len(ids)]])[0], ref, f"{name} whole")
 
 
-def test_chunks_of_seven(loaded, path):
+def test_chunks_of_seven(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
     check(g, run_schedule(model, [ids], [[c] for c in chunks(len(ids), 7)])[0], ref, f"{name} chunks of 7")
 
 
-def test_token_by_token(loaded, path):
+def test_token_by_token(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
     check(g, run_schedule(model, [ids], [[1]] * len(ids))[0], ref, f"{name} token by token")
 
 
-def test_packed_batch(loaded, path):
+def test_packed_batch(loaded, kernel_path):
     name, model, g = loaded
     cases = g.cases()[1:]
     assert len(cases) >= 3
@@ -153,7 +142,7 @@ def test_packed_batch(loaded, path):
         check(g, ours, ref, f"{name} packed batch, prompt {k}")
 
 
-def test_mixed_prefill_and_decode_steps(loaded, path):
+def test_mixed_prefill_and_decode_steps(loaded, kernel_path):
     """Each step mixes sequences at different stages: some prefilling a chunk, some one token at a time."""
     name, model, g = loaded
     cases = g.cases()[1:]

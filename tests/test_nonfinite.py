@@ -8,19 +8,9 @@ import numpy as np
 import pytest
 
 from nvllm import LLM, SamplingParams
-from nvllm.model import kernels
 from nvllm.model.decoder import ForwardBatch, NonFiniteLogits
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture(params=["c-kernels", "numpy"])
-def kernel_path(request, monkeypatch):
-    if request.param == "numpy":
-        monkeypatch.setattr(kernels, "lib", None)
-    elif kernels.lib is None:
-        pytest.skip("the C kernels were not built")
-    return request.param
 
 
 def ids(n: int, seed: int) -> dict:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from nvllm import LLM, SamplingParams
-from nvllm.engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")

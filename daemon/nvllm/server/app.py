@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
