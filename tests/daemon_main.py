@@ -19,7 +19,6 @@ the daemon as an operator runs it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 import sys
@@ -28,10 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nvllm.cli import build_parser
-from nvllm.config import ConfigError
 from nvllm.engine.memory import MemoryReading
-from nvllm.server.app import EXIT_CONFIG, Daemon, settings_from_args
-from nvllm.server.logs import setup_logging
+from nvllm.server import app
+from nvllm.server.app import Daemon
 
 STALL_BEGAN = "test launcher: engine loop held (SIGUSR1)"
 STALL_ENDED = "test launcher: engine loop released (SIGUSR1)"
@@ -98,18 +96,8 @@ def main(argv: list[str]) -> int:
     own.add_argument("--memory-file", type=Path, required=True)
     ours, serve_args = own.parse_known_args(argv)
     args = build_parser().parse_args(["serve", *serve_args])
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as e:
-        print(f"nvllm serve: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    setup_logging(settings.log_level)
-    daemon = Daemon(settings, memory_reader=file_memory_reader(ours.memory_file),
+    return app.main(args, memory_reader=file_memory_reader(ours.memory_file),
                     signal_handlers={signal.SIGUSR1: EngineHold().toggle, signal.SIGUSR2: fail_next_forward})
-    # A start-up error ends this with its traceback: DaemonProcess shows it (the tests of start-up
-    # errors run plain `nvllm serve`).
-    return asyncio.run(daemon.run())
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

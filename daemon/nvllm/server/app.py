@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -270,7 +270,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, overrides)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, **injected: Any) -> int:
+    """`nvllm serve`; `injected` goes to Daemon (the tests' launcher passes its memory reader and
+    signal handlers), nvllm itself passes nothing."""
     try:
         settings = settings_from_args(args)
     except ConfigError as e:
@@ -284,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if args.dry_run:
         return dry_run(settings, memory_gb)
-    daemon = Daemon(settings)
+    daemon = Daemon(settings, **injected)
     try:
         return asyncio.run(daemon.run())
     except (factory.EngineBuildError, ListenError) as e:
