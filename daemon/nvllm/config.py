@@ -208,10 +208,6 @@ def _coerce(hint: Any, value: Any) -> Any:
         return _NO
     if hint is type(None):
         return value if value is None else _NO
-    if origin is typing.Literal:
-        return value if any(type(value) is type(c) and value == c for c in typing.get_args(hint)) else _NO
-    if origin in (list, tuple):
-        return _coerce_items(origin, typing.get_args(hint), value)
     if hint is bool:
         return value if isinstance(value, bool) else _NO
     if hint is int:
@@ -224,23 +220,10 @@ def _coerce(hint: Any, value: Any) -> Any:
     return value if origin is not None and isinstance(value, origin) else _NO
 
 
-def _coerce_items(origin: type, args: tuple[Any, ...], value: Any) -> Any:
-    if not isinstance(value, (list, tuple)):
-        return _NO
-    item_hint = args[0] if args else Any
-    items = [v if item_hint is Any else _coerce(item_hint, v) for v in value]
-    return _NO if any(v is _NO for v in items) else origin(items)
-
-
 def _describe_type(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin in _UNION_TYPES:
         return _or_list([_describe_type(a) for a in typing.get_args(hint) if a is not type(None)])
-    if origin is typing.Literal:
-        return "one of " + _or_list([_show(c) for c in typing.get_args(hint)])
-    if origin in (list, tuple):
-        args = typing.get_args(hint)
-        return f"a list of {_describe_type(args[0])} items" if args else "a list"
     names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
     return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
 
