@@ -10,6 +10,7 @@ built-in corpus with parallelism off. Tests call `make_all(out_dir)`.
   tiny-llama      LlamaForCausalLM, float32, untied lm_head, llama3 rope_scaling (old config form)
   tiny-qwen2      Qwen2ForCausalLM, bfloat16, q/k/v biases, tied, 2 shards, `rope_parameters` form
   tiny-llama-f16  LlamaForCausalLM, float16, tied, plain rope
+  tiny-qwen3      Qwen3ForCausalLM, bfloat16, q/k norms, head_dim 24 (not hidden / heads), tied, GQA
   --qwen05b       qwen2.5-0.5b-random: Qwen2.5-0.5B's shapes, random float32 (about 2 GB), for speed
 """
 from __future__ import annotations
@@ -140,8 +141,8 @@ def _norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def layer_tensors(rng: np.random.Generator, cfg: dict, i: int, bias: bool,
-                  std: float) -> Dict[str, np.ndarray]:
-    """One decoder layer in HF names, [out, in] orientation."""
+                  std: float, qk_norm: bool = False) -> Dict[str, np.ndarray]:
+    """One decoder layer in HF names, [out, in] orientation; with qk_norm, Qwen3's per-head q/k norms."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q_out, kv_out = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
@@ -160,17 +161,20 @@ def layer_tensors(rng: np.random.Generator, cfg: dict, i: int, bias: bool,
     if bias:
         for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out)):
             t[p + f"self_attn.{name}_proj.bias"] = _normal(rng, (n,), 0.1)
+    if qk_norm:   # drawn last, so the other models' draws (and bytes) stay as they were
+        t[p + "self_attn.q_norm.weight"] = _norm_weight(rng, d)
+        t[p + "self_attn.k_norm.weight"] = _norm_weight(rng, d)
     return t
 
 
 def iter_weight_groups(cfg: dict, seed: int, bias: bool, std: float,
-                       embed_std: float) -> Iterator[Dict[str, np.ndarray]]:
+                       embed_std: float, qk_norm: bool = False) -> Iterator[Dict[str, np.ndarray]]:
     """Embeddings, then each layer, then the final norm (+ lm_head): one dict at a time."""
     rng = np.random.default_rng(seed)
     v, h = cfg["vocab_size"], cfg["hidden_size"]
     yield {"model.embed_tokens.weight": _normal(rng, (v, h), embed_std)}
     for i in range(cfg["num_hidden_layers"]):
-        yield layer_tensors(rng, cfg, i, bias, std)
+        yield layer_tensors(rng, cfg, i, bias, std, qk_norm)
     last = {"model.norm.weight": _norm_weight(rng, h)}
     if not cfg["tie_word_embeddings"]:
         last["lm_head.weight"] = _normal(rng, (v, h), embed_std)
@@ -205,9 +209,9 @@ def save_tensors(tensors: Dict[str, np.ndarray], path: Path, dtype: str) -> int:
 
 
 def write_weights(out: Path, cfg: dict, dtype: str, seed: int, bias: bool, std: float,
-                  embed_std: float, num_shards: int = 1) -> None:
+                  embed_std: float, num_shards: int = 1, qk_norm: bool = False) -> None:
     """Write the checkpoint; with num_shards > 1, layers are split evenly and indexed."""
-    groups = iter_weight_groups(cfg, seed, bias, std, embed_std)
+    groups = iter_weight_groups(cfg, seed, bias, std, embed_std, qk_norm)
     if num_shards == 1:
         merged: Dict[str, np.ndarray] = {}
         for g in groups:
@@ -331,6 +335,44 @@ def make_tiny_qwen2(out: Path, tok: Tokenizer) -> None:
                   num_shards=2)
 
 
+def make_tiny_qwen3(out: Path, tok: Tokenizer) -> None:
+    """Qwen3's layout as its real configs write it: head_dim given, and here not hidden / heads (so q's
+    projection is 96 wide against a hidden size of 64); rope_theta at the top, rope_scaling null."""
+    tok = train_tokenizer(qwen2=True)   # Qwen3 ships Qwen2's tokenizer
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "max_position_embeddings": 512,
+        "max_window_layers": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": True,
+        "vocab_size": tok.get_vocab_size(),
+        "bos_token_id": ENDOFTEXT_ID,
+        "eos_token_id": IM_END_ID,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+    }
+    _write_json(out / "config.json", cfg)
+    _write_json(out / "generation_config.json",
+                {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
+                 "pad_token_id": ENDOFTEXT_ID})
+    write_tokenizer(out, tok, bos_token=None, tokenizer_class="Qwen2Tokenizer")
+    write_weights(out, cfg, "bfloat16", seed=5, bias=False, std=0.08, embed_std=0.15, qk_norm=True)
+
+
 def make_qwen05b_random(out: Path, tok: Tokenizer) -> None:
     """Qwen2.5-0.5B's shapes with random weights; the tokenizer covers only the first rows."""
     cfg = _qwen2_config(151936, "float32", hidden_size=896, intermediate_size=4864,
@@ -350,6 +392,7 @@ BUILDERS: Dict[str, Callable[[Path, Tokenizer], None]] = {
     "tiny-llama": make_tiny_llama,
     "tiny-qwen2": make_tiny_qwen2,
     "tiny-llama-f16": make_tiny_llama_f16,
+    "tiny-qwen3": make_tiny_qwen3,
 }
 EXTRA_BUILDERS: Dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,

@@ -19,7 +19,7 @@ from nvllm.model.decoder import ForwardBatch, Model
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-3
-MODELS = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "smollm2-135m-instruct")
+MODELS = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct")
 # The tiny models' cases also run on emulated aarch64 (deploy/aarch64-check.sh, pytest -m aarch64).
 MODEL_PARAMS = [pytest.param(n, marks=[] if n == "smollm2-135m-instruct" else [pytest.mark.aarch64])
                 for n in MODELS]

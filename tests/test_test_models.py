@@ -20,7 +20,8 @@ _spec = importlib.util.spec_from_file_location("make_test_models", SCRIPT)
 mtm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mtm)
 
-NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16"]
+NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3"]
+QWEN = ("tiny-qwen2", "tiny-qwen3")  # bfloat16, with Qwen2's tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def _bf16_tensors(folder: Path) -> dict:
     return out
 
 
-def test_make_all_writes_the_three_folders(made: dict):
+def test_make_all_writes_every_folder(made: dict):
     assert sorted(made) == sorted(NAMES)
     for name, folder in made.items():
         assert folder.name == name
@@ -132,11 +133,77 @@ def test_tiny_llama_f16_is_tied_float16_plain_rope(made: dict):
     assert {a.dtype for a in w.values()} == {np.dtype(np.float16)} and "lm_head.weight" not in w
 
 
+def test_tiny_qwen3_has_head_norms_and_a_head_dim_of_its_own(made: dict):
+    folder = made["tiny-qwen3"]
+    cfg = _json(folder / "config.json")
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
+    h, nh, nkv, d = (cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
+    assert (h, nh, nkv, d) == (64, 4, 2, 24) and nh * d != h      # q is 96 wide against a hidden size of 64
+    assert cfg["attention_bias"] is False and cfg["rope_theta"] == 1000000.0 and cfg["rope_scaling"] is None
+    assert cfg["tie_word_embeddings"] is True and _dtypes(folder) == {"BF16"}
+    w = _bf16_tensors(folder)
+    assert "lm_head.weight" not in w and not [k for k in w if k.endswith(".bias")]
+    for i in range(2):
+        a = f"model.layers.{i}.self_attn."
+        assert w[a + "q_proj.weight"].shape == (nh * d, h) and w[a + "k_proj.weight"].shape == (nkv * d, h)
+        assert w[a + "o_proj.weight"].shape == (h, nh * d)
+        for norm in ("q_norm", "k_norm"):
+            g = w[a + norm + ".weight"]
+            assert g.shape == (d,) and 0.05 < g.std() < 0.2       # not all ones: a skipped norm shows
+    assert not np.array_equal(w["model.layers.0.self_attn.q_norm.weight"], w["model.layers.0.self_attn.k_norm.weight"])
+
+
+def test_the_loader_reads_tiny_qwen3(made: dict):
+    from nvllm.model.loader import load_weights
+
+    config, lw = load_weights(made["tiny-qwen3"])
+    assert config.qk_norm and not config.attention_bias and config.head_dim == 24
+    w = _bf16_tensors(made["tiny-qwen3"])
+    for i, layer in enumerate(lw.layers):
+        a = f"model.layers.{i}.self_attn."
+        np.testing.assert_array_equal(layer.q_norm, w[a + "q_norm.weight"])
+        np.testing.assert_array_equal(layer.k_norm, w[a + "k_norm.weight"])
+        assert layer.qkv.shape == (64, (4 + 2 * 2) * 24) and layer.o.shape == (96, 64) and layer.qkv_bias is None
+    # The plan made from config.json alone counts the norms: every stored value, once.
+    assert config.num_params == sum(a.size for a in w.values())
+    assert config.weight_bytes == lw.nbytes
+
+
+def test_a_missing_head_norm_is_named(made: dict, tmp_path: Path):
+    from safetensors.numpy import save_file
+
+    from nvllm.model.loader import ModelLoadError, load_weights
+
+    folder = tmp_path / "tiny-qwen3"
+    folder.mkdir()
+    for f in made["tiny-qwen3"].glob("*.json"):
+        (folder / f.name).write_bytes(f.read_bytes())
+    w = _bf16_tensors(made["tiny-qwen3"])
+    del w["model.layers.1.self_attn.k_norm.weight"]
+    save_file(w, str(folder / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.self_attn\.k_norm\.weight.*missing"):
+        load_weights(folder)
+
+
+def test_qwen3_config_reads_as_transformers_reads_it():
+    from nvllm.model.loader import ModelConfig, ModelLoadError
+
+    base = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 10}
+    c = ModelConfig.from_dict(base)
+    assert c.qk_norm and not c.attention_bias
+    assert c.head_dim == 128                          # Qwen3Config's default, not 64 // 4
+    assert not ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"]}).qk_norm
+    # attention_bias would also mean an o_proj bias, which nvllm does not carry: refused, not ignored.
+    with pytest.raises(ModelLoadError, match="config.json: attention_bias true is not supported"):
+        ModelConfig.from_dict({**base, "attention_bias": True})
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_have_a_spread_of_order_one(made: dict, name: str):
     folder = made[name]
     cfg = _json(folder / "config.json")
-    w = _bf16_tensors(folder) if name == "tiny-qwen2" else \
+    w = _bf16_tensors(folder) if name in QWEN else \
         {k: v.astype(np.float32) for k, v in load_file(str(folder / "model.safetensors")).items()}
     emb = w["model.embed_tokens.weight"]
     head = emb if cfg["tie_word_embeddings"] else w["lm_head.weight"]
@@ -158,12 +225,13 @@ def test_tokenizer_is_a_trained_byte_level_bpe(made: dict):
         assert tok.decode(tok.encode(text).ids) == text
     ids = tok.encode("<|im_start|>user\nhi<|im_end|>").ids
     assert ids[0] == 1 and ids[-1] == 2
-    # The Llama folders share one tokenizer; tiny-qwen2 has its own with Qwen2's split and NFC.
+    # The Llama folders share one tokenizer; the Qwen ones share another with Qwen2's split and NFC.
     assert all(Tokenizer.from_file(str(made[n] / "tokenizer.json")).to_str() == tok.to_str()
-               for n in NAMES if n != "tiny-qwen2")
+               for n in NAMES if n not in QWEN)
     qwen = Tokenizer.from_file(str(made["tiny-qwen2"] / "tokenizer.json"))
     assert qwen.get_vocab_size() == 512 and qwen.normalizer is not None
     assert qwen.encode("    return").tokens == ["ĠĠĠ", "Ġreturn"]
+    assert Tokenizer.from_file(str(made["tiny-qwen3"] / "tokenizer.json")).to_str() == qwen.to_str()
 
 
 def test_chat_template_is_chatml_with_default_system(made: dict):

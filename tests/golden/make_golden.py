@@ -8,7 +8,7 @@ How to run (from the repository root):
     python3 -m venv .refvenv
     .refvenv/bin/pip install torch==2.13.0            # CPU wheel; pin it, other versions are huge
     .refvenv/bin/pip install transformers numpy safetensors tokenizers jinja2
-    python models/make_test_models.py --out models         # tiny-llama, tiny-qwen2, tiny-llama-f16
+    python models/make_test_models.py --out models         # tiny-llama, tiny-qwen2, tiny-llama-f16, tiny-qwen3
     nvllm models pull                                      # models/smollm2-135m-instruct
     .refvenv/bin/python tests/golden/make_golden.py [--models-dir models] [--only NAME]
 
@@ -44,7 +44,7 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-MODEL_NAMES = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "smollm2-135m-instruct")
+MODEL_NAMES = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct")
 PROMPT_LEN = 64
 BATCH_LENGTHS = (5, 17, 33, 64)
 MAX_NEW_TOKENS = 32

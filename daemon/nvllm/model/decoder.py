@@ -1,6 +1,6 @@
-"""The decoder-only transformer (Llama, Qwen2) over a packed batch: embed, RMSNorm, RoPE, paged
+"""The decoder-only transformer (Llama, Qwen2, Qwen3) over a packed batch: embed, RMSNorm, RoPE, paged
 attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for all
-tokens of all sequences in the step.
+tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Model:
 
     def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """NumPy path: rotary embedding of q and k in qkv [T, (nh+2nkv)*hd], as transformers' rotate_half
-        does for Llama and Qwen2; q also takes the softmax scale, so scores need no pass of their own.
+        does for Llama, Qwen2 and Qwen3; q also takes the softmax scale, so scores need no pass of their own.
         Returns q [T, nh, hd] and k [T, nkv, hd]."""
         c = self.config
         T, nh, nkv, hd = qkv.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
@@ -113,6 +113,15 @@ class Model:
         x1, x2 = x[..., :hd // 2], x[..., hd // 2:]                               # [T, nh+nkv, hd/2] each
         qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn], axis=-1)
         return qk[:, :nh], qk[:, nh:]
+
+    def _norm_heads(self, qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray) -> None:
+        """Qwen3: RMSNorm over each head of q and of k in qkv [T, (nh+2nkv)*hd], in place, so that rope
+        (and on the C path the KV write) then takes the normed values."""
+        c = self.config
+        T, hd, qk_size = qkv.shape[0], c.head_dim, self.q_size + self.kv_size
+        for start, end, weight in ((0, self.q_size, q_norm), (self.q_size, qk_size, k_norm)):
+            heads = qkv[:, start:end].reshape(-1, hd)           # [T, n*hd] -> [T*n, hd], a contiguous copy
+            qkv[:, start:end] = rms_norm(heads, weight, c.rms_norm_eps).reshape(T, end - start)
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
         """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32.
@@ -131,6 +140,8 @@ class Model:
             qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
+            if layer.q_norm is not None:
+                self._norm_heads(qkv, layer.q_norm, layer.k_norm)
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
             if rope_write is not None:

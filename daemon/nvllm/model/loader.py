@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# transformers' Qwen3Config defaults head_dim to 128 rather than hidden_size / num_attention_heads.
+_DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
@@ -42,6 +44,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     rope_scaling: dict[str, Any] | None = None
+    qk_norm: bool = False      # Qwen3: an RMSNorm over each head of q and of k, before rope
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -72,6 +75,12 @@ class ModelConfig:
             elif kind != "llama3":
                 raise ModelLoadError(f"{where}: rope type {kind!r} is not supported (supported: default, llama3)")
         eos = cfg.get("eos_token_id")
+        qk_norm = arch == "Qwen3ForCausalLM"
+        attention_bias = bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM"))
+        if qk_norm and attention_bias:
+            # Qwen3's attention_bias also puts a bias on o_proj, which nvllm does not carry.
+            raise ModelLoadError(f"{where}: attention_bias true is not supported for {arch} "
+                                 f"(it adds an o_proj bias)")
         return cls(
             architecture=arch,
             vocab_size=int(need("vocab_size")),
@@ -80,13 +89,14 @@ class ModelConfig:
             num_layers=int(need("num_hidden_layers")),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch, hidden // heads)),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            attention_bias=attention_bias,
             rope_scaling=scaling,
+            qk_norm=qk_norm,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
         )
@@ -95,14 +105,15 @@ class ModelConfig:
     def num_params(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
-        per_layer = attn + 3 * h * i + 2 * h
+        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
         heads = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + heads + h
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of the float32 weights as load_weights lays them out (ModelWeights.nbytes, q/k/v biases
-        included), from the shapes alone: what `nvllm serve --dry-run` plans with before loading anything."""
+        and q/k norms included), from the shapes alone: what `nvllm serve --dry-run` plans with before
+        loading anything."""
         bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
         return 4 * (self.num_params + self.num_layers * bias)
 
@@ -116,6 +127,8 @@ class LayerWeights:
     post_norm: np.ndarray      # [H]
     gate_up: np.ndarray        # [H, 2 * I], gate then up
     down: np.ndarray           # [I, H]
+    q_norm: np.ndarray | None = None  # [hd], Qwen3: every q head is RMS-normed with it before rope
+    k_norm: np.ndarray | None = None  # [hd], likewise every k head
 
 
 @dataclass
@@ -348,6 +361,9 @@ def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
         if config.attention_bias:
             bias = t.joined([(a + "q_proj.bias", (nh * d,)), (a + "k_proj.bias", (nkv * d,)),
                              (a + "v_proj.bias", (nkv * d,))])
+        q_norm = k_norm = None
+        if config.qk_norm:
+            q_norm, k_norm = t.get(a + "q_norm.weight", (d,)), t.get(a + "k_norm.weight", (d,))
         layers.append(LayerWeights(
             input_norm=t.get(p + "input_layernorm.weight", (h,)),
             qkv=t.joined([(a + "q_proj.weight", (nh * d, h)), (a + "k_proj.weight", (nkv * d, h)),
@@ -358,6 +374,8 @@ def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
             gate_up=t.joined([(p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h))],
                              transpose=True),                                         # [H, 2I]
             down=t.get(p + "mlp.down_proj.weight", (h, i), transpose=True),           # [I, H]
+            q_norm=q_norm,
+            k_norm=k_norm,
         ))
     embed = t.get("model.embed_tokens.weight", (v, h))                                # [V, H]
     if config.tie_word_embeddings or "lm_head.weight" not in t:
