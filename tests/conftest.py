@@ -46,6 +46,29 @@ def tiny_models() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_ggufs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """name -> the tiny model as llama.cpp would convert it (F16 for tiny-llama-f16, F32 for the rest)."""
+    import gguf
+    from gguf_util import write_gguf
+
+    out = tmp_path_factory.mktemp("gguf")
+    types = {"tiny-llama-f16": gguf.GGMLQuantizationType.F16}
+    return {n: write_gguf(p, out / f"{n}.gguf", types.get(n, gguf.GGMLQuantizationType.F32))
+            for n, p in tiny_models.items()}
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2: Path) -> Path:
+    """The default model's GGUF as shipped (Q4_1), which `nvllm models pull` keeps beside the folder."""
+    path = smollm2.parent / f"{smollm2.name}.gguf"
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} is missing: CI must pull it (nvllm models pull smollm2-135m-instruct)")
+        pytest.skip("the default model's GGUF is not pulled (nvllm models pull smollm2-135m-instruct)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     if not (SMOLLM2 / "config.json").exists():
         if os.environ.get("CI"):

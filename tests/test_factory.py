@@ -57,13 +57,19 @@ class TestModelPath:
             factory.load_model(settings_for(folder))
 
     def test_a_missing_folder_is_one_clear_error(self, tmp_path):
-        with pytest.raises(factory.EngineBuildError, match=r"no model folder at .*nowhere.*nvllm models pull"):
+        with pytest.raises(factory.EngineBuildError, match=r"nothing at .*nowhere.*nvllm models pull"):
             factory.load_model(settings_for(tmp_path / "nowhere"))
 
-    def test_a_file_is_named_as_a_file(self, tmp_path):
+    def test_a_file_that_is_not_a_gguf_is_named(self, tmp_path):
+        f = tmp_path / "model.bin"
+        f.write_bytes(b"\0" * 64)
+        with pytest.raises(factory.EngineBuildError, match=r"a file that is not a .gguf at .*model.bin"):
+            LLM(f)
+
+    def test_a_broken_gguf_is_one_clear_error(self, tmp_path):
         f = tmp_path / "some.gguf"
         f.write_bytes(b"GGUF")
-        with pytest.raises(factory.EngineBuildError, match=r"a file, not a model folder at .*some.gguf"):
+        with pytest.raises(factory.EngineBuildError, match=r"cannot load the model at .*some.gguf: .*too short"):
             LLM(f)
 
     @pytest.mark.parametrize("command", [["generate", "hello"], ["bench", "--concurrency", "1"]])
@@ -120,3 +126,32 @@ class TestRequests:
         tok = offline.tokenizer
         assert all(t.token == (tok.id_to_token(t.token_id) or "") for lp in out.logprobs for t in lp.top)
         assert all(len(lp.top) == 2 for lp in out.logprobs)
+
+
+class TestGGUF:
+    def test_a_gguf_serves_like_its_folder(self, tiny_models, tiny_ggufs):
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        prompts = ["The quick brown fox", {"messages": [{"role": "user", "content": "hi"}]}]
+        for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3"):
+            folder = LLM(tiny_models[name], num_blocks=64).generate(prompts, params)
+            gguf = LLM(tiny_ggufs[name], num_blocks=64).generate(prompts, params)
+            assert [o.token_ids for o in gguf] == [o.token_ids for o in folder], name
+            assert [o.text for o in gguf] == [o.text for o in folder], name
+
+    def test_planning_from_a_gguf_reads_only_its_header(self, tiny_models, tiny_ggufs):
+        info = factory.read_model_info(settings_for(tiny_ggufs["tiny-qwen2"]))
+        folder = factory.read_model_info(settings_for(tiny_models["tiny-qwen2"]))
+        assert (info.architecture, info.num_params, info.weight_bytes, info.bytes_per_token) == \
+            (folder.architecture, folder.num_params, folder.weight_bytes, folder.bytes_per_token)
+
+    def test_the_eot_token_ends_a_reply(self, tiny_ggufs):
+        loaded = factory.load_model(settings_for(tiny_ggufs["tiny-qwen2"]))
+        assert loaded.tokenizer.extra_eos_ids <= loaded.eos_token_ids
+        assert loaded.tokenizer.eos_token_id in loaded.eos_token_ids
+
+    def test_serve_dry_run_plans_a_gguf_for_another_board(self, tiny_ggufs, tmp_path):
+        r = subprocess.run([sys.executable, "-m", "nvllm.cli", "serve", "--model", str(tiny_ggufs["tiny-llama"]),
+                            "--dry-run", "--memory-gb", "8"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "LlamaForCausalLM" in r.stdout and "pool:" in r.stdout

@@ -16,19 +16,23 @@ from safetensors.numpy import load_file
 
 from nvllm import LLM, SamplingParams
 from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.model.gguf_file import load_gguf_weights, read_gguf
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-3
 MODELS = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct")
 # The tiny models' cases also run on emulated aarch64 (deploy/aarch64-check.sh, pytest -m aarch64).
-MODEL_PARAMS = [pytest.param(n, marks=[] if n == "smollm2-135m-instruct" else [pytest.mark.aarch64])
-                for n in MODELS]
+# Each model in both forms: its Hugging Face folder, and its GGUF file (the shipped Q4_1 file for SmolLM2,
+# whose folder holds the same weights dequantized; the tiny ones written from their folders).
+FORMS = ("folder", "gguf")
+MODEL_PARAMS = [pytest.param((n, f), marks=[] if n == "smollm2-135m-instruct" else [pytest.mark.aarch64],
+                             id=f"{n}-{f}") for n in MODELS for f in FORMS]
 
 
-def model_path(name: str, request) -> Path:
+def model_path(name: str, form: str, request) -> Path:
     if name == "smollm2-135m-instruct":
-        return request.getfixturevalue("smollm2")
-    return request.getfixturevalue("tiny_models")[name]
+        return request.getfixturevalue("smollm2" if form == "folder" else "smollm2_gguf")
+    return request.getfixturevalue("tiny_models" if form == "folder" else "tiny_ggufs")[name]
 
 
 class Golden:
@@ -101,8 +105,12 @@ def run_schedule(model: Model, prompts: list[np.ndarray], steps: list[list[int]]
 
 @pytest.fixture(scope="module", params=MODEL_PARAMS)
 def loaded(request):
-    name = request.param
-    return name, Model.from_dir(model_path(name, request)), Golden(name)
+    name, form = request.param
+    path = model_path(name, form, request)
+    if form == "gguf":
+        g = read_gguf(path)
+        return f"{name} ({form})", Model(g.config, load_gguf_weights(g)), Golden(name)
+    return f"{name} ({form})", Model.from_dir(path), Golden(name)
 
 
 def check(golden: Golden, ours: np.ndarray, ref: np.ndarray, what: str) -> None:
@@ -163,15 +171,16 @@ def test_mixed_prefill_and_decode_steps(loaded, kernel_path):
         check(g, ours, ref, f"{name} mixed steps, prompt {k}")
 
 
-@pytest.mark.parametrize("name", MODEL_PARAMS)
-def test_greedy_continuations_match_transformers(name, request):
+@pytest.mark.parametrize("which", MODEL_PARAMS)
+def test_greedy_continuations_match_transformers(which, request):
+    name, form = which
     path = GOLDEN / f"{name}_greedy.json"
     if not path.exists():
         pytest.fail(f"{path} is missing: run tests/golden/make_golden.py")
     cases = json.loads(path.read_text())
     if name == "smollm2-135m-instruct":
         assert len(cases) >= 8
-    llm = LLM(model_path(name, request), num_blocks=128, max_model_len=2048)
+    llm = LLM(model_path(name, form, request), num_blocks=128, max_model_len=2048)
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases],
                         SamplingParams(temperature=0, max_tokens=max(len(c["output_ids"]) for c in cases)))
     for c, o in zip(cases, outs):

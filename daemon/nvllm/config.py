@@ -88,7 +88,7 @@ NON_EMPTY = {RANGE: Range(non_empty=True)}
 
 @dataclass
 class ModelSettings:
-    # A Hugging Face folder, or the name of a model under models_dir.
+    # A Hugging Face folder or a .gguf file, or the name of either under models_dir.
     path: str = field(default=DEFAULT_MODEL, metadata=NON_EMPTY)
     models_dir: str = "models"
     # The name clients may send in GenerateRequest.model; the folder's name when empty.
@@ -160,10 +160,10 @@ class Settings:
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     log_level: str = field(default="info", metadata=one_of("debug", "info", "warning", "error"))
 
-    def model_dir(self) -> Path:
-        """The model folder: a path as given, else a name under models_dir."""
+    def model_path(self) -> Path:
+        """The model (a folder or a .gguf file): a path as given, else a name under models_dir."""
         p = Path(self.model.path)
-        if p.is_dir() or p.is_absolute() or len(p.parts) > 1:
+        if p.exists() or p.is_absolute() or len(p.parts) > 1:
             return p
         return Path(self.model.models_dir) / p
 

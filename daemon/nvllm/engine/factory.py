@@ -26,6 +26,7 @@ from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
 from nvllm.model import kernels
 from nvllm.model.decoder import Model
+from nvllm.model.gguf_file import load_gguf_weights, read_gguf
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.tokenizer import Tokenizer
@@ -74,25 +75,34 @@ class PoolPlan:
     max_model_len: int
 
 
+def is_gguf(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf"
+
+
 def model_path(settings: Settings) -> Path:
-    """The model folder the settings name, checked to exist (EngineBuildError otherwise)."""
-    path = settings.model_dir()
-    if not (path / "config.json").is_file():
-        m = settings.model
-        what = "a file, not a model folder" if path.is_file() else "no model folder"
-        raise EngineBuildError(
-            f"{what} at {path} (model.path={m.path!r}, model.models_dir={m.models_dir!r}): give a Hugging Face "
-            f"folder with config.json, or pull one with `nvllm models pull NAME --dir {m.models_dir}`")
-    return path
+    """The model the settings name, a folder or a .gguf file, checked to exist (EngineBuildError otherwise)."""
+    path = settings.model_path()
+    if is_gguf(path) and path.is_file() or (path / "config.json").is_file():
+        return path
+    m = settings.model
+    what = ("a file that is not a .gguf" if path.is_file() else
+            "no config.json in the folder" if path.is_dir() else "nothing")
+    raise EngineBuildError(
+        f"{what} at {path} (model.path={m.path!r}, model.models_dir={m.models_dir!r}): give a Hugging Face "
+        f"folder with config.json or a .gguf file, or pull one with `nvllm models pull NAME --dir {m.models_dir}`")
 
 
 def read_model_info(settings: Settings) -> ModelInfo:
-    """The model's shapes from config.json alone, nothing loaded (planning for another board)."""
+    """The model's shapes from config.json or the GGUF header alone, nothing loaded (planning for
+    another board)."""
     path = model_path(settings)
     try:
+        if is_gguf(path):
+            g = read_gguf(path)
+            return ModelInfo.of(path, g.config)
         return ModelInfo.of(path, load_config(path))
     except (ModelLoadError, OSError) as e:
-        raise EngineBuildError(f"cannot read {path / 'config.json'}: {e}") from e
+        raise EngineBuildError(f"cannot read {path}: {e}") from e
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -100,19 +110,29 @@ def load_model(settings: Settings) -> LoadedModel:
     path = model_path(settings)
     t0 = time.monotonic()
     try:
-        model = Model.from_dir(path)
-        tokenizer = Tokenizer.from_dir(path)
-        gen_file = path / "generation_config.json"
-        defaults = read_json(gen_file) if gen_file.exists() else {}
+        if is_gguf(path):
+            model, tokenizer, defaults = _load_gguf(path)
+        else:
+            model, tokenizer = Model.from_dir(path), Tokenizer.from_dir(path)
+            gen_file = path / "generation_config.json"
+            defaults = read_json(gen_file) if gen_file.exists() else {}
     except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot load the model at {path}: {e}") from e
     c = model.config
-    # The tokenizer's own EOS and every id config.json and generation_config.json name: each ends a reply.
-    eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id")))
+    # The tokenizer's own EOS (and EOT) and every id config.json and generation_config.json name:
+    # each ends a reply.
+    eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id"))) | set(tokenizer.extra_eos_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, defaults, frozenset(eos), ModelInfo.of(path, c, model.weights.nbytes),
                        time.monotonic() - t0)
+
+
+def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
+    """A GGUF holds weights, tokenizer and template in one file, and no sampling defaults."""
+    g = read_gguf(path)
+    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, str(path))
+    return Model(g.config, load_gguf_weights(g)), tokenizer, {}
 
 
 def _ids(value: Any) -> list[int]:

@@ -60,7 +60,7 @@ STOP_GRACE_S = 5.0     # for handlers to write their last message once the engin
 
 
 def served_name(settings: Settings) -> str:
-    return settings.model.served_name or settings.model_dir().resolve().name
+    return settings.model.served_name or settings.model_path().resolve().name
 
 
 def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
@@ -204,7 +204,7 @@ class Daemon:
         await server.start()
         log.info("listening on %s (Health answers STARTING while the model loads)", address)
 
-        log.info("loading %s from %s", self.model_name, s.model_dir())
+        log.info("loading %s from %s", self.model_name, s.model_path())
         loaded = await loop.run_in_executor(None, factory.load_model, s)
         log.info("model loaded in %.2f s: %s, weights %s", loaded.load_s, loaded.info.architecture,
                  format_bytes(loaded.info.weight_bytes))
