@@ -197,6 +197,9 @@ def test_qwen3_config_reads_as_transformers_reads_it():
     # attention_bias would also mean an o_proj bias, which nvllm does not carry: refused, not ignored.
     with pytest.raises(ModelLoadError, match="config.json: attention_bias true is not supported"):
         ModelConfig.from_dict({**base, "attention_bias": True})
+    with pytest.raises(ModelLoadError, match="attention_bias true is not supported for LlamaForCausalLM"):
+        ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"], "attention_bias": True})
+    assert ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"]}).attention_bias  # q/k/v only
 
 
 @pytest.mark.parametrize("name", NAMES)

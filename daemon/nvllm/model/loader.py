@@ -77,8 +77,9 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         qk_norm = arch == "Qwen3ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM"))
-        if qk_norm and attention_bias:
-            # Qwen3's attention_bias also puts a bias on o_proj, which nvllm does not carry.
+        if attention_bias and arch != "Qwen2ForCausalLM":
+            # Llama's and Qwen3's attention_bias also put a bias on o_proj (Qwen2's biases are q/k/v
+            # only), which nvllm does not carry: refused rather than computed wrong.
             raise ModelLoadError(f"{where}: attention_bias true is not supported for {arch} "
                                  f"(it adds an o_proj bias)")
         return cls(
