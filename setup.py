@@ -16,6 +16,16 @@ setup(
             # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.
             extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"],
             optional=True,
-        )
+        ),
+        Extension(
+            "nvllm.model._matmul",
+            sources=["daemon/nvllm/model/csrc/matmul.c"],
+            # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
+            # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
+            extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+                                "-pthread"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
     ],
 )

@@ -22,34 +22,39 @@ ABI = 2  # must equal kernels_abi() in csrc/kernels.c
 _why_not = ""
 
 
-def _load() -> ctypes.CDLL | None:
-    global _why_not
+def load_library(stem: str, abi_function: str, abi: int, what: str) -> tuple[ctypes.CDLL | None, str]:
+    """The extension nvllm.model.<stem> built with the package, or None and why not: turned off by
+    NVLLM_KERNELS=0, not built, or built from another version (its ABI number differs)."""
     if os.environ.get("NVLLM_KERNELS", "1") == "0":
-        _why_not = "C kernels turned off by NVLLM_KERNELS=0"
-        return None
+        return None, "C kernels turned off by NVLLM_KERNELS=0"
     here = Path(__file__).parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_kernels{suffix}"
+        path = here / f"{stem}{suffix}"
         if path.exists():
-            lib = ctypes.CDLL(str(path))
-            abi = lib.kernels_abi() if hasattr(lib, "kernels_abi") else 0
-            if abi != ABI:
-                _why_not = (f"C kernels in {path.name} are from another version (ABI {abi}, need {ABI}): "
-                            f"reinstall nvllm (pip install -e .) to rebuild them")
-                return None
-            lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64]
-            lib.paged_decode_attention.restype = ctypes.c_int
-            lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P]
-            lib.softmax_causal_rows.restype = None
-            lib.silu_mul.argtypes = [_P, _P, _I64, _I64]
-            lib.silu_mul.restype = None
-            lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
-            lib.rms_norm.restype = None
-            lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P]
-            lib.rope_write_kv.restype = None
-            return lib
-    _why_not = "C kernels not built: no C compiler when nvllm was installed; slower"
-    return None
+            found = ctypes.CDLL(str(path))
+            got = getattr(found, abi_function)() if hasattr(found, abi_function) else 0
+            if got != abi:
+                return None, (f"{what} in {path.name} are from another version (ABI {got}, need {abi}): "
+                              f"reinstall nvllm (pip install -e .) to rebuild them")
+            return found, ""
+    return None, f"{what} not built: no C compiler when nvllm was installed; slower"
+
+
+def _load() -> ctypes.CDLL | None:
+    global _why_not
+    lib, _why_not = load_library("_kernels", "kernels_abi", ABI, "C kernels")
+    if lib is not None:
+        lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64]
+        lib.paged_decode_attention.restype = ctypes.c_int
+        lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P]
+        lib.softmax_causal_rows.restype = None
+        lib.silu_mul.argtypes = [_P, _P, _I64, _I64]
+        lib.silu_mul.restype = None
+        lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
+        lib.rms_norm.restype = None
+        lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P]
+        lib.rope_write_kv.restype = None
+    return lib
 
 
 lib = _load()

@@ -1,0 +1,126 @@
+"""x @ W.T with W read in its GGUF block format: the C kernels of csrc/matmul.c, built with the package as
+nvllm.model._matmul and called through ctypes (which lets go of the GIL for the call).
+
+`quant_matmul` checks its arguments, then runs the C kernel for the formats it reads (FORMATS) on
+`threads` threads, or the NumPy twin `QuantizedWeight.matmul` where the library was not built
+(`lib` is None) or the format has no kernel. The kernel decodes each weight exactly as quants.py
+does and sums in float32 in a fixed order per output, so its result is the twin's within float32
+rounding, and it does not depend on the thread count nor on the other rows of x.
+
+NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (kernels.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from nvllm.model.kernels import load_library
+from nvllm.model.quants import QuantizedWeight
+
+ABI = 1  # must equal matmul_abi() in csrc/matmul.c
+MAX_THREADS = 64  # the C pool's limit
+# The formats with a C kernel, by name; the others (Q5_0, Q5_1) go to the NumPy twin.
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+_why_not = ""
+
+
+def _load() -> ctypes.CDLL | None:
+    global _why_not
+    lib, _why_not = load_library("_matmul", "matmul_abi", ABI, "C matmul kernels")
+    if lib is not None:
+        lib.quant_matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, ctypes.c_int]
+        lib.quant_matmul.restype = ctypes.c_int
+        lib.matmul_pool_threads.argtypes = []
+        lib.matmul_pool_threads.restype = ctypes.c_int
+    return lib
+
+
+lib = _load()
+
+
+def describe() -> str:
+    """One line for logs and the bench: which code multiplies by the weights kept in their format."""
+    if lib is None:
+        return f"NumPy matmul by dequantized chunks ({_why_not})"
+    return f"C matmul in the weights' formats ({', '.join(FORMATS)}; others in NumPy)"
+
+
+def _ptr(a: np.ndarray) -> int:
+    # as kernels._ptr: from_buffer is the cheap way to an address, for writable contiguous memory only
+    if a.flags.writeable and a.flags.c_contiguous and a.size:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    return a.ctypes.data
+
+
+def _check_weight(w: QuantizedWeight) -> None:
+    # The kernel walks the blocks by their row length alone: anything else would read past them.
+    if not isinstance(w, QuantizedWeight):
+        raise ValueError(f"w: need a QuantizedWeight, got {type(w).__name__}")
+    b, fmt = w.blocks, w.fmt
+    rows, n_in = w.shape
+    row_bytes = n_in // fmt.block_elems * fmt.block_bytes
+    if n_in % fmt.block_elems:
+        raise ValueError(f"w: {fmt.name} rows of {n_in} values are not whole blocks of {fmt.block_elems}")
+    if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.shape != (rows, row_bytes):
+        got = f"{b.dtype} {b.shape}" if isinstance(b, np.ndarray) else type(b).__name__
+        raise ValueError(f"w.blocks: a {fmt.name} weight {w.shape} needs uint8 [{rows}, {row_bytes}], got {got}")
+    if b.size and not b.flags.c_contiguous:
+        raise ValueError(f"w.blocks: need rows of {row_bytes} bytes one after the other (C-contiguous), "
+                         f"got strides {b.strides}")
+
+
+def _check_x(x: np.ndarray, n_in: int) -> None:
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"x: need a NumPy array, got {type(x).__name__}")
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"x: need float32 [T, {n_in}], got {x.dtype} {list(x.shape)}")
+    # rows may be strided (a slice of a wider array), values within a row must be contiguous
+    if x.size and (x.strides[1] != 4 or x.strides[0] % 4 or x.strides[0] < 0
+                   or (x.shape[0] > 1 and x.strides[0] < 4 * n_in)):
+        raise ValueError(f"x: need rows of contiguous float32 values at a positive row stride, got strides "
+                         f"{x.strides}")
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> None:
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out: need a NumPy array, got {type(out).__name__}")
+    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out: need a C-contiguous float32 {list(shape)}, got {out.dtype} {list(out.shape)} "
+                         f"{'contiguous' if out.flags.c_contiguous else 'strided'}")
+    if not out.flags.writeable:
+        raise ValueError("out: is written, but is read-only")
+    if np.may_share_memory(out, x):
+        raise ValueError("out: overlaps x; the kernel reads x while it writes out")
+
+
+def _check_threads(threads: int) -> None:
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads: need an integer in [1, {MAX_THREADS}], got {threads!r}")
+
+
+def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given."""
+    _check_weight(w)
+    n_out, n_in = w.shape
+    _check_x(x, n_in)
+    _check_threads(threads)
+    T = x.shape[0]
+    if out is None:
+        out = np.empty((T, n_out), np.float32)
+    else:
+        _check_out(out, (T, n_out), x)
+    if lib is None or w.fmt.name not in FORMATS:
+        out[...] = w.matmul(x)
+        return out
+    if out.size == 0:
+        return out
+    rc = lib.quant_matmul(w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1], n_out, n_in,
+                          x.ctypes.data if x.size else 0, x.strides[0] // 4, T, _ptr(out), n_out, int(threads))
+    if rc != 0:  # the checks above make this unreachable; kept so a mismatch cannot pass silently
+        raise ValueError(f"w: the C matmul refused a {w.fmt.name} weight {w.shape} (code {rc})")
+    return out
