@@ -116,10 +116,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the test on both paths: the C kernels, and the NumPy code that stands in where they were
     not built (no C compiler at install)."""
-    from nvllm.model import kernels
+    from nvllm.model import kernels, matmul_kernels
 
     if request.param == "numpy":
         monkeypatch.setattr(kernels, "lib", None)
+        monkeypatch.setattr(matmul_kernels, "lib", None)
     elif kernels.lib is None:
         pytest.skip("the C kernels were not built (no C compiler at install)")
     return request.param

@@ -14,9 +14,10 @@ from gguf import GGMLQuantizationType as T
 
 import gguf_util as gu
 from nvllm.model.decoder import ForwardBatch, Model
-from nvllm.model.gguf_file import (ARCHITECTURES, GGUFError, GGUFModel, hf_tensor_name, load_gguf_weights,
-                                   read_gguf, unpermute_rope_rows)
+from nvllm.model.gguf_file import (ARCHITECTURES, IN_PLACE_FORMATS, GGUFError, GGUFModel, hf_tensor_name,
+                                   load_gguf_weights, read_gguf, unpermute_rope_rows)
 from nvllm.model.loader import LayerWeights, ModelConfig, ModelLoadError, ModelWeights, load_config, load_weights
+from nvllm.model.quants import QuantizedWeight
 
 FOLDERS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TYPES = (T.F16, T.BF16) + gu.QUANTIZABLE
@@ -69,6 +70,21 @@ def _assert_weights_equal(ours: ModelWeights, ref: ModelWeights) -> None:
                 check(y, x)
 
 
+def _dense(w: ModelWeights) -> ModelWeights:
+    """Weights kept in their format (load_gguf_weights in place) in the float32 layout: the values they
+    multiply by, for comparing with a folder's or gguf's reference."""
+    def matrix(x):
+        if isinstance(x, tuple):
+            return np.concatenate([matrix(p) for p in x], axis=1)
+        return np.ascontiguousarray(x.dequantize().T) if isinstance(x, QuantizedWeight) else x
+
+    embed = w.embed.dequantize() if isinstance(w.embed, QuantizedWeight) else w.embed
+    lm_head = embed.T if w.lm_head is w.embed else matrix(w.lm_head)
+    layers = [LayerWeights(**{k: matrix(v) if k in ("qkv", "o", "gate_up", "down") else v
+                              for k, v in vars(l).items()}) for l in w.layers]
+    return ModelWeights(embed=embed, layers=layers, norm=w.norm, lm_head=lm_head)
+
+
 def test_f32_weights_equal_the_folders_exactly(folder: Path, f32_gguf: Path):
     _, ref = load_weights(folder)
     m = read_gguf(f32_gguf)
@@ -107,7 +123,8 @@ def test_the_published_smollm2_gguf_equals_its_converted_folder(smollm2: Path):
     config, ref = load_weights(smollm2)
     assert m.config == config
     assert {f.name for f, _, _ in m.tensors.values()} >= {"Q4_1", "F32"}
-    _assert_weights_equal(load_gguf_weights(m), ref)
+    _assert_weights_equal(load_gguf_weights(m, in_place=False), ref)
+    _assert_weights_equal(_dense(load_gguf_weights(m, in_place=True)), ref)
 
 
 def test_metadata_is_every_key_as_plain_values(f32_gguf: Path):
@@ -161,8 +178,12 @@ def test_each_type_equals_ggufs_dequantize(folder: Path, qtype: T, tmp_path: Pat
     path = gu.write_gguf(folder, tmp_path / f"{qtype.name}.gguf", qtype)
     m = read_gguf(path)
     assert m.tensors["blk.0.ffn_up.weight"][0].name == qtype.name
-    ours = load_gguf_weights(m)
-    _assert_weights_equal(ours, _reference(path, m.config, m.metadata["general.architecture"]))
+    want = _reference(path, m.config, m.metadata["general.architecture"])
+    ours = load_gguf_weights(m, in_place=False)
+    _assert_weights_equal(ours, want)
+    kept = load_gguf_weights(m, in_place=True)   # in the file's format: the same values, in place
+    assert isinstance(kept.layers[0].qkv, QuantizedWeight) == (qtype.name in IN_PLACE_FORMATS)
+    _assert_weights_equal(_dense(kept), want)
     if qtype in (T.F16, T.BF16, T.Q8_0):   # and it is still the folder's model, nearly
         _, ref = load_weights(folder)
         np.testing.assert_allclose(ours.layers[0].qkv, ref.layers[0].qkv, atol=0.02 * np.abs(ref.layers[0].qkv).max())
@@ -178,9 +199,11 @@ def test_random_blocks_equal_ggufs_dequantize(arch: str, qtype: T, tmp_path: Pat
             c.vocab_size, c.num_layers) == (ARCHITECTURES[arch], 256, 512, 4, 2, 64, 64, 1)
     assert c.attention_bias == (arch == "qwen2") and c.qk_norm == (arch == "qwen3")
     assert c.tie_word_embeddings == (arch == "qwen2") and c.eos_token_ids == [63]
-    ours = load_gguf_weights(m)
-    _assert_weights_equal(ours, _reference(path, c, arch))
+    want = _reference(path, c, arch)
+    ours = load_gguf_weights(m, in_place=False)
+    _assert_weights_equal(ours, want)
     assert all(np.isfinite(l.qkv).all() for l in ours.layers)
+    _assert_weights_equal(_dense(load_gguf_weights(m, in_place=True)), want)
 
 
 # ---------------------------------------------------------------- rope scaling

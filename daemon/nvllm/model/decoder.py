@@ -13,6 +13,7 @@ import numpy as np
 from nvllm.model import kernels
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from nvllm.model.kv_cache import KVCache
+from nvllm.model.linear import embedding_rows, linear, set_threads
 from nvllm.model.loader import ModelConfig, ModelWeights, load_weights, rope_inv_freq
 
 
@@ -60,6 +61,7 @@ def set_blas_threads(n: int = 0) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         n = max(1, cores - 1)
     threadpool_limits(n, user_api="blas")
+    set_threads(n)   # the in-place matmul kernels of quantized weights run as many
     return n
 
 
@@ -134,10 +136,10 @@ class Model:
         # With the C kernels, rope and the KV writes are one call per layer, set up once per step.
         rope_write = (kernels.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
                       if kernels.lib is not None else None)
-        x = w.embed[batch.token_ids]                                            # [T, H]
+        x = embedding_rows(w.embed, batch.token_ids)                            # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = h @ layer.qkv                                                 # [T, H] @ [H, (nh+2nkv)*hd]
+            qkv = linear(h, layer.qkv)                                          # [T, H] @ [H, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             if layer.q_norm is not None:
@@ -151,12 +153,12 @@ class Model:
                 q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
-            x = x + attn.reshape(T, nh * hd) @ layer.o                          # [T, nh*hd] @ [nh*hd, H]
+            x = x + linear(attn.reshape(T, nh * hd), layer.o)                   # [T, nh*hd] @ [nh*hd, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gu = h @ layer.gate_up                                              # [T, H] @ [H, 2I]
-            x = x + silu_mul(gu) @ layer.down                                   # [T, I] @ [I, H]
+            gu = linear(h, layer.gate_up)                                       # [T, H] @ [H, 2I]
+            x = x + linear(silu_mul(gu), layer.down)                            # [T, I] @ [I, H]
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
-        logits = last @ w.lm_head                                               # [R, H] @ [H, V]
+        logits = linear(last, w.lm_head)                                        # [R, H] @ [H, V]
         # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
         if not np.isfinite(logits).all():
             raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])

@@ -1,14 +1,18 @@
-"""A llama.cpp GGUF model file -> the same ModelConfig and float32 weights a Hugging Face folder gives.
+"""A llama.cpp GGUF model file -> the same ModelConfig and weights a Hugging Face folder gives.
 
-Llama, Qwen2 and Qwen3 only. The file is memory-mapped, never copied. Its header is parsed here by a
-small bounded reader that checks every count, length, type, name, shape and offset against the bytes the
-file really holds before anything is allocated from what the header claims: a hostile or broken file gets
-one GGUFError line naming the file and what is wrong, never a crash or a huge allocation. The weights
-are then dequantized to float32 once (model/quants.py) and laid out by model/loader.py's _lay_out, so
-the decoder cannot tell a GGUF from a folder.
+Llama, Qwen2 and Qwen3 only. The file is memory-mapped, never copied whole. Its header is parsed here by
+a small bounded reader that checks every count, length, type, name, shape and offset against the bytes
+the file really holds before anything is allocated from what the header claims: a hostile or broken file
+gets one GGUFError line naming the file and what is wrong, never a crash or a huge allocation. The
+weights are laid out by model/loader.py's _lay_out. Where the C matmul kernels are built, each matrix
+stays in its file format (model/quants.py's QuantizedWeight, multiplied in place by model/linear.py):
+its blocks are copied out of the mapping (q|k|v and gate|up fused by stacking their rows of blocks) and
+the mapped pages dropped, so the model is resident once, at its size in the file. Without the kernels,
+and for formats they do not read, the matrices are dequantized to float32 once, as a folder's are.
 """
 from __future__ import annotations
 
+import logging
 import math
 import mmap
 import os
@@ -18,8 +22,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from nvllm.model import matmul_kernels
 from nvllm.model.loader import ModelConfig, ModelLoadError, ModelWeights, _lay_out, rope_inv_freq
-from nvllm.model.quants import BlockFormat, UnsupportedTensorType, block_format, dequantize, raw_nbytes
+from nvllm.model.quants import (BlockFormat, QuantizedWeight, UnsupportedTensorType, block_format, dequantize,
+                                raw_nbytes)
+
+log = logging.getLogger("nvllm.model.gguf_file")
 
 
 class GGUFError(ValueError):
@@ -573,8 +581,8 @@ class _DequantizedTensors:
             at += k
         return out
 
-    def _fill(self, hf_name: str, shape: Tuple[int, ...], dst: Callable[[int, int], np.ndarray],
-              transpose: bool) -> None:
+    def _lookup(self, hf_name: str, shape: Tuple[int, ...]) -> Tuple[str, BlockFormat, np.ndarray]:
+        """(GGUF name, format, raw bytes) of a tensor, checked to have `shape`."""
         if hf_name not in self.names:
             raise ModelLoadError(f"{self.model.path}: tensor {hf_name!r} is missing")
         gname = self.names[hf_name]
@@ -582,6 +590,11 @@ class _DequantizedTensors:
         if tuple(gshape) != tuple(shape):
             raise ModelLoadError(f"{self.model.path}: tensor {gname!r} has shape {list(gshape)}, "
                                  f"expected {list(shape)}")
+        return gname, fmt, raw
+
+    def _fill(self, hf_name: str, shape: Tuple[int, ...], dst: Callable[[int, int], np.ndarray],
+              transpose: bool) -> None:
+        gname, fmt, raw = self._lookup(hf_name, shape)
         heads = self._rope_heads(gname)
         rows = shape[0]
         row_bytes = raw.size // rows
@@ -603,9 +616,122 @@ class _DequantizedTensors:
         return {"attn_q": c.num_heads, "attn_k": c.num_kv_heads}.get(kind, 0)
 
 
-def load_gguf_weights(model: GGUFModel) -> ModelWeights:
-    """float32 weights in exactly the layout a folder's give (model/loader.py's _lay_out)."""
-    return _lay_out(_DequantizedTensors(model), model.config, model.path)
+# The formats the C matmul kernels multiply in place; the others (Q5_0, Q5_1, F32) are laid out as float32.
+IN_PLACE_FORMATS = frozenset({"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
+
+
+class _InPlaceTensors(_DequantizedTensors):
+    """As _DequantizedTensors, but a matrix in a format the kernels read comes back as a QuantizedWeight
+    (out, in) holding a copy of its blocks (llama's Q/K rows unpermuted, q|k|v and gate|up stacked), its
+    mapped pages dropped; a matrix in another format is laid out as float32, and named in `as_float`
+    when that dequantized it (F32 is multiplied by BLAS as it is)."""
+
+    def __init__(self, model: GGUFModel) -> None:
+        super().__init__(model)
+        self.as_float: List[str] = []   # "name (format)" of each matrix dequantized to float32
+
+    def joined(self, parts: List[Tuple[str, Tuple[int, ...]]], transpose: bool = False):
+        if len(parts[0][1]) != 2:
+            return super().joined(parts, transpose)                       # norms and biases: float32
+        found = [self._lookup(name, shape) for name, shape in parts]
+        formats = {fmt.name for _, fmt, _ in found}
+        if not formats <= IN_PLACE_FORMATS:
+            self.as_float += [f"{gname} ({fmt.name})" for gname, fmt, _ in found if fmt.name != "F32"]
+            return super().joined(parts, transpose)
+        if len(formats) == 1:
+            return self._stacked(found, [shape for _, shape in parts])
+        # parts in different formats (a Q4_K_M file's Q6_K attn_v): each kept, outputs side by side
+        return tuple(self._stacked([f], [shape]) for f, (_, shape) in zip(found, parts))
+
+    def _stacked(self, found: List[Tuple[str, BlockFormat, np.ndarray]],
+                 shapes: List[Tuple[int, ...]]) -> QuantizedWeight:
+        """The tensors' rows of blocks stacked into one new array [sum of rows, row bytes]."""
+        fmt = found[0][1]
+        row_bytes = raw_nbytes(fmt, shapes[0][1:])
+        out = np.empty((sum(s[0] for s in shapes), row_bytes), np.uint8)
+        at = 0
+        for (gname, _, raw), shape in zip(found, shapes):
+            k = shape[0]
+            src, dst = raw.reshape(k, row_bytes), out[at:at + k]
+            heads = self._rope_heads(gname)
+            if heads:
+                # unpermute_rope_rows on whole rows of blocks, exact: HF row j*d/2 + i of a head is
+                # GGUF row 2*i + j.  [heads, d/2, 2, bytes] -> [heads, 2, d/2, bytes]
+                d = k // heads
+                dst.reshape(heads, 2, d // 2, row_bytes)[...] = src.reshape(heads, d // 2, 2, row_bytes).swapaxes(1, 2)
+                self.model.release(raw)
+            else:
+                step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+                for r0 in range(0, k, step):                    # a chunk at a time, then drop its pages
+                    dst[r0:r0 + step] = src[r0:r0 + step]
+                    self.model.release(src[r0:r0 + step].reshape(-1))
+            at += k
+        return QuantizedWeight(fmt, out, (len(out), shapes[0][1]))
+
+
+def _release_all(model: GGUFModel) -> None:
+    """Every tensor's mapped pages dropped again once all are copied: each page fault maps the cached
+    pages around it too (fault-around), so pages released earlier come back while later tensors are
+    read."""
+    for _, raw, _ in model.tensors.values():
+        model.release(raw)
+
+
+def in_place_kernels() -> bool:
+    """Whether the C matmul kernels that multiply quantized weights in place are built."""
+    return matmul_kernels.lib is not None
+
+
+def load_gguf_weights(model: GGUFModel, in_place: Optional[bool] = None) -> ModelWeights:
+    """The weights in the layout a folder's give (model/loader.py's _lay_out). In place (the default
+    where the C matmul kernels are built) the matrices keep their file format; otherwise, or for a
+    format the kernels do not read, they are float32, and one log line says which and why."""
+    if in_place is None:
+        in_place = in_place_kernels()
+    if not in_place:
+        weights = _lay_out(_DequantizedTensors(model), model.config, model.path)
+        _release_all(model)
+        if any(fmt.name != "F32" for name, (fmt, _, shape) in model.tensors.items() if len(shape) == 2):
+            log.info("%s: every matrix dequantized to float32 (%.0f MiB): the C matmul kernels are not built",
+                     model.path, weights.nbytes / 2**20)
+        return weights
+    tensors = _InPlaceTensors(model)
+    weights = _lay_out(tensors, model.config, model.path)
+    _release_all(model)
+    if tensors.as_float:
+        shown = ", ".join(tensors.as_float[:6]) + (f" and {len(tensors.as_float) - 6} more"
+                                                   if len(tensors.as_float) > 6 else "")
+        log.info("%s: %d matrices dequantized to float32, their formats having no in-place kernel "
+                 "(kept in place: %s): %s", model.path, len(tensors.as_float), ", ".join(sorted(IN_PLACE_FORMATS)),
+                 shown)
+    return weights
+
+
+def _matrix_groups(c: ModelConfig) -> List[List[str]]:
+    """The matrices _lay_out fuses, as GGUF names: each group is one weight of the decoder."""
+    groups = [["token_embd.weight"]] + ([] if c.tie_word_embeddings else [["output.weight"]])
+    for n in range(c.num_layers):
+        p = f"blk.{n}."
+        groups += [[p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [p + "attn_output.weight"],
+                   [p + "ffn_gate.weight", p + "ffn_up.weight"], [p + "ffn_down.weight"]]
+    return groups
+
+
+def resident_weight_bytes(model: GGUFModel, in_place: Optional[bool] = None) -> int:
+    """The bytes load_gguf_weights(model, in_place) will hold (its ModelWeights.nbytes), from the header
+    alone: for planning memory before loading."""
+    if in_place is None:
+        in_place = in_place_kernels()
+    total, grouped = 0, set()
+    for group in _matrix_groups(model.config):
+        found = [model.tensors[name] for name in group]
+        grouped.update(group)
+        if in_place and all(fmt.name in IN_PLACE_FORMATS for fmt, _, _ in found):
+            total += sum(raw.size for _, raw, _ in found)
+        else:
+            total += sum(4 * math.prod(shape) for _, _, shape in found)
+    return total + sum(4 * math.prod(shape) for name, (_, _, shape) in model.tensors.items()
+                       if name not in grouped and name != ROPE_FREQS)
 
 
 def hf_tensors(model: GGUFModel) -> Iterator[Tuple[str, np.ndarray]]:

@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
+from nvllm.model.linear import Weight, weight_nbytes
+from nvllm.model.quants import QuantizedWeight
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # transformers' Qwen3Config defaults head_dim to 128 rather than hidden_size / num_attention_heads.
 _DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
@@ -121,30 +124,44 @@ class ModelConfig:
 
 @dataclass
 class LayerWeights:
+    """A layer's weights. The matrices are model/linear.py Weights: float32 [in, out] as the shapes below
+    say (a folder's, and a GGUF's without the in-place kernels), or a GGUF's blocks kept in their format
+    as a QuantizedWeight (out, in); the norms and biases are always float32."""
     input_norm: np.ndarray     # [H]
-    qkv: np.ndarray            # [H, (nh + 2*nkv) * hd], q then k then v
+    qkv: Weight                # [H, (nh + 2*nkv) * hd], q then k then v
     qkv_bias: np.ndarray | None  # [(nh + 2*nkv) * hd]
-    o: np.ndarray              # [nh * hd, H]
+    o: Weight                  # [nh * hd, H]
     post_norm: np.ndarray      # [H]
-    gate_up: np.ndarray        # [H, 2 * I], gate then up
-    down: np.ndarray           # [I, H]
+    gate_up: Weight            # [H, 2 * I], gate then up
+    down: Weight               # [I, H]
     q_norm: np.ndarray | None = None  # [hd], Qwen3: every q head is RMS-normed with it before rope
     k_norm: np.ndarray | None = None  # [hd], likewise every k head
 
 
 @dataclass
 class ModelWeights:
-    embed: np.ndarray          # [V, H]
+    embed: np.ndarray | QuantizedWeight   # [V, H] (QuantizedWeight (V, H): its rows are gathered in place)
     layers: list[LayerWeights]
     norm: np.ndarray           # [H]
-    lm_head: np.ndarray        # [H, V]; for tied embeddings a transposed view of embed, no copy
+    lm_head: Weight            # [H, V]; for tied embeddings a transposed view of embed (or embed itself
+                               # when quantized), no copy
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.embed, self.norm] + [a for l in self.layers for a in vars(l).values() if a is not None]
-        if not np.shares_memory(self.lm_head, self.embed):
-            arrays.append(self.lm_head)
-        return sum(a.nbytes for a in arrays)
+        """Bytes the weights hold in memory, each shared buffer once (a tied lm_head is embed's)."""
+        total = weight_nbytes(self.embed) + self.norm.nbytes
+        total += sum(weight_nbytes(w) for layer in self.layers for w in vars(layer).values())
+        if not _same_memory(self.lm_head, self.embed):
+            total += weight_nbytes(self.lm_head)
+        return total
+
+
+def _same_memory(a: Weight, b: Weight) -> bool:
+    def buffer(w: Weight) -> np.ndarray | None:
+        return w.blocks if isinstance(w, QuantizedWeight) else w if isinstance(w, np.ndarray) else None
+
+    x, y = buffer(a), buffer(b)
+    return x is not None and y is not None and np.shares_memory(x, y)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -351,6 +368,9 @@ def load_weights(model_dir: str | Path, config: ModelConfig | None = None) -> tu
 
 
 def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
+    """The weights in the decoder's layout, from `t` (a folder's _Tensors, or gguf_file's readers with the
+    same get / joined / `in`). A folder's matrices come out float32 ([in, out] when transposed); a GGUF
+    reader may give any matrix, the embedding too, as a QuantizedWeight (out, in) instead."""
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     nh, nkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
 
@@ -382,7 +402,8 @@ def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
     if config.tie_word_embeddings or "lm_head.weight" not in t:
         if not config.tie_word_embeddings:
             raise ModelLoadError(f"{model_dir}: tensor 'lm_head.weight' is missing and embeddings are not tied")
-        lm_head = embed.T                                                  # [H, V] view
+        # [H, V] view; a quantized table multiplies as (V, H) itself
+        lm_head = embed.T if isinstance(embed, np.ndarray) else embed
     else:
         lm_head = t.get("lm_head.weight", (v, h), transpose=True)                     # [H, V]
     norm = t.get("model.norm.weight", (h,))

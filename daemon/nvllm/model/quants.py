@@ -350,6 +350,20 @@ class QuantizedWeight:
         raw = self.blocks[start:stop].reshape(-1)  # rows are contiguous in the file: a view
         return dequantize(self.fmt, raw, (stop - start, self.shape[1]))
 
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` (1-D integers, each in 0..out-1) as float32 [len(ids), in], dequantizing only those
+        rows: an embedding lookup in a token table kept in its file format."""
+        ids = np.asarray(ids)
+        n_rows = self.shape[0]
+        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+            raise ValueError(f"rows of a {self.fmt.name} weight need 1-D integer ids, got {ids.dtype} {ids.shape}")
+        bad = ids[(ids < 0) | (ids >= n_rows)]
+        if bad.size:
+            raise ValueError(f"row id {int(bad[0])} is out of range for a {self.fmt.name} weight of "
+                             f"{n_rows} rows")
+        raw = self.blocks[ids.astype(np.intp)].reshape(-1)  # [n, row_bytes] gathered, then flat
+        return dequantize(self.fmt, raw, (len(ids), self.shape[1]))
+
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x [T, in] -> x @ W.T [T, out] float32, dequantizing a bounded chunk of rows at a time."""
         x = np.asarray(x, dtype=np.float32)
