@@ -155,3 +155,27 @@ class TestGGUF:
                            timeout=120)
         assert r.returncode == 0, r.stderr
         assert "LlamaForCausalLM" in r.stdout and "pool:" in r.stdout
+
+
+class TestQuantizationAtLoad:
+    @pytest.mark.parametrize("kind,fraction", [("q8_0", 0.3), ("q4_0", 0.2), ("q4_k", 0.3), ("bf16", 0.55)])
+    def test_a_folder_is_served_in_the_format_asked_for(self, tiny_models, kind, fraction):
+        from nvllm.model.quants import QuantizedWeight
+
+        full = LLM(tiny_models["tiny-qwen2"], num_blocks=64)
+        small = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization=kind)
+        w = small.engine.model.weights
+        assert all(isinstance(getattr(layer, f), QuantizedWeight)
+                   for layer in w.layers for f in ("qkv", "o", "gate_up", "down"))
+        assert isinstance(w.embed, QuantizedWeight)
+        assert w.nbytes < fraction * full.engine.model.weights.nbytes
+        out = small.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        assert len(out[0].token_ids) == 8 and out[0].finish_reason == "length"
+
+    def test_a_gguf_is_not_quantized_again(self, tiny_ggufs):
+        with pytest.raises(factory.EngineBuildError, match="model.quantization='q8_0' is for Hugging Face folders"):
+            LLM(tiny_ggufs["tiny-llama"], quantization="q8_0")
+
+    def test_an_unknown_format_is_a_settings_error(self, tiny):
+        with pytest.raises(ConfigError, match="model.quantization"):
+            LLM(tiny, quantization="q3_k")

@@ -28,8 +28,10 @@ import psutil
 from nvllm.config import load_settings
 from nvllm.engine.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.model import kernels
+from nvllm.model import kernels, matmul_kernels
+from nvllm.model.linear import Weight, linear
 from nvllm.model.loader import ModelWeights
+from nvllm.model.quants import QuantizedWeight
 from nvllm.model.sampler import SamplingBatch, make_generator, sample
 from nvllm.sampling_params import SamplingParams
 
@@ -107,19 +109,38 @@ class Floors:
         return max(self.weight_bytes / (self.bandwidth_gbs * 1e9), flops / (self.sgemm_gflops * 1e9))
 
 
+def _parts(a: Weight) -> tuple:
+    """A matrix as the parts linear() multiplies: a float32 [in, out] array, a QuantizedWeight (out, in),
+    or a tuple of QuantizedWeights side by side."""
+    return a if isinstance(a, tuple) else (a,)
+
+
+def in_features(a: Weight) -> int:
+    first = _parts(a)[0]
+    return first.shape[0] if isinstance(first, np.ndarray) else first.shape[1]
+
+
+def matrices(w: ModelWeights) -> list:
+    return [a for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
+
+def weight_formats(w: ModelWeights) -> dict[str, int]:
+    """Matrices by storage format, e.g. {"Q4_1": 120, "F32": 1}: what the bench's figures were run on."""
+    names = [p.fmt.name if isinstance(p, QuantizedWeight) else "F32"
+             for a in matrices(w) + [w.lm_head] for p in _parts(a)]
+    return {n: names.count(n) for n in sorted(set(names))}
+
+
 def floor_pass(w: ModelWeights, rows: int, logit_rows: int) -> Callable[[], None]:
     """One step's worth of the model's own matmuls and nothing else: every weight matrix times `rows`
-    rows, lm_head times `logit_rows`."""
-    h = w.embed.shape[1]
-    xs = {a.shape[0]: np.ones((rows, a.shape[0]), dtype=np.float32)
-          for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down)}
-    last = np.ones((logit_rows, h), dtype=np.float32)
+    rows, lm_head times `logit_rows`, each multiplied the way the decoder multiplies it."""
+    xs = {in_features(a): np.ones((rows, in_features(a)), dtype=np.float32) for a in matrices(w)}
+    last = np.ones((logit_rows, in_features(w.lm_head)), dtype=np.float32)
 
     def run() -> None:
-        for layer in w.layers:
-            for a in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                xs[a.shape[0]] @ a
-        last @ w.lm_head
+        for a in matrices(w):
+            linear(xs[in_features(a)], a)
+        linear(last, w.lm_head)
     return run
 
 
@@ -128,8 +149,9 @@ def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) 
 
 
 def weight_matmul_params(w: ModelWeights) -> tuple[int, int]:
-    body = sum(a.size for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    return body, w.lm_head.size
+    def params(a: Weight) -> int:
+        return sum(int(np.prod(p.shape)) for p in _parts(a))
+    return sum(params(a) for a in matrices(w)), params(w.lm_head)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -191,7 +213,8 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_len: int
 
 
 def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, gen_len: int,
-                     prefill_lens: list[int], progress: Progress, blas_threads: int = 0) -> dict[str, Any]:
+                     prefill_lens: list[int], progress: Progress, blas_threads: int = 0,
+                     quantization: str | None = None) -> dict[str, Any]:
     rss_peak = [psutil.Process().memory_info().rss]
 
     def sample_rss() -> None:
@@ -202,7 +225,7 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     budget = max(512, max(prefill_lens))
     blocks = max_c * -(-(prompt_len + gen_len) // 16) + 2 * -(-max(prefill_lens) // 16) + 16
     settings = load_settings(overrides={
-        "model": {"path": str(model_dir), "blas_threads": blas_threads},
+        "model": {"path": str(model_dir), "blas_threads": blas_threads, "quantization": quantization},
         "cache": {"num_blocks": blocks, "enable_prefix_caching": False},
         "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
                       "max_model_len": min(max(prompt_len + gen_len, max(prefill_lens)) + 1, blocks * 16)}})
@@ -213,14 +236,15 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     progress("measuring the machine's floors")
     body, head = weight_matmul_params(w)
     floors = Floors(bandwidth_gbs=measure_bandwidth_gbs(), sgemm_gflops=measure_sgemm_gflops(),
-                    weight_bytes=4 * (body + head), flops_per_token=2.0 * (body + head))
+                    weight_bytes=w.nbytes, flops_per_token=2.0 * (body + head))
     head_flops = 2.0 * head
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "machine": {**machine_info(), "blas_threads": engine.blas_threads, "kernels": kernels.describe()},
+        "machine": {**machine_info(), "blas_threads": engine.blas_threads, "kernels": kernels.describe(),
+                    "matmul_kernels": matmul_kernels.describe()},
         "model": {"path": str(model_dir), "architecture": mc.architecture, "parameters": mc.num_params,
                   "layers": mc.num_layers, "hidden": mc.hidden_size, "vocab": mc.vocab_size,
-                  "weight_bytes": w.nbytes},
+                  "weight_bytes": w.nbytes, "weight_formats": weight_formats(w)},
         "floors": {"memory_bandwidth_gbs": round(floors.bandwidth_gbs, 2),
                    "sgemm_gflops": round(floors.sgemm_gflops, 1),
                    "weight_read_ms": round(floors.weight_bytes / floors.bandwidth_gbs / 1e6, 2)},
@@ -354,11 +378,13 @@ def format_table(r: dict[str, Any]) -> str:
     lines.append(f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores, {m['memory_gib']} GiB), "
                  f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}"
                  + (f", {m['blas_threads']} BLAS threads" if "blas_threads" in m else "")
-                 + (f", {m['kernels']}" if "kernels" in m else ""))
+                 + (f", {m['kernels']}" if "kernels" in m else "")
+                 + (f", matmuls: {m['matmul_kernels']}" if "matmul_kernels" in m else ""))
     if "floors" in r:
         f = r["floors"]
+        formats = ", ".join(f"{k}:{n}" for k, n in r["model"].get("weight_formats", {}).items())
         lines.append(f"model: {r['model']['path']} ({r['model']['parameters'] / 1e6:.0f}M parameters, "
-                     f"{r['model']['weight_bytes'] / 2**20:.0f} MiB float32)")
+                     f"{r['model']['weight_bytes'] / 2**20:.0f} MiB of weights as {formats or 'F32'})")
         lines.append(f"floors: memory bandwidth {f['memory_bandwidth_gbs']} GB/s "
                      f"(weights read in {f['weight_read_ms']} ms), peak sgemm {f['sgemm_gflops']} GFLOP/s")
     if r.get("prefill"):
@@ -389,14 +415,14 @@ def format_table(r: dict[str, Any]) -> str:
 
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
         target: str | None, as_json: bool, prefill_lens: list[int] | None = None,
-        blas_threads: int = 0) -> dict[str, Any]:
+        blas_threads: int = 0, quantization: str | None = None) -> dict[str, Any]:
     progress = Progress(enabled=True)
     if target:
         result = asyncio.run(_bench_target(target, concurrency, prompt_len, gen_len, progress))
     else:
         assert model_dir is not None
         result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
-                                  progress, blas_threads)
+                                  progress, blas_threads, quantization)
     print(json.dumps(result) if as_json else format_table(result))
     return result
 

@@ -74,7 +74,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
     try:
         params = SamplingParams(**sampling_kwargs(args))
-        llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks)
+        llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks,
+                  quantization=args.quantization)
     except (ConfigError, EngineBuildError, InvalidParameter) as e:
         print(f"nvllm generate: {e}", file=sys.stderr)
         return 2
@@ -375,11 +376,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
-                  numbers(args.prefill_len, "--prefill-len"), args.blas_threads)
+                  numbers(args.prefill_len, "--prefill-len"), args.blas_threads, args.quantization)
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _add_quantization_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", default=None, metavar="FORMAT",
+                   help="re-quantize the weights at load: q8_0, q4_0, q4_k or bf16 (model.quantization; "
+                        "default: as stored)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -399,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-blocks", type=int, default=None, help="KV pages (default: sized from memory)")
     g.add_argument("--stats", action="store_true",
                    help="print tokens/s, prefix-cache hit rate and preemptions to stderr at the end")
+    _add_quantization_flag(g)
     _add_sampling_flags(g, greedy_default=True)
     g.set_defaults(func=cmd_generate)
 
@@ -420,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--listen", default=None, help="host:port or unix:/path (default 127.0.0.1:50051)")
     sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
     sv.add_argument("--max-model-len", type=int, default=None)
+    _add_quantization_flag(sv)
     sv.add_argument("--dry-run", action="store_true", help="print the memory sizing and exit")
     sv.add_argument("--memory-gb", type=float, default=None, metavar="N",
                     help="with --dry-run: plan for N GiB of available memory (another board's) instead of "
@@ -461,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", default=None, help="measure a running daemon over gRPC instead")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--blas-threads", type=int, default=0, help="0: one per usable core but one")
+    _add_quantization_flag(b)
     b.set_defaults(func=cmd_bench)
     return p
 

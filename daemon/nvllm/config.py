@@ -96,6 +96,10 @@ class ModelSettings:
     # BLAS threads for the matmuls; 0 = one per core but one, left to the gRPC loop and the board's
     # other work (OpenBLAS threads that outnumber free cores slow every matmul several-fold).
     blas_threads: int = field(default=0, metadata=at_least(0))
+    # The weights' format in memory: "" keeps the file's; q8_0, q4_0, q4_k or bf16 re-quantize the
+    # linear layers at load as llama.cpp would (a matrix whose rows do not split into the format's
+    # blocks falls back: q4_k -> q8_0 -> float32).
+    quantization: str = field(default="", metadata=one_of("", "q8_0", "q4_0", "q4_k", "bf16"))
 
 
 @dataclass

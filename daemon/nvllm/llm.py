@@ -50,9 +50,9 @@ class LLM:
     def __init__(self, model: str | Path, block_size: int | None = None, num_blocks: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, enable_prefix_caching: bool | None = None,
-                 blas_threads: int | None = None) -> None:
+                 blas_threads: int | None = None, quantization: str | None = None) -> None:
         settings = load_settings(overrides={
-            "model": {"path": str(model), "blas_threads": blas_threads},
+            "model": {"path": str(model), "blas_threads": blas_threads, "quantization": quantization},
             "cache": {"block_size": block_size, "num_blocks": num_blocks,
                       "enable_prefix_caching": enable_prefix_caching},
             "scheduler": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,

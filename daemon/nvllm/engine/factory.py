@@ -26,9 +26,10 @@ from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
 from nvllm.model import kernels
 from nvllm.model.decoder import Model
-from nvllm.model.gguf_file import load_gguf_weights, read_gguf
+from nvllm.model.gguf_file import load_gguf_weights, read_gguf, resident_weight_bytes
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
+from nvllm.model.quantize import quantize_model
 from nvllm.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine.factory")
@@ -99,7 +100,7 @@ def read_model_info(settings: Settings) -> ModelInfo:
     try:
         if is_gguf(path):
             g = read_gguf(path)
-            return ModelInfo.of(path, g.config)
+            return ModelInfo.of(path, g.config, resident_weight_bytes(g))
         return ModelInfo.of(path, load_config(path))
     except (ModelLoadError, OSError) as e:
         raise EngineBuildError(f"cannot read {path}: {e}") from e
@@ -110,10 +111,16 @@ def load_model(settings: Settings) -> LoadedModel:
     path = model_path(settings)
     t0 = time.monotonic()
     try:
+        kind = settings.model.quantization
         if is_gguf(path):
+            if kind:
+                raise EngineBuildError(f"model.quantization={kind!r} is for Hugging Face folders: {path} is a "
+                                       f"GGUF, whose tensors keep the formats they are stored in")
             model, tokenizer, defaults = _load_gguf(path)
         else:
             model, tokenizer = Model.from_dir(path), Tokenizer.from_dir(path)
+            if kind:
+                quantize_model(model.weights, kind)
             gen_file = path / "generation_config.json"
             defaults = read_json(gen_file) if gen_file.exists() else {}
     except (ModelLoadError, OSError, ValueError) as e:

@@ -262,7 +262,7 @@ class Daemon:
 # -- entry point ----------------------------------------------------------------------------
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
-        "model": {"path": args.model},
+        "model": {"path": args.model, "quantization": getattr(args, "quantization", None)},
         "server": {"listen": args.listen},
         "cache": {"num_blocks": args.num_blocks},
         "scheduler": {"max_model_len": args.max_model_len},
