@@ -19,6 +19,9 @@ from gguf_util import random_blocks
 from nvllm.model import matmul_kernels as mk
 from nvllm.model.quants import FORMATS, QuantizedWeight
 
+# Also run under emulated aarch64 (deploy/aarch64-check.sh), where gcc builds the kernels for NEON.
+pytestmark = pytest.mark.aarch64
+
 FORMAT = {f.name: f for f in FORMATS.values()}
 RTOL = 1e-5
 T_SIZES = [1, 3, 16, 64, 200]
