@@ -91,7 +91,7 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
     resident = info.weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
     print(f"model: {served_name(settings)} ({info.path}), {info.architecture}, "
           f"{info.num_layers} layers, {info.num_params / 1e6:.1f} M parameters")
-    print(f"weights: {format_bytes(info.weight_bytes)} ({info.weight_bytes} bytes, float32)")
+    print(f"weights: {format_bytes(info.weight_bytes)} ({info.weight_bytes} bytes held in memory)")
     print(sz.log_line())
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
           f"{sz.block_size} tokens")
