@@ -13,7 +13,7 @@ import numpy as np
 from nvllm.model import kernels
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.linear import embedding_rows, linear, set_threads
+from nvllm.model.linear import default_threads, embedding_rows, linear, set_threads
 from nvllm.model.loader import ModelConfig, ModelWeights, load_weights, rope_inv_freq
 
 
@@ -53,13 +53,10 @@ class ForwardBatch:
 
 def set_blas_threads(n: int = 0) -> int:
     """Set the BLAS thread count for the process (0: one per usable core but one); returns it."""
-    import os
-
     from threadpoolctl import threadpool_limits
 
     if n <= 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        n = max(1, cores - 1)
+        n = default_threads()
     threadpool_limits(n, user_api="blas")
     set_threads(n)   # the in-place matmul kernels of quantized weights run as many
     return n

@@ -25,12 +25,13 @@ from nvllm.model.quants import QuantizedWeight
 Weight = Union[np.ndarray, QuantizedWeight, Tuple[QuantizedWeight, ...]]
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
+    """One per core this process may use, but one (left to the gRPC loop and the board's other work)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(MAX_THREADS, max(1, cores - 1))
+    return max(1, cores - 1)
 
 
-threads = _default_threads()   # for the in-place kernels; set_threads keeps it with BLAS's count
+threads = min(MAX_THREADS, default_threads())   # for the in-place kernels; set_threads keeps it with BLAS's
 
 
 def set_threads(n: int) -> None:
