@@ -72,8 +72,8 @@ def smollm2_gguf(smollm2: Path) -> Path:
 def smollm2() -> Path:
     if not (SMOLLM2 / "config.json").exists():
         if os.environ.get("CI"):
-            pytest.fail(f"{SMOLLM2} is missing: CI must pull it (nvllm models pull smollm2-135m-instruct)")
-        pytest.skip("the default model is not pulled (nvllm models pull smollm2-135m-instruct)")
+            pytest.fail(f"{SMOLLM2} is missing: CI must pull it (nvllm models pull smollm2-135m-instruct --folder)")
+        pytest.skip("the default model's folder is not pulled (nvllm models pull smollm2-135m-instruct --folder)")
     return SMOLLM2
 
 

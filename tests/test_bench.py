@@ -13,7 +13,7 @@ def test_in_process_bench_reports_figures_beside_floors(tiny_models):
     r = bench.bench_in_process(tiny_models["tiny-llama"], [1, 4], prompt_len=20, gen_len=6,
                                prefill_lens=[16, 48], progress=bench.Progress(enabled=False))
     assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
-    assert r["machine"]["blas_threads"] >= 1 and r["machine"]["cores"] >= 1
+    assert r["machine"]["threads"] >= 1 and r["machine"]["cores"] >= 1
     assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
     assert [p["prompt_tokens"] for p in r["prefill"]] == [16, 48]
     for p in r["prefill"]:

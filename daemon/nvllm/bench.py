@@ -213,7 +213,7 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_len: int
 
 
 def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, gen_len: int,
-                     prefill_lens: list[int], progress: Progress, blas_threads: int = 0,
+                     prefill_lens: list[int], progress: Progress, threads: int = 0,
                      quantization: str | None = None) -> dict[str, Any]:
     rss_peak = [psutil.Process().memory_info().rss]
 
@@ -225,7 +225,7 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     budget = max(512, max(prefill_lens))
     blocks = max_c * -(-(prompt_len + gen_len) // 16) + 2 * -(-max(prefill_lens) // 16) + 16
     settings = load_settings(overrides={
-        "model": {"path": str(model_dir), "blas_threads": blas_threads, "quantization": quantization},
+        "model": {"path": str(model_dir), "threads": threads, "quantization": quantization},
         "cache": {"num_blocks": blocks, "enable_prefix_caching": False},
         "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
                       "max_model_len": min(max(prompt_len + gen_len, max(prefill_lens)) + 1, blocks * 16)}})
@@ -240,7 +240,7 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     head_flops = 2.0 * head
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "machine": {**machine_info(), "blas_threads": engine.blas_threads, "kernels": kernels.describe(),
+        "machine": {**machine_info(), "threads": engine.threads, "kernels": kernels.describe(),
                     "matmul_kernels": matmul_kernels.describe()},
         "model": {"path": str(model_dir), "architecture": mc.architecture, "parameters": mc.num_params,
                   "layers": mc.num_layers, "hidden": mc.hidden_size, "vocab": mc.vocab_size,
@@ -377,7 +377,7 @@ def format_table(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines.append(f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores, {m['memory_gib']} GiB), "
                  f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}"
-                 + (f", {m['blas_threads']} BLAS threads" if "blas_threads" in m else "")
+                 + (f", {m['threads']} threads" if "threads" in m else "")
                  + (f", {m['kernels']}" if "kernels" in m else "")
                  + (f", matmuls: {m['matmul_kernels']}" if "matmul_kernels" in m else ""))
     if "floors" in r:
@@ -415,14 +415,14 @@ def format_table(r: dict[str, Any]) -> str:
 
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
         target: str | None, as_json: bool, prefill_lens: list[int] | None = None,
-        blas_threads: int = 0, quantization: str | None = None) -> dict[str, Any]:
+        threads: int = 0, quantization: str | None = None) -> dict[str, Any]:
     progress = Progress(enabled=True)
     if target:
         result = asyncio.run(_bench_target(target, concurrency, prompt_len, gen_len, progress))
     else:
         assert model_dir is not None
         result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
-                                  progress, blas_threads, quantization)
+                                  progress, threads, quantization)
     print(json.dumps(result) if as_json else format_table(result))
     return result
 

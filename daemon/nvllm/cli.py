@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm import __version__
-from nvllm.config import DEFAULT_MODEL
+from nvllm.config import DEFAULT_MODEL, DEFAULT_MODEL_FILE
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -75,7 +75,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks,
-                  quantization=args.quantization)
+                  quantization=args.quantization, threads=args.threads)
     except (ConfigError, EngineBuildError, InvalidParameter) as e:
         print(f"nvllm generate: {e}", file=sys.stderr)
         return 2
@@ -120,7 +120,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     if args.action == "pull":
         try:
-            path = registry.pull(args.name, args.dir, progress=not args.quiet)
+            path = registry.pull(args.name, args.dir, progress=not args.quiet, folder=args.folder)
         except registry.RegistryError as e:
             print(f"nvllm models pull: {e}", file=sys.stderr)
             return 1
@@ -376,7 +376,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
-                  numbers(args.prefill_len, "--prefill-len"), args.blas_threads, args.quantization)
+                  numbers(args.prefill_len, "--prefill-len"), args.threads, args.quantization)
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
@@ -389,6 +389,12 @@ def _add_quantization_flag(p: argparse.ArgumentParser) -> None:
                         "default: as stored)")
 
 
+def _add_threads_flag(p: argparse.ArgumentParser, default: int | None = None) -> None:
+    p.add_argument("--threads", "--blas-threads", dest="threads", type=int, default=default, metavar="N",
+                   help="threads for the matmuls (model.threads; 0: one per usable core but one, the cgroup's "
+                        "CPU quota counted); --blas-threads is its old name")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nvllm", description="An LLM serving daemon for edge boards.")
     p.add_argument("--version", action="version", version=f"nvllm {__version__}")
@@ -396,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="run prompts offline, in this process, batched")
     g.add_argument("prompt", nargs="*", help="prompt text (several run as one batch)")
-    g.add_argument("--model", default=f"models/{DEFAULT_MODEL}",
+    g.add_argument("--model", default=f"models/{DEFAULT_MODEL_FILE}",
                    help="a Hugging Face model folder or a .gguf file")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     g.add_argument("--prompts-file", help='JSON list of strings, {"messages": [...]} or {"prompt_token_ids": [...]}')
@@ -407,15 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stats", action="store_true",
                    help="print tokens/s, prefix-cache hit rate and preemptions to stderr at the end")
     _add_quantization_flag(g)
+    _add_threads_flag(g)
     _add_sampling_flags(g, greedy_default=True)
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="pull or list models")
     msub = m.add_subparsers(dest="action", required=True)
-    mp = msub.add_parser("pull", help="fetch a known model into DIR")
+    mp = msub.add_parser("pull", help="fetch a known model's GGUF into DIR (the folder too with --folder)")
     mp.add_argument("name")
     mp.add_argument("--dir", default="models")
     mp.add_argument("--quiet", action="store_true")
+    mp.add_argument("--folder", action="store_true",
+                    help="also write the float32 Hugging Face folder DIR/NAME (538 MB for the default model, "
+                         "for model.quantization and tools/quality.py); the GGUF DIR/NAME.gguf is always kept")
     ml = msub.add_parser("list", help="models in DIR")
     ml.add_argument("--dir", default="models")
     ml.add_argument("--json", action="store_true")
@@ -424,11 +434,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="run the gRPC daemon")
     sv.add_argument("--config", help="TOML settings file (deploy/nvllm.toml documents every setting)")
     sv.add_argument("--model", default=None,
-                    help="a model folder or .gguf file, or the name of either under model.models_dir")
+                    help="a model folder or .gguf file, or the name of either under model.models_dir "
+                         f"(default: model.path, {DEFAULT_MODEL_FILE})")
     sv.add_argument("--listen", default=None, help="host:port or unix:/path (default 127.0.0.1:50051)")
+    sv.add_argument("--http-listen", default=None, metavar="HOST:PORT",
+                    help="also serve the OpenAI-compatible HTTP API here, e.g. 127.0.0.1:8000 (http.listen)")
     sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
     sv.add_argument("--max-model-len", type=int, default=None)
     _add_quantization_flag(sv)
+    _add_threads_flag(sv)
     sv.add_argument("--dry-run", action="store_true", help="print the memory sizing and exit")
     sv.add_argument("--memory-gb", type=float, default=None, metavar="N",
                     help="with --dry-run: plan for N GiB of available memory (another board's) instead of "
@@ -462,14 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
     hp.set_defaults(func=cmd_health)
 
     b = sub.add_parser("bench", help="throughput and latency beside this machine's own floors")
-    b.add_argument("--model", default=f"models/{DEFAULT_MODEL}", help="a model folder or .gguf file (in-process run)")
+    b.add_argument("--model", default=f"models/{DEFAULT_MODEL_FILE}",
+                   help="a model folder or .gguf file (in-process run)")
     b.add_argument("--concurrency", default="1,8,32", help="comma-separated numbers of requests in flight")
     b.add_argument("--prompt-len", type=int, default=128)
     b.add_argument("--gen-len", type=int, default=64)
     b.add_argument("--prefill-len", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--target", default=None, help="measure a running daemon over gRPC instead")
     b.add_argument("--json", action="store_true", help="print one JSON object")
-    b.add_argument("--blas-threads", type=int, default=0, help="0: one per usable core but one")
+    _add_threads_flag(b, default=0)
     _add_quantization_flag(b)
     b.set_defaults(func=cmd_bench)
     return p

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import sys
 import types
@@ -24,7 +25,10 @@ if sys.version_info >= (3, 11):
 else:  # JetPack 6 ships Python 3.10
     import tomli as tomllib
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+log = logging.getLogger("nvllm.config")
+
+DEFAULT_MODEL = "smollm2-135m-instruct"          # the registry's name (`nvllm models pull`)
+DEFAULT_MODEL_FILE = DEFAULT_MODEL + ".gguf"      # what is served by default: the pulled GGUF, as shipped
 RANGE = "range"          # the metadata key of a field's allowed values
 
 
@@ -85,17 +89,23 @@ def one_of(*choices: Any) -> dict[str, Range]:
 
 NON_EMPTY = {RANGE: Range(non_empty=True)}
 
+# Settings that were renamed: the old dotted key -> the field's name now. A file or flag that uses the
+# old name still works, with a warning; giving both names is refused.
+RENAMED = {"model.blas_threads": "threads"}
+
 
 @dataclass
 class ModelSettings:
     # A Hugging Face folder or a .gguf file, or the name of either under models_dir.
-    path: str = field(default=DEFAULT_MODEL, metadata=NON_EMPTY)
+    path: str = field(default=DEFAULT_MODEL_FILE, metadata=NON_EMPTY)
     models_dir: str = "models"
-    # The name clients may send in GenerateRequest.model; the folder's name when empty.
+    # The name clients may send in GenerateRequest.model; when empty, the folder's name or the GGUF
+    # file's without .gguf.
     served_name: str = ""
-    # BLAS threads for the matmuls; 0 = one per core but one, left to the gRPC loop and the board's
-    # other work (OpenBLAS threads that outnumber free cores slow every matmul several-fold).
-    blas_threads: int = field(default=0, metadata=at_least(0))
+    # Threads for the matmuls, BLAS's and the in-place kernels' alike; 0 = one per core this process may
+    # use (affinity and cgroup CPU quota) but one, left to the gRPC loop and the board's other work
+    # (threads that outnumber free cores slow every matmul several-fold). Formerly blas_threads.
+    threads: int = field(default=0, metadata=at_least(0))
     # The weights' format in memory: "" keeps the file's; q8_0, q4_0, q4_k or bf16 re-quantize the
     # linear layers at load as llama.cpp would (a matrix whose rows do not split into the format's
     # blocks falls back: q4_k -> q8_0 -> float32).
@@ -148,6 +158,26 @@ class ServerSettings:
 
 
 @dataclass
+class HttpSettings:
+    # The OpenAI-compatible HTTP API on host:port (e.g. 127.0.0.1:8000); empty: off.
+    listen: str = ""
+    # A file holding the key clients send as "Authorization: Bearer KEY"; empty: no key. Off loopback
+    # the listener needs a key or TLS (or both).
+    api_key_file: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    # A larger request body is refused with 413.
+    max_body_bytes: int = field(default=1 << 20, metadata=between(1024, 2**31 - 1))
+
+
+@dataclass
+class MetricsSettings:
+    # Prometheus metrics on their own HTTP listener, host:port (e.g. 127.0.0.1:9400); empty: off. The
+    # HTTP API serves the same metrics at /metrics whatever this says.
+    listen: str = ""
+
+
+@dataclass
 class WatchdogSettings:
     interval_s: float = field(default=1.0, metadata=above(0.0))
     # Below low_mb available, new requests are refused; admission resumes above high_mb.
@@ -161,6 +191,8 @@ class Settings:
     cache: CacheSettings = field(default_factory=CacheSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     log_level: str = field(default="info", metadata=one_of("debug", "info", "warning", "error"))
 
@@ -263,6 +295,14 @@ def _apply(obj: Any, values: dict[str, Any], source: str, prefix: str = "") -> N
     hints = _hints(type(obj))
     for key, value in values.items():
         name = prefix + key
+        if name in RENAMED:
+            key = RENAMED[name]
+            if key in values:
+                raise ConfigError(f"{source}{name} is the old name of {prefix}{key}: give {prefix}{key} alone")
+            log.warning("%s%s is deprecated: it is now %s%s (the value %s is used)", source, name, prefix, key,
+                        _show(value))
+            setattr(obj, key, _checked(name, value, hints[key], fields[key], source))
+            continue
         if key not in fields:
             where = f"in [{prefix[:-1]}]" if prefix else "at the top level"
             raise ConfigError(f"{source}unknown setting {name} (known {where}: {', '.join(sorted(fields))})")

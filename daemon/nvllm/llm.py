@@ -1,7 +1,7 @@
 """LLM: the offline Python API, in vLLM's shape.
 
     from nvllm import LLM, SamplingParams
-    llm = LLM(model="models/smollm2-135m-instruct")
+    llm = LLM(model="models/smollm2-135m-instruct.gguf")
     print(llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0))[0].text)
 """
 
@@ -50,9 +50,12 @@ class LLM:
     def __init__(self, model: str | Path, block_size: int | None = None, num_blocks: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, enable_prefix_caching: bool | None = None,
-                 blas_threads: int | None = None, quantization: str | None = None) -> None:
+                 threads: int | None = None, quantization: str | None = None,
+                 blas_threads: int | None = None) -> None:
+        # blas_threads: model.threads' old name, still taken (config.py warns of it)
         settings = load_settings(overrides={
-            "model": {"path": str(model), "blas_threads": blas_threads, "quantization": quantization},
+            "model": {"path": str(model), "threads": threads, "blas_threads": blas_threads,
+                      "quantization": quantization},
             "cache": {"block_size": block_size, "num_blocks": num_blocks,
                       "enable_prefix_caching": enable_prefix_caching},
             "scheduler": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,

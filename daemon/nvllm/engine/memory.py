@@ -2,7 +2,8 @@
 
 `available_memory()` is the host's available memory (psutil) capped by the cgroup the process runs
 in, since under systemd (MemoryMax=, MemoryHigh=) or a container the kernel enforces the cgroup's
-limit long before host memory runs out. `size_pool()` turns one reading into a page count and says
+limit long before host memory runs out (nvllm/cgroup.py finds and reads the cgroup's files, and
+counts the CPUs the same way). `size_pool()` turns one reading into a page count and says
 how in one log line. The daemon's memory-pressure watchdog (server/watchdog.py) polls the same reading.
 """
 
@@ -12,10 +13,12 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Optional
 
 import psutil
+
+from nvllm.cgroup import CGROUP_MOUNT, levels, own_cgroups, read_int, read_text
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +31,6 @@ GiB = 1 << 30
 RUNTIME_OVERHEAD_BYTES = 160 * MiB
 # cgroup v1 reports "no limit" as a huge page-aligned number (0x7FFFFFFFFFFFF000 on 64-bit).
 _V1_UNLIMITED = 1 << 60
-# A cgroup v1 line naming the memory controller wins over the v2 line in hybrid setups, because
-# the memory controller can be bound to one hierarchy only.
-_MEMORY_CONTROLLER = "memory"
 
 
 def format_bytes(n: float) -> str:
@@ -51,29 +51,9 @@ class MemoryReading:
 # Reading available memory
 
 
-def _read_text(path: Path) -> Optional[str]:
-    try:
-        return path.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return None
-    except OSError:  # e.g. EINVAL from a half-torn-down cgroup
-        return None
-
-
-def _read_int(path: Path) -> Optional[int]:
-    """An integer file; None when absent, "max" or unparsable."""
-    text = _read_text(path)
-    if text is None or text == "max":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 def _read_stat(path: Path, *keys: str) -> int:
     """The first of keys found in a memory.stat file, else 0."""
-    text = _read_text(path)
+    text = read_text(path)
     if not text:
         return 0
     values = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
@@ -86,54 +66,21 @@ def _read_stat(path: Path, *keys: str) -> int:
     return 0
 
 
-def _own_cgroups(root: Path) -> tuple[Optional[str], Optional[str]]:
-    """(v1 memory cgroup path, v2 cgroup path) from /proc/self/cgroup; either may be None."""
-    text = _read_text(root / "proc/self/cgroup")
-    v1 = v2 = None
-    for line in (text or "").splitlines():
-        parts = line.split(":", 2)  # hierarchy-id:controllers:path
-        if len(parts) != 3:
-            continue
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
-            v2 = path
-        elif _MEMORY_CONTROLLER in controllers.split(","):
-            v1 = path
-    return v1, v2
-
-
-def _levels(base: Path, cgroup_path: str) -> list[tuple[str, Path]]:
-    """The cgroup's directory and each parent up to the mount point, leaf first, as (name, dir).
-
-    Limits set on a parent slice bind its children, so every level counts. Levels missing from
-    the mount (a container that sees only its own subtree) are skipped; the mount point itself,
-    which then is the container's cgroup, always counts.
-    """
-    normal = os.path.normpath("/" + cgroup_path.strip().lstrip("/"))  # "/../x" -> "/x"
-    parts = PurePosixPath(normal).parts[1:]  # drop the leading "/"
-    levels = []
-    for i in range(len(parts), -1, -1):
-        directory = base.joinpath(*parts[:i])
-        if directory.is_dir():
-            levels.append(("/" + "/".join(parts[:i]), directory))
-    return levels
-
-
-def _headroom(levels: list[tuple[str, Path]], version: str) -> Optional[tuple[int, str]]:
+def _headroom(found: list[tuple[str, Path]], version: str) -> Optional[tuple[int, str]]:
     """The smallest (limit - usage) over the levels that have a limit, and where it is."""
     best: Optional[tuple[int, str]] = None
-    for name, directory in levels:
+    for name, directory in found:
         if version == "v2":
-            bounds = [_read_int(directory / "memory.max"), _read_int(directory / "memory.high")]
+            bounds = [read_int(directory / "memory.max"), read_int(directory / "memory.high")]
             limits = [b for b in bounds if b is not None]
-            usage = _read_int(directory / "memory.current") or 0
+            usage = read_int(directory / "memory.current") or 0
             # Inactive page cache is reclaimed before the limit bites (what kubelet calls the
             # working set): model files read once at start-up must not count as used for good.
             reclaimable = _read_stat(directory / "memory.stat", "inactive_file")
         else:
-            raw = _read_int(directory / "memory.limit_in_bytes")
+            raw = read_int(directory / "memory.limit_in_bytes")
             limits = [raw] if raw is not None and raw < _V1_UNLIMITED else []
-            usage = _read_int(directory / "memory.usage_in_bytes") or 0
+            usage = read_int(directory / "memory.usage_in_bytes") or 0
             reclaimable = _read_stat(directory / "memory.stat", "total_inactive_file", "inactive_file")
         if not limits:
             continue
@@ -151,11 +98,11 @@ def cgroup_headroom(root: str | os.PathLike = "/") -> Optional[tuple[int, str]]:
     """Bytes the daemon's cgroup (and its parents) still allow, and where the bound is; None
     when no cgroup limits memory. All paths are under root so tests can use a fake tree."""
     root = Path(root)
-    v1, v2 = _own_cgroups(root)
+    v1, v2 = own_cgroups(root, "memory")
     if v1 is not None:
-        return _headroom(_levels(root / "sys/fs/cgroup/memory", v1), "v1")
+        return _headroom(levels(root / CGROUP_MOUNT / "memory", v1), "v1")
     if v2 is not None:
-        return _headroom(_levels(root / "sys/fs/cgroup", v2), "v2")
+        return _headroom(levels(root / CGROUP_MOUNT, v2), "v2")
     return None
 
 

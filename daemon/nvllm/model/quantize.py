@@ -13,11 +13,11 @@ whole number of the format's blocks falls back as llama.cpp does, to a type it f
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from nvllm.model.loader import ModelWeights
+from nvllm.model.loader import ModelConfig, ModelWeights
 from nvllm.model.quants import FORMATS, QK, QK_K, BlockFormat, QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -279,3 +279,27 @@ def quantize_model(weights: ModelWeights, kind: str) -> None:
         weights.lm_head = weights.embed
     elif isinstance(weights.lm_head, np.ndarray):
         weights.lm_head = quantize_weight(weights.lm_head.T, kind, "lm_head")
+
+
+def matrix_shapes(config: ModelConfig) -> List[Tuple[str, int, int]]:
+    """(name, rows, row length) of every matrix quantize_model quantizes, as it lays them out: each
+    linear layer as [out, in], the embedding [V, H], an untied lm_head [V, H]."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    per_layer = [("qkv", (config.num_heads + 2 * config.num_kv_heads) * d, h), ("o", h, config.num_heads * d),
+                 ("gate_up", 2 * i, h), ("down", h, i)]
+    shapes = [(f"layers.{n}.{field}", rows, cols) for n in range(config.num_layers) for field, rows, cols in per_layer]
+    shapes.append(("embed", config.vocab_size, h))
+    if not config.tie_word_embeddings:
+        shapes.append(("lm_head", config.vocab_size, h))
+    return shapes
+
+
+def quantized_weight_bytes(config: ModelConfig, kind: str) -> int:
+    """Bytes a folder's weights hold after quantize_model(weights, kind), from the shapes alone (`nvllm
+    serve --dry-run --memory-gb` plans with it): each matrix in the format choose_format gives its rows,
+    the norms and biases float32 as before."""
+    total = config.weight_bytes
+    for _, rows, cols in matrix_shapes(config):
+        fmt, _ = choose_format(kind, cols)
+        total += rows * (cols // fmt.block_elems * fmt.block_bytes) - 4 * rows * cols
+    return total
