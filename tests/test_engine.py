@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -237,3 +239,36 @@ def test_a_failed_step_logs_each_request_by_its_id(model_dir, monkeypatch, caplo
     named = [r for r in caplog.records if getattr(r, "request_id", None) in ("a", "b")]
     assert sorted(r.request_id for r in named) == ["a", "b"]
     assert all("the model broke" in r.getMessage() for r in named)
+
+
+def test_text_the_model_has_no_token_for_is_refused_naming_the_field(model_dir, tmp_path):
+    """A tokenizer with more tokens than the model's vocabulary (a mismatched folder) gives a clear refusal,
+    not an IndexError in the step."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as Backend
+
+    folder = tmp_path / "mismatched"
+    shutil.copytree(model_dir, folder)
+    backend = Backend.from_file(str(folder / "tokenizer.json"))
+    backend.add_tokens([AddedToken("<beyond>", special=False, normalized=False)])
+    backend.save(str(folder / "tokenizer.json"))
+    llm = LLM(str(folder), num_blocks=64)
+    for prompt, field in (("a <beyond> b", "prompt"), ({"messages": [{"role": "user", "content": "<beyond>"}]},
+                                                        "messages")):
+        with pytest.raises(InvalidParameter) as e:
+            llm.generate([prompt], SamplingParams(max_tokens=2))
+        assert e.value.field == field and "vocabulary" in str(e.value)
+    assert llm.generate(["a b"], SamplingParams(max_tokens=2))[0].token_ids   # the engine still serves
+
+
+def test_logit_bias_forces_and_bans_tokens_per_request(model_dir):
+    llm = LLM(model_dir, num_blocks=64)
+    p = {"prompt_token_ids": [5, 6, 7]}
+    free = llm.generate(p, GREEDY)[0].token_ids
+    forced, banned, other = llm.generate([p, p, p], [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logit_bias={9: 100.0}),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logit_bias={t: -100.0 for t in set(free)}),
+        GREEDY])
+    assert forced.token_ids == [9] * 12
+    assert not set(banned.token_ids) & set(free)
+    assert other.token_ids == free, "a biased row leaves the others in its batch alone"

@@ -455,3 +455,29 @@ def test_rows_with_no_probability_mass_fall_back_to_argmax():
 def test_batch_size_mismatch_is_refused():
     with pytest.raises(ValueError):
         sample(np.zeros((2, 5), np.float32), make_batch(3))
+
+
+class TestLogitBias:
+    def test_bias_is_added_to_its_rows_tokens_before_everything_else(self):
+        logits = np.zeros((3, 8), dtype=np.float32)
+        logits[:, 2] = 1.0
+        batch = make_batch(3, temperature=0.0, num_logprobs=0, prompt=[[5]] * 3, repetition_penalty=2.0)
+        batch.bias_rows = np.array([0, 0, 2], np.int64)
+        batch.bias_ids = np.array([5, 2, 7], np.int64)
+        batch.bias_values = np.array([3.0, -100.0, 0.5], np.float32)
+        out = sample(logits, batch)
+        # row 0: token 5 biased to 3, then divided by the repetition penalty -> 1.5 beats nothing else;
+        # row 1 untouched -> token 2; row 2: 7 at 0.5 loses to token 2 at 1.
+        assert out.token_ids.tolist() == [5, 2, 2]
+        assert np.all(logits[:, 2] == 1.0) and not logits[0, 5], "the caller's logits are left alone"
+
+    def test_minus_100_bans_and_plus_100_forces_a_sampled_row(self):
+        rng = np.random.default_rng(0)
+        logits = rng.normal(0, 1, (2, 64)).astype(np.float32)
+        batch = make_batch(2, temperature=1.0, generators=[make_generator(1), make_generator(2)])
+        batch.bias_rows = np.array([0, 1], np.int64)
+        batch.bias_ids = np.array([9, int(np.argmax(logits[1]))], np.int64)
+        batch.bias_values = np.array([100.0, -100.0], np.float32)
+        for _ in range(20):
+            out = sample(logits, batch)
+            assert out.token_ids[0] == 9 and out.token_ids[1] != batch.bias_ids[1]

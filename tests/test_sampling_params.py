@@ -140,6 +140,9 @@ BAD = [
     ("stop", [""]), ("stop", ""), ("stop", ["ok", ""]), ("stop", "x" * 257), ("stop", ["x" * 1000]),
     ("stop", ["s"] * 17), ("stop", [1]), ("stop", 5), ("stop", {"a"}), ("stop", [None]),
     ("stop", ["a", b"b"]),
+    ("logit_bias", [1]), ("logit_bias", {"1": 1.0}), ("logit_bias", {-1: 1.0}), ("logit_bias", {1: 100.5}),
+    ("logit_bias", {1: NAN}), ("logit_bias", {1: "5"}), ("logit_bias", {True: 1.0}),
+    ("logit_bias", {i: 1.0 for i in range(1025)}),
 ]
 
 
@@ -159,6 +162,7 @@ def test_every_bad_value_is_refused_by_name(field, value):
     ("max_tokens", 5000, {}, dict(max_model_len=4096)),
     ("min_tokens", 11, {"max_tokens": 10}, {}),
     ("stop_token_ids", [0, 50257], {}, dict(vocab_size=50257)),
+    ("logit_bias", {50257: -5.0}, {}, dict(vocab_size=50257)),
     ("stop", ["a", "b", "c"], {}, dict(max_stop_strings=2)),
     ("stop", ["abcd"], {}, dict(max_stop_string_chars=3)),
 ])

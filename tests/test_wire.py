@@ -38,6 +38,12 @@ STRING_CASES = [
      "sampling_params.stop[2]"),
     (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 2]),
                         sampling_params=pb.SamplingParams(stop=["MARK"])), "sampling_params.stop[0]"),
+    (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(json_schema='{"enum": ["MARK"]}')),
+     "structured.json_schema"),
+    (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(regex="MARK")), "structured.regex"),
+    (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(choice=pb.Choice(choices=["a", "MARK"]))),
+     "structured.choice.choices[1]"),
+    (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(grammar='start: "MARK"')), "structured.grammar"),
 ]
 
 
@@ -165,3 +171,9 @@ def test_random_bytes_in_a_string_field(case: tuple, raw: bytes, cut: int, junk:
 ])
 def test_client_key_is_the_address_without_the_port(peer: str, key: str) -> None:
     assert client_key(peer) == key
+
+
+def test_logit_bias_map_becomes_a_dict_of_ints():
+    from nvllm.server.service import sampling_params_from_proto
+    req = pb.GenerateRequest(prompt="x", sampling_params=pb.SamplingParams(logit_bias={7: 2.5, 3: -100.0}))
+    assert sampling_params_from_proto(req).logit_bias == {7: 2.5, 3: -100.0}

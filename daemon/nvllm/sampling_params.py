@@ -9,10 +9,11 @@ validated copy. The engine only ever sees resolved instances.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Tuple, Union
 
 # vLLM's neutral values for the fields a model may override.
 NEUTRAL_DEFAULTS: dict[str, float | int] = {
@@ -31,6 +32,13 @@ MIN_TEMPERATURE = 0.01
 FLOAT32_MAX = 3.4028234663852886e38
 SEED_LIMIT = 1 << 64  # numpy seeds are unsigned; the proto's int64 stays well inside
 _SHOW_CHARS = 48  # a refused value is echoed in the error, cut to this many characters
+# What a structured-output constraint may be, and how big its text may get (a schema or grammar over this
+# is refused before anything compiles it).
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+MAX_STRUCTURED_CHARS = 256 * 1024
+MAX_CHOICES = 1024
+MAX_LOGIT_BIAS = 1024   # tokens one request may bias (OpenAI caps the value at +-100, not the count)
+LOGIT_BIAS_LIMIT = 100.0
 
 
 class InvalidParameter(ValueError):
@@ -88,6 +96,80 @@ def _flag(name: str, v: Any) -> None:
         raise InvalidParameter(name, v, "true or false")
 
 
+@dataclass(frozen=True)
+class StructuredSpec:
+    """A constraint on the output, compiled by the engine (engine/structured.py, through llguidance).
+
+    kind: "json_schema" (value: the schema as JSON text, or a dict, kept as compact JSON text),
+    "json_object" (any JSON object; value unused), "regex" (value: the regex the whole output matches),
+    "choice" (value: the strings, one of which is the whole output; kept as a tuple), "grammar" (value: a
+    Lark grammar in llguidance's dialect, or a GBNF one). Shape is checked by validate(); whether it
+    compiles, by the engine (InvalidParameter naming `structured.<kind>` either way).
+    """
+
+    kind: str
+    value: Union[str, Tuple[str, ...], None] = None
+
+    def __post_init__(self) -> None:
+        # Normalise the shapes clients naturally send; validate() refuses anything else.
+        if self.kind == "json_schema" and isinstance(self.value, Mapping):
+            try:
+                text = json.dumps(self.value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            except (TypeError, ValueError):
+                text = None  # left as it is for validate() to refuse
+            if text is not None:
+                object.__setattr__(self, "value", text)
+        elif self.kind == "choice" and isinstance(self.value, list):
+            object.__setattr__(self, "value", tuple(self.value))
+
+    @property
+    def field(self) -> str:
+        """The parameter a refusal names: structured.json_schema, structured.choice, ..."""
+        return f"structured.{self.kind}" if self.kind in STRUCTURED_KINDS else "structured"
+
+    def validate(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise InvalidParameter("structured", self.kind, "one of " + ", ".join(STRUCTURED_KINDS))
+        name, v = self.field, self.value
+        if self.kind == "json_object":
+            return
+        if self.kind == "choice":
+            if not isinstance(v, tuple) or not 1 <= len(v) <= MAX_CHOICES:
+                raise InvalidParameter(name, v, f"a list of 1 to {MAX_CHOICES} strings")
+            total = 0
+            for i, c in enumerate(v):
+                if not isinstance(c, str) or not c:
+                    raise InvalidParameter(name, c, f"a list of non-empty strings (entry {i} is not)")
+                total += len(c)
+            if total > MAX_STRUCTURED_CHARS:
+                raise InvalidParameter(name, v, f"at most {MAX_STRUCTURED_CHARS} characters in all",
+                                       f"{total} characters")
+            return
+        what = {"json_schema": "a JSON Schema (an object, or its JSON text)", "regex": "a regular expression",
+                "grammar": "a Lark or GBNF grammar"}[self.kind]
+        if not isinstance(v, str) or not v:
+            raise InvalidParameter(name, v, what)
+        if len(v) > MAX_STRUCTURED_CHARS:
+            raise InvalidParameter(name, v, f"{what} of at most {MAX_STRUCTURED_CHARS} characters",
+                                   f"{len(v)} characters")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(v)
+            except ValueError as e:
+                raise InvalidParameter(name, v, f"{what}: not valid JSON ({e})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise InvalidParameter(name, v, f"{what}: a JSON object or boolean")
+
+
+def _structured(v: Any) -> Any:
+    """A one-key mapping ({"json_schema": {...}}, {"choice": [...]}, {"json_object": true}) -> StructuredSpec."""
+    if isinstance(v, Mapping) and len(v) == 1:
+        kind, value = next(iter(v.items()))
+        if kind in STRUCTURED_KINDS:
+            return StructuredSpec(kind, None if kind == "json_object" else value)
+    return v
+
+
 @dataclass
 class SamplingParams:
     # None: the model's default (generation_config.json), else vLLM's neutral value.
@@ -107,8 +189,11 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-N alternatives per token; the chosen token's always when set
+    structured: Optional[StructuredSpec] = None  # constrain the output (JSON Schema, regex, choice, grammar)
+    logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before any other step
 
     def __post_init__(self) -> None:
+        self.structured = _structured(self.structured)
         # Accept the shapes clients naturally send; anything else is left for validate() to refuse.
         if self.stop is None:
             self.stop = []
@@ -161,12 +246,19 @@ class SamplingParams:
                      f"an integer in [0, max_tokens={self.max_tokens}]")
         self._validate_stop(max_stop_strings, max_stop_string_chars)
         self._validate_stop_token_ids(vocab_size)
+        self._validate_logit_bias(vocab_size)
         _flag("ignore_eos", self.ignore_eos)
         _flag("include_stop_str_in_output", self.include_stop_str_in_output)
         _flag("skip_special_tokens", self.skip_special_tokens)
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS,
                      f"an integer in [0, {MAX_LOGPROBS}] or unset")
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredSpec):
+                raise InvalidParameter("structured", self.structured,
+                                       'a StructuredSpec or one of {"json_schema": ...}, {"json_object": true}, '
+                                       '{"regex": ...}, {"choice": [...]}, {"grammar": ...}')
+            self.structured.validate()
 
     def _validate_stop(self, max_count: int, max_chars: int) -> None:
         stop = self.stop
@@ -192,6 +284,19 @@ class SamplingParams:
         for t in ids:
             _integer("stop_token_ids", t, 0, hi, reason)
 
+    def _validate_logit_bias(self, vocab_size: int | None) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, Mapping) or len(bias) > MAX_LOGIT_BIAS:
+            raise InvalidParameter("logit_bias", bias, f"a map of at most {MAX_LOGIT_BIAS} token ids to numbers")
+        hi = None if vocab_size is None else vocab_size - 1
+        where = "" if hi is None else f" in [0, {hi}] (the vocabulary)"
+        for token, value in bias.items():
+            _integer("logit_bias", token, 0, hi, f"keyed by token ids{where}")
+            _real("logit_bias", value, -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT, False,
+                  f"a map to numbers in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}] (token {token}'s is not)")
+
     def resolve(self, model_defaults: Mapping[str, Any] | None = None, *, max_stop_strings: int = 16,
                 max_stop_string_chars: int = 256, vocab_size: int | None = None,
                 max_model_len: int | None = None) -> SamplingParams:
@@ -216,6 +321,7 @@ class SamplingParams:
         out = dataclasses.replace(self, **filled)
         out.stop = list(out.stop) if isinstance(out.stop, list) else out.stop
         out.stop_token_ids = list(out.stop_token_ids) if isinstance(out.stop_token_ids, list) else out.stop_token_ids
+        out.logit_bias = dict(out.logit_bias) if isinstance(out.logit_bias, Mapping) else out.logit_bias
         try:
             out.validate(max_stop_strings, max_stop_string_chars, vocab_size, max_model_len)
         except InvalidParameter as e:

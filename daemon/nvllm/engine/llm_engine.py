@@ -6,6 +6,7 @@ import logging
 import secrets
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, List, Mapping, Union
 
 import numpy as np
@@ -15,6 +16,7 @@ from nvllm.detokenizer import IncrementalDetokenizer
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob
+from nvllm.engine.structured import StructuredCompiler
 from nvllm.model.decoder import ForwardBatch, Model, set_blas_threads
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.sampler import SamplingBatch, sample
@@ -41,7 +43,7 @@ class LLMEngine:
         self.kv_cache = kv_cache
         self.settings = settings
         self.max_model_len = max_model_len
-        self.blas_threads = set_blas_threads(settings.model.blas_threads)
+        self.threads = set_blas_threads(settings.model.threads)   # BLAS's and the in-place kernels'
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
                                           settings.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
@@ -53,7 +55,24 @@ class LLMEngine:
         self.num_steps = 0
         self.num_prompt_tokens_computed = 0
         self.num_generated_tokens = 0
+        # Wall time of the steps that ran a batch (failed ones too), for the daemon's step-time metric.
+        self.num_timed_steps = 0
+        self.step_seconds_total = 0.0
+        self.last_step_s = 0.0
+        self.last_step_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) for tokens/s
+        # Structured output: compiles constraints (in the tokenize pool) and fills each step's bitmask.
+        self.structured = StructuredCompiler(tokenizer, model.config.vocab_size, self.eos_token_ids)
+        # Fill the bitmask on a thread of its own while the model runs (llguidance and BLAS both let go
+        # of the GIL); False fills it after the forward pass, on the engine thread.
+        self.structured_overlap = True
+        self._mask_pool: ThreadPoolExecutor | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template source (None without one): the server reads a model's tool-call
+        format from it as plain text, never touching the tokenizer."""
+        return self.tokenizer.chat_template
 
     # -- requests -----------------------------------------------------------------------------
     def make_params(self, params: SamplingParams | None) -> SamplingParams:
@@ -82,10 +101,14 @@ class LLMEngine:
             prompt = {"prompt": prompt}
         elif isinstance(prompt, (list, tuple)):
             prompt = {"prompt_token_ids": prompt}
+        # Chat messages may come with OpenAI's tools, which the template renders (or the system message describes).
+        tools = prompt.get("tools") if isinstance(prompt, Mapping) and "messages" in prompt else None
+        if isinstance(prompt, Mapping) and "tools" in prompt and "messages" in prompt:
+            prompt = {"messages": prompt["messages"]}
         if not isinstance(prompt, Mapping) or len(prompt) != 1 or \
                 next(iter(prompt)) not in ("prompt", "prompt_token_ids", "messages"):
             raise InvalidParameter("prompt", prompt, 'text, token ids, or one of {"prompt": ...}, '
-                                   '{"prompt_token_ids": [...]} or {"messages": [...]}')
+                                   '{"prompt_token_ids": [...]} or {"messages": [...]} (with "tools": [...])')
         field, value = next(iter(prompt.items()))
         if field == "prompt":
             if not isinstance(value, str):
@@ -93,9 +116,11 @@ class LLMEngine:
             return field, self.tokenizer.encode(value) if value else []
         if field == "messages":
             try:
-                return field, self.tokenizer.encode_chat(value)
+                return field, self.tokenizer.encode_chat(value, tools=tools)
             except ValueError as e:
                 text = str(e)
+                if text.startswith("tools"):
+                    raise InvalidParameter("tools", tools, text, message=text) from None
                 raise InvalidParameter(field, value, text, message=text if text.startswith(field)
                                        else f"{field}: {text}") from None
         vocab = self.model.config.vocab_size
@@ -113,6 +138,11 @@ class LLMEngine:
         field, ids = self.prompt_ids(prompt)
         if not ids:
             raise InvalidParameter(field, "", "non-empty")
+        vocab = self.model.config.vocab_size
+        if field != "prompt_token_ids" and max(ids) >= vocab:   # a tokenizer larger than the model's vocabulary
+            raise InvalidParameter(field, f"token id {max(ids)}",
+                                   f"text whose tokens the model has (this tokenizer gave an id past its "
+                                   f"{vocab}-token vocabulary)")
         n = len(ids)
         if n >= self.max_model_len:
             raise InvalidParameter(field, f"{n} tokens",
@@ -127,7 +157,10 @@ class LLMEngine:
                                    f"by {n + params.max_tokens - self.max_model_len})")
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
-        return Sequence(request_id, ids, params, detok, self.eos_token_ids, seed)
+        seq = Sequence(request_id, ids, params, detok, self.eos_token_ids, seed)
+        if params.structured is not None:   # compiled here, off the engine thread, in bounded time
+            seq.structured = self.structured.matcher(params.structured)
+        return seq
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its pages; its final output comes with the next step()."""
@@ -145,9 +178,20 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
+        try:
+            return self._step(batch, outputs)
+        finally:
+            self.last_step_s = time.perf_counter() - t0
+            self.last_step_tokens = batch.num_tokens
+            self.step_seconds_total += self.last_step_s
+            self.num_timed_steps += 1
+
+    def _step(self, batch: ScheduledBatch, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Run a scheduled batch and append its outputs to `outputs` (those of aborts so far)."""
         try:
             sampled, result = self._run(batch)
         except Exception as e:  # one bad step fails only its own requests
@@ -174,14 +218,19 @@ class LLMEngine:
             lp = None
             if seq.params.logprobs is not None:
                 top = result.top_logprobs[row]
-                pairs = [] if top is None else [TopLogprob(int(i), float(p), self.tokenizer.id_to_token(int(i)) or "")
+                pairs = [] if top is None else [TopLogprob(int(i), float(p), *self._token_strings(int(i)))
                                                 for i, p in zip(*top)]
-                lp = TokenLogprob(token, float(result.logprobs[row]), pairs)
+                lp = TokenLogprob(token, float(result.logprobs[row]), pairs, *self._token_strings(token))
             self._append(seq, token, lp)
             outputs.append(self._output(seq))
         self.num_generated_tokens += len(sampled)
         self._recent.append((now, len(sampled)))
         return outputs
+
+    def _token_strings(self, token_id: int) -> tuple[str, str]:
+        """(vocabulary entry, text decoded alone) of a token, for logprobs."""
+        return (self.tokenizer.id_to_token(token_id) or "",
+                self.tokenizer.decode([token_id], skip_special_tokens=False))
 
     def _run(self, batch: ScheduledBatch):
         """Pack the batch, run the model, sample the sequences whose last token was computed."""
@@ -209,17 +258,32 @@ class LLMEngine:
         fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
                                 np.concatenate(pos), np.concatenate(slots), qlens, clens, block_tables,
                                 logit_rows)
-        logits = self.model.forward(fb, self.kv_cache)
+        constrained = [r for r, s in enumerate(sampled) if s.structured is not None]
+        bits: np.ndarray | Future | None = None
+        if constrained and self.structured_overlap:
+            if self._mask_pool is None:
+                self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="nvllm-mask")
+            bits = self._mask_pool.submit(self.structured.fill, [sampled[r].structured for r in constrained])
+        try:
+            logits = self.model.forward(fb, self.kv_cache)
+        finally:
+            if isinstance(bits, Future):   # never leave a fill running past the step
+                bits = bits.result()
         if not sampled:
             return sampled, None
-        return sampled, sample(logits, self._sampling_batch(sampled))
+        if constrained and bits is None:
+            bits = self.structured.fill([sampled[r].structured for r in constrained])
+        return sampled, sample(logits, self._sampling_batch(sampled, constrained, bits))
 
-    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+    def _sampling_batch(self, seqs: list[Sequence], constrained: list[int] | None = None,
+                        bits: np.ndarray | None = None) -> SamplingBatch:
         ps = [s.params for s in seqs]
         f32 = lambda vals: np.asarray(vals, dtype=np.float32)  # noqa: E731
         banned = []
         for s in seqs:
-            if s.num_output_tokens < s.params.min_tokens:
+            # Under a constraint, the grammar's end wins over min_tokens: EOS stays allowed once it accepts.
+            if s.num_output_tokens < s.params.min_tokens and \
+                    (s.structured is None or not s.structured.is_accepting()):
                 stop_ids = set(s.params.stop_token_ids or ())
                 if not s.params.ignore_eos:
                     stop_ids |= s.eos_token_ids
@@ -227,6 +291,8 @@ class LLMEngine:
             else:
                 banned.append(None)
         penalised = [p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1 for p in ps]
+        biased = [(i, p.logit_bias) for i, p in enumerate(ps) if p.logit_bias]
+        bias_rows = np.concatenate([np.full(len(b), i, dtype=np.int64) for i, b in biased]) if biased else None
         return SamplingBatch(
             temperature=f32([p.temperature for p in ps]),
             top_k=np.asarray([p.top_k for p in ps], dtype=np.int32),
@@ -241,6 +307,11 @@ class LLMEngine:
             generators=[s.generator for s in seqs],
             banned_token_ids=banned,
             num_logprobs=np.asarray([-1 if p.logprobs is None else p.logprobs for p in ps], dtype=np.int32),
+            allowed_tokens=bits if constrained else None,
+            allowed_rows=np.asarray(constrained, dtype=np.int64) if constrained else None,
+            bias_rows=bias_rows,
+            bias_ids=np.fromiter((t for _, b in biased for t in b), dtype=np.int64) if biased else None,
+            bias_values=f32([v for _, b in biased for v in b.values()]) if biased else None,
         )
 
     # -- after sampling -----------------------------------------------------------------------
@@ -249,6 +320,13 @@ class LLMEngine:
         seq.token_ids.append(token)
         if lp is not None:
             seq.pending_logprobs.append(lp)
+        matcher = seq.structured
+        if matcher is not None and not matcher.consume_token(token):
+            # The mask allows only what the matcher takes: this is llguidance failing (e.g. a step over its
+            # limits), reported with the request rather than sampled around.
+            seq.error = f"structured output: token {token} refused ({matcher.get_error() or 'not allowed'})"
+            self._finish(seq, "abort")
+            return
         n_out = seq.num_output_tokens
         stop_token = n_out >= p.min_tokens   # below min_tokens no stop applies (vLLM's rule)
         if stop_token and token in seq.eos_token_ids and not p.ignore_eos:
@@ -265,6 +343,9 @@ class LLMEngine:
         before = len(seq.text)
         seq.detokenizer.add(token)
         if p.stop and stop_token and self._check_stop_strings(seq, before):
+            return
+        if matcher is not None and matcher.is_stopped():   # the grammar is complete: nothing may follow
+            self._finish(seq, "stop")
             return
         if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, "length")
@@ -313,7 +394,7 @@ class LLMEngine:
             request_id=seq.request_id, text=text, token_ids=new_ids, logprobs=lps, finished=finished,
             finish_reason=seq.finish_reason if finished else None, stop_reason=seq.stop_reason,
             prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens)
+            cached_tokens=seq.num_cached_tokens, error=seq.error)
 
     # -- numbers ------------------------------------------------------------------------------
     def tokens_per_second(self, window_s: float = 10.0) -> float:
@@ -336,8 +417,10 @@ class LLMEngine:
             "waiting": len(self.scheduler.waiting),
             "prefix_cache_hit_rate": bm.prefix_hit_rate,
             "prefix_cache_hit_tokens": bm.num_prefix_hits,
+            "prefix_cache_query_tokens": bm.num_prefix_queries,
             "preemptions": self.scheduler.num_preemptions,
             "steps": self.num_steps,
+            "step_seconds_total": self.step_seconds_total,
             "prompt_tokens_computed": self.num_prompt_tokens_computed,
             "generated_tokens": self.num_generated_tokens,
             "tokens_per_s": self.tokens_per_second(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,6 +22,7 @@ class TopLogprob(NamedTuple):
     token_id: int
     logprob: float
     token: str                     # the vocabulary entry, as the tokenizer spells it
+    text: str = ""                 # the token decoded alone, as a client prints it (the HTTP API's "token")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[TopLogprob] = field(default_factory=list)
+    token: str = ""                # the chosen token's vocabulary entry and decoded text, as in TopLogprob
+    text: str = ""
 
 
 @dataclass
@@ -70,6 +73,10 @@ class Sequence:
         self.num_tokens_sent = 0
         self.pending_logprobs: list[TokenLogprob] = []
         self.prompt_array = np.asarray(prompt_token_ids, dtype=np.int64)
+        # Structured output: the request's llguidance matcher (engine/structured.py), which has consumed
+        # exactly the output tokens so far (preemption by recompute keeps them, so it keeps its state).
+        self.structured: Any = None
+        self.error: str | None = None     # why the engine failed the request, when it did
 
     @property
     def text(self) -> str:

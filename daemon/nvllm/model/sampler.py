@@ -1,6 +1,7 @@
 """Logits -> token ids for a whole batch at once, each row with its own parameters and generator.
 
-Order of work (vLLM's): banned tokens -> -inf; repetition penalty (prompt + output tokens);
+Order of work (vLLM's): the allowed-token masks of constrained rows (structured output) -> -inf
+elsewhere; logit_bias added; banned tokens -> -inf; repetition penalty (prompt + output tokens);
 frequency and presence penalties (output tokens); then greedy rows take the argmax, and the other rows
 are divided by their temperature and truncated by top-k, top-p and min-p before one draw each.
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nvllm.model.sampling import draws, penalties, truncation
+from nvllm.model.sampling import draws, mask, penalties, truncation
 from nvllm.model.sampling.logprobs import fill_top
 
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
@@ -60,6 +61,13 @@ class SamplingBatch:
     generators: list[np.random.Generator]
     banned_token_ids: list[np.ndarray | None] = field(default_factory=list)  # e.g. EOS under min_tokens
     num_logprobs: np.ndarray | None = None  # [N] int32, -1 = none; None = none for every row
+    # Structured output: packed allowed-token bits (int32, bit t%32 of word t//32) for the rows listed.
+    allowed_tokens: np.ndarray | None = None  # [C, ceil(V/32)] int32; None = no row is constrained
+    allowed_rows: np.ndarray | None = None  # [C] int64 row indices, the rows allowed_tokens applies to
+    # logit_bias of every row, flattened: (row, token id, bias) triples, each (row, token) at most once.
+    bias_rows: np.ndarray | None = None  # [B] int64; None = no row is biased
+    bias_ids: np.ndarray | None = None  # [B] int64
+    bias_values: np.ndarray | None = None  # [B] float32
 
     def __post_init__(self) -> None:
         n = len(self.temperature)
@@ -72,6 +80,10 @@ class SamplingBatch:
         self.num_logprobs = np.asarray(self.num_logprobs, dtype=np.int32).reshape(n)
         if not self.banned_token_ids:
             self.banned_token_ids = [None] * n
+        if self.allowed_tokens is not None:
+            self.allowed_rows = np.asarray(self.allowed_rows, dtype=np.int64).reshape(-1)
+            if self.allowed_tokens.ndim != 2 or len(self.allowed_tokens) != len(self.allowed_rows):
+                raise ValueError("SamplingBatch.allowed_tokens needs one row per entry of allowed_rows")
         for name in ("output_token_ids", "prompt_token_ids", "generators", "banned_token_ids"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"SamplingBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
@@ -103,7 +115,14 @@ def sample(logits: np.ndarray, batch: SamplingBatch) -> SamplerOutput:
     logprobs = np.full(n, np.nan, dtype=_F32)
     top: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        x, owned = penalties.apply(logits, batch)
+        owned = False
+        if batch.allowed_tokens is not None and len(batch.allowed_rows):
+            logits, owned = mask.masked(logits, batch.allowed_rows, batch.allowed_tokens), True
+        if batch.bias_rows is not None and len(batch.bias_rows):
+            logits = logits if owned else logits.copy()
+            logits[batch.bias_rows, batch.bias_ids] += batch.bias_values   # pairs are unique: no add.at
+            owned = True
+        x, owned = penalties.apply(logits, batch, owned)
         greedy = batch.temperature < GREEDY_EPS
         g, s = np.flatnonzero(greedy), np.flatnonzero(~greedy)
         if g.size:

@@ -24,39 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14nvllm/v1/nvllm.proto\x12\x08nvllm.v1\"\xda\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12&\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x16.nvllm.v1.ChatMessagesH\x00\x12.\n\x10prompt_token_ids\x18\x05 \x01(\x0b\x32\x12.nvllm.v1.TokenIdsH\x00\x12\x31\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x18.nvllm.v1.SamplingParamsB\x07\n\x05input\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.nvllm.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x96\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x07\x88\x01\x01\x12\x17\n\nmax_tokens\x18\t \x01(\x05H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x05H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x17\n\nignore_eos\x18\r \x01(\x08H\n\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x0e \x01(\x08H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12\x15\n\x08logprobs\x18\x10 \x01(\x05H\r\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_outputB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobs\"\xbc\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.nvllm.v1.TokenLogprob\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.nvllm.v1.FinishReason\x12\x12\n\x08stop_str\x18\x06 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x07 \x01(\x03H\x00\x12\x1e\n\x05usage\x18\x08 \x01(\x0b\x32\x0f.nvllm.v1.Usage\x12#\n\x16time_to_first_token_ms\x18\t \x01(\x01H\x01\x88\x01\x01\x42\r\n\x0bstop_reasonB\x19\n\x17_time_to_first_token_ms\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.nvllm.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x0f\n\rHealthRequest\"\xe6\x03\n\x0eHealthResponse\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.nvllm.v1.HealthResponse.State\x12\x1c\n\x14not_admitting_reason\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x13\n\x0bpages_total\x18\x05 \x01(\r\x12\x12\n\npages_free\x18\x06 \x01(\r\x12\x14\n\x0cpages_cached\x18\x07 \x01(\r\x12\x0f\n\x07running\x18\x08 \x01(\r\x12\x0f\n\x07waiting\x18\t \x01(\r\x12\x1e\n\x16\x61vailable_memory_bytes\x18\n \x01(\x04\x12\x1a\n\x12watchdog_low_bytes\x18\x0b \x01(\x04\x12\x1b\n\x13watchdog_high_bytes\x18\x0c \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\r \x01(\x01\x12\x0f\n\x07version\x18\x0e \x01(\t\x12\x11\n\tstartup_s\x18\x0f \x01(\x01\"r\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATE_STARTING\x10\x01\x12\x11\n\rSTATE_SERVING\x10\x02\x12\x17\n\x13STATE_NOT_ADMITTING\x10\x03\x12\x12\n\x0eSTATE_DRAINING\x10\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x8d\x01\n\tGenerator\x12\x43\n\x08Generate\x12\x19.nvllm.v1.GenerateRequest\x1a\x1a.nvllm.v1.GenerateResponse0\x01\x12;\n\x06Health\x12\x17.nvllm.v1.HealthRequest\x1a\x18.nvllm.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14nvllm/v1/nvllm.proto\x12\x08nvllm.v1\"\x8a\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12&\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x16.nvllm.v1.ChatMessagesH\x00\x12.\n\x10prompt_token_ids\x18\x05 \x01(\x0b\x32\x12.nvllm.v1.TokenIdsH\x00\x12\x31\n\x0fsampling_params\x18\x06 \x01(\x0b\x32\x18.nvllm.v1.SamplingParams\x12.\n\nstructured\x18\x07 \x01(\x0b\x32\x1a.nvllm.v1.StructuredOutputB\x07\n\x05input\"\x90\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\"\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x10.nvllm.v1.ChoiceH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x19\n\x06\x43hoice\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.nvllm.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x85\x06\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x07\x88\x01\x01\x12\x17\n\nmax_tokens\x18\t \x01(\x05H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x05H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x17\n\nignore_eos\x18\r \x01(\x08H\n\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x0e \x01(\x08H\x0b\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12\x15\n\x08logprobs\x18\x10 \x01(\x05H\r\x88\x01\x01\x12;\n\nlogit_bias\x18\x11 \x03(\x0b\x32\'.nvllm.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x1d\n\x1b_include_stop_str_in_outputB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobs\"\xbc\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.nvllm.v1.TokenLogprob\x12-\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x16.nvllm.v1.FinishReason\x12\x12\n\x08stop_str\x18\x06 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x07 \x01(\x03H\x00\x12\x1e\n\x05usage\x18\x08 \x01(\x0b\x32\x0f.nvllm.v1.Usage\x12#\n\x16time_to_first_token_ms\x18\t \x01(\x01H\x01\x88\x01\x01\x42\r\n\x0bstop_reasonB\x19\n\x17_time_to_first_token_ms\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.nvllm.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x0f\n\rHealthRequest\"\xe6\x03\n\x0eHealthResponse\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.nvllm.v1.HealthResponse.State\x12\x1c\n\x14not_admitting_reason\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x13\n\x0bpages_total\x18\x05 \x01(\r\x12\x12\n\npages_free\x18\x06 \x01(\r\x12\x14\n\x0cpages_cached\x18\x07 \x01(\r\x12\x0f\n\x07running\x18\x08 \x01(\r\x12\x0f\n\x07waiting\x18\t \x01(\r\x12\x1e\n\x16\x61vailable_memory_bytes\x18\n \x01(\x04\x12\x1a\n\x12watchdog_low_bytes\x18\x0b \x01(\x04\x12\x1b\n\x13watchdog_high_bytes\x18\x0c \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\r \x01(\x01\x12\x0f\n\x07version\x18\x0e \x01(\t\x12\x11\n\tstartup_s\x18\x0f \x01(\x01\"r\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATE_STARTING\x10\x01\x12\x11\n\rSTATE_SERVING\x10\x02\x12\x17\n\x13STATE_NOT_ADMITTING\x10\x03\x12\x12\n\x0eSTATE_DRAINING\x10\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x8d\x01\n\tGenerator\x12\x43\n\x08Generate\x12\x19.nvllm.v1.GenerateRequest\x1a\x1a.nvllm.v1.GenerateResponse0\x01\x12;\n\x06Health\x12\x17.nvllm.v1.HealthRequest\x1a\x18.nvllm.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'nvllm.v1.nvllm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2105
-  _globals['_FINISHREASON']._serialized_end=2225
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=2438
+  _globals['_FINISHREASON']._serialized_end=2558
   _globals['_GENERATEREQUEST']._serialized_start=35
-  _globals['_GENERATEREQUEST']._serialized_end=253
-  _globals['_CHATMESSAGE']._serialized_start=255
-  _globals['_CHATMESSAGE']._serialized_end=299
-  _globals['_CHATMESSAGES']._serialized_start=301
-  _globals['_CHATMESSAGES']._serialized_end=356
-  _globals['_TOKENIDS']._serialized_start=358
-  _globals['_TOKENIDS']._serialized_end=381
-  _globals['_SAMPLINGPARAMS']._serialized_start=384
-  _globals['_SAMPLINGPARAMS']._serialized_end=1046
-  _globals['_GENERATERESPONSE']._serialized_start=1049
-  _globals['_GENERATERESPONSE']._serialized_end=1365
-  _globals['_TOKENLOGPROB']._serialized_start=1367
-  _globals['_TOKENLOGPROB']._serialized_end=1451
-  _globals['_TOPLOGPROB']._serialized_start=1453
-  _globals['_TOPLOGPROB']._serialized_end=1515
-  _globals['_USAGE']._serialized_start=1517
-  _globals['_USAGE']._serialized_end=1597
-  _globals['_HEALTHREQUEST']._serialized_start=1599
-  _globals['_HEALTHREQUEST']._serialized_end=1614
-  _globals['_HEALTHRESPONSE']._serialized_start=1617
-  _globals['_HEALTHRESPONSE']._serialized_end=2103
-  _globals['_HEALTHRESPONSE_STATE']._serialized_start=1989
-  _globals['_HEALTHRESPONSE_STATE']._serialized_end=2103
-  _globals['_GENERATOR']._serialized_start=2228
-  _globals['_GENERATOR']._serialized_end=2369
+  _globals['_GENERATEREQUEST']._serialized_end=301
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=304
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=448
+  _globals['_CHOICE']._serialized_start=450
+  _globals['_CHOICE']._serialized_end=475
+  _globals['_CHATMESSAGE']._serialized_start=477
+  _globals['_CHATMESSAGE']._serialized_end=521
+  _globals['_CHATMESSAGES']._serialized_start=523
+  _globals['_CHATMESSAGES']._serialized_end=578
+  _globals['_TOKENIDS']._serialized_start=580
+  _globals['_TOKENIDS']._serialized_end=603
+  _globals['_SAMPLINGPARAMS']._serialized_start=606
+  _globals['_SAMPLINGPARAMS']._serialized_end=1379
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1097
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1145
+  _globals['_GENERATERESPONSE']._serialized_start=1382
+  _globals['_GENERATERESPONSE']._serialized_end=1698
+  _globals['_TOKENLOGPROB']._serialized_start=1700
+  _globals['_TOKENLOGPROB']._serialized_end=1784
+  _globals['_TOPLOGPROB']._serialized_start=1786
+  _globals['_TOPLOGPROB']._serialized_end=1848
+  _globals['_USAGE']._serialized_start=1850
+  _globals['_USAGE']._serialized_end=1930
+  _globals['_HEALTHREQUEST']._serialized_start=1932
+  _globals['_HEALTHREQUEST']._serialized_end=1947
+  _globals['_HEALTHRESPONSE']._serialized_start=1950
+  _globals['_HEALTHRESPONSE']._serialized_end=2436
+  _globals['_HEALTHRESPONSE_STATE']._serialized_start=2322
+  _globals['_HEALTHRESPONSE_STATE']._serialized_end=2436
+  _globals['_GENERATOR']._serialized_start=2561
+  _globals['_GENERATOR']._serialized_end=2702
 # @@protoc_insertion_point(module_scope)

@@ -25,17 +25,18 @@ def _flat_index(rows: np.ndarray, per_row, vocab: int) -> tuple[np.ndarray, np.n
     return row_of * vocab + toks, row_of
 
 
-def apply(logits: np.ndarray, batch: SamplingBatch) -> tuple[np.ndarray, bool]:
-    """Bans, then repetition, then frequency/presence penalties; copies the logits only if needed.
+def apply(logits: np.ndarray, batch: SamplingBatch, owned: bool = False) -> tuple[np.ndarray, bool]:
+    """Bans, then repetition, then frequency/presence penalties; copies the logits only if needed (never
+    when the caller says it owns them already).
 
-    Returns the logits to sample from and whether they are a copy this call owns."""
+    Returns the logits to sample from and whether they are a copy this call (or the caller) owns."""
     n, vocab = logits.shape
     ban = np.array([b is not None and len(b) > 0 for b in batch.banned_token_ids], dtype=bool)
     rep = batch.repetition_penalty != 1.0
     fp = (batch.frequency_penalty != 0.0) | (batch.presence_penalty != 0.0)
     if not (ban.any() or rep.any() or fp.any()):
-        return logits, False
-    x = np.array(logits, dtype=_F32, order="C", copy=True)
+        return logits, owned
+    x = logits if owned else np.array(logits, dtype=_F32, order="C", copy=True)
     xf = x.reshape(-1)  # view: [N, V] -> [N*V]
     if ban.any():
         idx, _ = _flat_index(np.flatnonzero(ban), batch.banned_token_ids, vocab)
