@@ -21,7 +21,11 @@
 #   NVLLM_SOURCE [this checkout]      what pip installs: a checkout, or a built nvllm-*.whl
 #   NVLLM_PYTHON [python3]            interpreter for the venv (3.10 or newer)
 #   NVLLM_PIP_ARGS []                 extra pip arguments, e.g. "--no-index --find-links /srv/wheels"
-#   NVLLM_MODEL [smollm2-135m-instruct]   model to pull
+#   NVLLM_MODEL [smollm2-135m-instruct]   model to pull: its GGUF, $NVLLM_STATE/models/NAME.gguf, which
+#                                     nvllm.toml's model.path names
+#   NVLLM_HTTP_LISTEN []              on a first install, turn the OpenAI-compatible HTTP API on at this
+#                                     host:port (http.listen) with a fresh random key in $NVLLM_ETC/api_key
+#                                     (http.api_key_file; mode 0640, group nvllm)
 #   NVLLM_SKIP_USER=1, NVLLM_SKIP_PIP=1, NVLLM_SKIP_PULL=1, NVLLM_SKIP_SYSTEMCTL=1   skip that step
 set -euo pipefail
 
@@ -112,14 +116,26 @@ else
     say "installing $etc/nvllm.toml"
     install -m 0640 "$here/nvllm.toml" "$etc/nvllm.toml"
     if have_user; then chgrp "$SERVICE_USER" "$etc/nvllm.toml"; fi
+    if [ -n "${NVLLM_HTTP_LISTEN:-}" ]; then
+        case "$NVLLM_HTTP_LISTEN" in
+            *[!A-Za-z0-9.:_\[\]-]*) die "NVLLM_HTTP_LISTEN must be host:port, got '$NVLLM_HTTP_LISTEN'" ;;
+        esac
+        if [ ! -e "$etc/api_key" ]; then
+            (umask 0137 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$etc/api_key")
+            if have_user; then chgrp "$SERVICE_USER" "$etc/api_key"; fi
+        fi
+        sed -i -e "/^\[http\]/,/^\[/ s#^listen = \"\"#listen = \"$NVLLM_HTTP_LISTEN\"#" \
+            -e "/^\[http\]/,/^\[/ s#^api_key_file = \"\"#api_key_file = \"$NVLLM_ETC/api_key\"#" "$etc/nvllm.toml"
+        say "HTTP API on $NVLLM_HTTP_LISTEN (http.listen); clients send the key in $NVLLM_ETC/api_key"
+    fi
 fi
 
 # 5. State directory and the default model. systemd's StateDirectory= would chown it on start anyway.
 install -d -m 0750 "$state" "$state/models"
 if [ "${NVLLM_SKIP_PULL:-0}" = 1 ]; then
     say "skipping the model pull (NVLLM_SKIP_PULL=1)"
-elif [ -f "$state/models/$NVLLM_MODEL/config.json" ]; then
-    say "model $NVLLM_MODEL is already in $state/models"
+elif [ -f "$state/models/$NVLLM_MODEL.gguf" ]; then
+    say "model $NVLLM_MODEL.gguf is already in $state/models"
 else
     say "pulling $NVLLM_MODEL into $state/models"
     "$venv/bin/nvllm" models pull "$NVLLM_MODEL" --dir "$state/models"

@@ -308,9 +308,9 @@ def tree(root: Path) -> set[str]:
 
 
 FAKE_NVLLM = """#!/bin/sh
-# Stands in for the venv's nvllm: `models pull NAME --dir DIR` writes DIR/NAME/config.json.
+# Stands in for the venv's nvllm: `models pull NAME --dir DIR` writes DIR/NAME.gguf.
 [ "$1 $2 $4" = "models pull --dir" ] || exit 64
-mkdir -p "$5/$3" && echo '{}' > "$5/$3/config.json"
+mkdir -p "$5" && echo 'GGUF' > "$5/$3.gguf"
 echo "$*" >> "$(dirname "$0")/pull.log"
 """
 
@@ -328,7 +328,7 @@ def enabled_link() -> set[str]:
         "etc/systemd/system/multi-user.target.wants/nvllm.service"}
 
 
-MODEL_FILE = f"var/lib/nvllm/models/{DEFAULT_MODEL}/config.json"
+MODEL_FILE = f"var/lib/nvllm/models/{DEFAULT_MODEL}.gguf"
 
 
 def test_install_upgrade_uninstall_purge(tmp_path: Path) -> None:
@@ -428,7 +428,7 @@ def test_custom_paths_are_written_into_the_unit(tmp_path: Path) -> None:
         "WorkingDirectory=/var/lib/nvllm": "WorkingDirectory=/srv/nvllm/state",
         "Documentation=file:/etc/nvllm/nvllm.toml": "Documentation=file:/srv/nvllm/etc/nvllm.toml",
     }
-    assert (root / "srv/nvllm/state/models" / DEFAULT_MODEL / "config.json").exists()
+    assert (root / "srv/nvllm/state/models" / f"{DEFAULT_MODEL}.gguf").exists()
     ok(run(UNINSTALL, root, "--purge", NVLLM_SKIP_SYSTEMCTL="1", **paths))
     assert tree(root) == set()
 

@@ -1,7 +1,9 @@
 """A model's chat template: choosing it from the model folder, compiling it in a sandbox, rendering messages.
 
 Rendering aims at the text transformers' apply_chat_template(messages, add_generation_prompt=True) gives;
-every failure (bad messages, a template that does not compile or raises) is a ValueError.
+every failure (bad messages, a template that does not compile or raises) is a ValueError. OpenAI tools go
+to a template that reads `tools` as transformers passes them; a template that does not gets them described
+in the system message (describe_tools), the one place that text is written.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Message = Mapping[str, Any]
@@ -89,11 +92,15 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in the environment transformers renders them in."""
-    env = ImmutableSandboxedEnvironment(
+def _environment() -> ImmutableSandboxedEnvironment:
+    return ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in the environment transformers renders them in."""
+    env = _environment()
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -113,15 +120,24 @@ def load_chat_template(source: str, where: str) -> jinja2.Template:
 
 
 def render_chat_template(template: jinja2.Template, messages: Sequence[Message], add_generation_prompt: bool,
-                         special_tokens: Mapping[str, str]) -> str:
-    """The template's text for messages, with the named special tokens as variables (as transformers does)."""
+                         special_tokens: Mapping[str, str], tools: Optional[Sequence[Any]] = None,
+                         takes_tools: bool = True) -> str:
+    """The template's text for messages, with the named special tokens as variables (as transformers does).
+
+    tools (OpenAI's list of {"type": "function", "function": {...}}) go to the template as `tools` when it
+    takes them (takes_tools, see template_takes_tools); otherwise they are described in the system message
+    (describe_tools) and earlier assistant tool calls are written into their content.
+    """
     if not isinstance(add_generation_prompt, bool):
         raise ValueError("add_generation_prompt must be a bool")
     clean = validate_messages(messages)
+    clean_tools = None if tools is None else validate_tools(tools)
+    if not takes_tools:
+        clean, clean_tools = _describe_in_messages(clean, clean_tools or []), None
     try:
         return template.render(
-            messages=clean, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
-            **special_tokens,
+            messages=clean, tools=clean_tools or None, documents=None,
+            add_generation_prompt=add_generation_prompt, **special_tokens,
         )
     except jinja2.TemplateError as e:
         raise ValueError(f"chat template error: {e}") from e
@@ -129,10 +145,13 @@ def render_chat_template(template: jinja2.Template, messages: Sequence[Message],
         raise ValueError(f"chat template error: {type(e).__name__}: {e}") from e
 
 
-def validate_messages(messages: Any) -> List[Dict[str, str]]:
+def validate_messages(messages: Any) -> List[Dict[str, Any]]:
     """Check chat messages and return plain {"role", "content"} dicts; text parts are joined with newlines.
 
-    Raises ValueError naming the bad field, e.g. "messages[2].content must be a string".
+    An assistant message may carry OpenAI's tool_calls (then its content may be null), kept with each
+    call's arguments parsed from their JSON string into an object, as chat templates expect; a tool message
+    keeps its tool_call_id and name. Raises ValueError naming the bad field, e.g. "messages[2].content must
+    be a string".
     """
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f"messages must be a list of messages, got {type(messages).__name__}")
@@ -148,7 +167,49 @@ def validate_messages(messages: Any) -> List[Dict[str, str]]:
             raise ValueError(f"{where}.role must be a string, got {type(role).__name__}")
         if not role:
             raise ValueError(f"{where}.role must not be empty")
-        clean.append({"role": role, "content": _message_text(message.get("content"), f"{where}.content")})
+        calls = message.get("tool_calls")
+        if role == "assistant" and calls is not None:
+            content = message.get("content")
+            text = "" if content is None else _message_text(content, f"{where}.content")
+            clean.append({"role": role, "content": text,
+                          "tool_calls": _message_tool_calls(calls, f"{where}.tool_calls")})
+            continue
+        entry: Dict[str, Any] = {"role": role, "content": _message_text(message.get("content"), f"{where}.content")}
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if message.get(key) is not None:
+                    if not isinstance(message[key], str):
+                        raise ValueError(f"{where}.{key} must be a string, got {type(message[key]).__name__}")
+                    entry[key] = message[key]
+        clean.append(entry)
+    return clean
+
+
+def _message_tool_calls(calls: Any, where: str) -> List[Dict[str, Any]]:
+    if not isinstance(calls, (list, tuple)):
+        raise ValueError(f"{where} must be a list, got {type(calls).__name__}")
+    clean = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            raise ValueError(f"{at} must be a dict like {{'type': 'function', 'function': {{'name', 'arguments'}}}}")
+        name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{at}.function.name must be a non-empty string")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass  # kept as the string it is; templates that tojson it show it quoted
+        elif arguments is not None and not isinstance(arguments, Mapping):
+            raise ValueError(f"{at}.function.arguments must be a JSON string, got {type(arguments).__name__}")
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise ValueError(f"{at}.id must be a string, got {type(call_id).__name__}")
+        # Both spellings templates use: Qwen2.5's reads tool_call.function, others read name/arguments.
+        fn = {"name": name, "arguments": {} if arguments is None else arguments}
+        clean.append({"id": call_id, "type": "function", "function": fn, **fn})
     return clean
 
 
@@ -168,3 +229,88 @@ def _message_text(content: Any, where: str) -> str:
         texts.append(part["text"])
     # vLLM joins text parts the same way when a template wants string content.
     return "\n".join(texts)
+
+
+# ------------------------------------------------------------------------------------------ tools
+
+
+def template_takes_tools(source: Optional[str]) -> bool:
+    """Whether a chat template reads the `tools` variable (then tools go to it; else describe_tools)."""
+    if not source:
+        return False
+    try:
+        return "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(source))
+    except jinja2.TemplateError:
+        return False
+
+
+def validate_tools(tools: Any) -> List[Dict[str, Any]]:
+    """Check OpenAI's tools list: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
+
+    Returns plain dicts; raises ValueError naming the field, e.g. "tools[1].function.name must be ...".
+    """
+    if not isinstance(tools, (list, tuple)):
+        raise ValueError(f"tools must be a list of tools, got {type(tools).__name__}")
+    clean = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise ValueError(f"{where} must be a dict like {{'type': 'function', 'function': {{...}}}}")
+        if tool.get("type", "function") != "function":
+            raise ValueError(f"{where}.type must be 'function', got {tool.get('type')!r}")
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            raise ValueError(f"{where}.function must be a dict with a 'name', got {type(function).__name__}")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}.function.name must be a non-empty string")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ValueError(f"{where}.function.description must be a string")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise ValueError(f"{where}.function.parameters must be a JSON schema object")
+        try:
+            # The tool as given (templates print it with tojson, as transformers passes it), as plain JSON.
+            clean.append(json.loads(json.dumps({"type": "function", **tool})))
+        except (TypeError, ValueError, RecursionError) as e:
+            raise ValueError(f"{where} must be JSON: {e}") from None
+    return clean
+
+
+# For templates that do not take tools, this text goes into the system message (after the system
+# message's own text, or as a new first system message). It asks for the bare JSON call that the server
+# constrains a forced tool choice to: {"name": ..., "arguments": {...}} (or a list of them).
+TOOLS_PREAMBLE = "You can call the following functions. Each is described by a JSON object:"
+TOOLS_CALL_FORMAT = ('To call a function, reply with only a JSON object {"name": <function name>, '
+                     '"arguments": <the arguments as a JSON object>}, or a JSON list of such objects '
+                     'to call several.')
+
+
+def describe_tools(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system-message text describing tools to a model whose template does not take them."""
+    lines = [TOOLS_PREAMBLE]
+    lines += [json.dumps(tool["function"], ensure_ascii=False) for tool in tools]
+    lines.append(TOOLS_CALL_FORMAT)
+    return "\n".join(lines)
+
+
+def _describe_in_messages(messages: List[Dict[str, Any]], tools: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """messages with past calls written as their JSON text (with or without tools in this request) and the
+    tools, if any, described in the system message."""
+    out = []
+    for m in messages:
+        if "tool_calls" in m:
+            calls = [{"name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]]
+            text = json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
+            m = {"role": m["role"], "content": f"{m['content']}\n{text}" if m["content"] else text}
+        out.append(m)
+    if not tools:
+        return out
+    description = describe_tools(tools)
+    if out and out[0]["role"] == "system":
+        first = out[0]["content"]
+        out[0] = {**out[0], "content": f"{first}\n\n{description}" if first else description}
+    else:
+        out.insert(0, {"role": "system", "content": description})
+    return out

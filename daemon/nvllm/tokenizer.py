@@ -18,7 +18,8 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as _Backend
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from nvllm.chat_template import Message, load_chat_template, render_chat_template, select_chat_template
+from nvllm.chat_template import (Message, load_chat_template, render_chat_template, select_chat_template,
+                                  template_takes_tools)
 
 # The named special tokens transformers passes to chat templates (its SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -85,6 +86,8 @@ class Tokenizer:
         self.all_special_ids: frozenset = frozenset(self._skipped_ids | {i for i in named if i is not None})
         self.chat_template: Optional[str] = chat_template
         self._template = None if chat_template is None else load_chat_template(chat_template, self.source)
+        # Whether the template renders `tools` itself; if not, render_chat describes them in the system message.
+        self.template_takes_tools = template_takes_tools(chat_template)
         # What the incremental detokenizer asks about every token, worked out once here.
         self._decodable = self._decodable_mask()
         self._byte_token_ids = self._find_byte_tokens()
@@ -179,18 +182,21 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The chat template's text for messages, rendered as transformers renders it."""
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    tools: Optional[Sequence[Any]] = None) -> str:
+        """The chat template's text for messages (and OpenAI tools), rendered as transformers renders it."""
         if self._template is None:
             raise ValueError(
                 f"{self.source}: the model has no chat template "
                 "(no chat_template in tokenizer_config.json and no chat_template.jinja)"
             )
-        return render_chat_template(self._template, messages, add_generation_prompt, self.special_tokens)
+        return render_chat_template(self._template, messages, add_generation_prompt, self.special_tokens,
+                                    tools=tools, takes_tools=self.template_takes_tools)
 
-    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> List[int]:
+    def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    tools: Optional[Sequence[Any]] = None) -> List[int]:
         """Token ids of the rendered chat; the template writes its own special tokens."""
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
 
     # ---- what the incremental detokenizer needs
 

@@ -19,7 +19,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.sequence import RequestOutput, Sequence
@@ -97,11 +97,15 @@ def _failed_output(request_id: str, error: str | None) -> RequestOutput:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, heartbeat_s: float = 1.0) -> None:
+    def __init__(self, engine: LLMEngine, heartbeat_s: float = 1.0,
+                 on_step: Callable[[float, int], None] | None = None) -> None:
+        """on_step(seconds, tokens) runs on the engine thread after each step that ran a batch (the
+        daemon's step-time metric): keep it short and thread-safe; an error in it is logged, never fatal."""
         if heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s}")
         self.engine = engine
         self.heartbeat_s = heartbeat_s
+        self.on_step = on_step
         # Bumped by the engine thread on every loop iteration (steps and idle wake-ups alike).
         self.progress = 0
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
@@ -164,6 +168,11 @@ class AsyncEngine:
         self._deliver([_failed_output(rid, None) for rid in list(self._streams)])
 
     # -- asyncio side -------------------------------------------------------------------------
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template source, which never changes (see LLMEngine.chat_template)."""
+        return self.engine.chat_template
+
     @property
     def num_streams(self) -> int:
         """Requests in flight (including consumers that left and await their abort)."""
@@ -292,8 +301,15 @@ class AsyncEngine:
             self._post([(seq.request_id, e)])
 
     def _step(self) -> None:
+        timed = self.engine.num_timed_steps
         outputs = self.engine.step()
         self._refresh()
+        # Before the outputs go out, so a client that got its tokens finds the step counted (microseconds).
+        if self.on_step is not None and self.engine.num_timed_steps != timed:
+            try:
+                self.on_step(self.engine.last_step_s, self.engine.last_step_tokens)
+            except Exception:
+                log.exception("on_step callback failed")
         self._post(outputs)
 
     def _refresh(self, adds_taken: int = 0) -> None:

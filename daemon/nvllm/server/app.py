@@ -18,7 +18,9 @@ Security defaults: the listener is loopback (127.0.0.1:50051) or a unix socket c
 server.unix_socket_mode (never wider, even for an instant: the umask is tightened while it is
 made); any other TCP address without TLS is logged as a warning. server.tls_cert/tls_key turn TLS
 on; server.tls_client_ca requires client certificates signed by that CA (mutual TLS), and is
-refused at start-up without tls_cert/tls_key rather than silently ignored.
+refused at start-up without tls_cert/tls_key rather than silently ignored. metrics.listen (off by
+default) serves Prometheus metrics over plain HTTP, bound right after the gRPC listener; metrics hold
+no prompts or keys, so any address is allowed (server/metrics_listener.py).
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from nvllm.cgroup import usable_cpus
 from nvllm.config import ConfigError, Settings, load_settings
 from nvllm.engine import factory
 from nvllm.engine.async_engine import AsyncEngine
+from nvllm.server.http.app import OpenAIApi
+from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind
+from nvllm.server.metrics_listener import MetricsListener
 from nvllm.server.logs import setup_logging, stream_is_journal
 from nvllm.engine.memory import RUNTIME_OVERHEAD_BYTES, GiB, MiB, MemoryReading, available_memory, format_bytes
 from nvllm.server.watchdog import MemoryWatchdog
@@ -60,7 +66,10 @@ STOP_GRACE_S = 5.0     # for handlers to write their last message once the engin
 
 
 def served_name(settings: Settings) -> str:
-    return settings.model.served_name or settings.model_path().resolve().name
+    """model.served_name, else the folder's name or the GGUF file's without .gguf (so the default model
+    keeps its name, smollm2-135m-instruct, whether its GGUF or its folder is served)."""
+    path = settings.model_path().resolve()
+    return settings.model.served_name or (path.stem if path.suffix.lower() == ".gguf" else path.name)
 
 
 def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
@@ -79,10 +88,7 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
             info = loaded.info
             plan = factory.plan_pool(settings, info, available_memory())
         else:
-            info = factory.read_model_info(settings)
-            reading = MemoryReading(max(0, int(memory_gb * GiB) - info.weight_bytes),
-                                    f"planned: {memory_gb:g} GiB available less the weights")
-            plan = factory.plan_pool(settings, info, reading)
+            info, plan = factory.plan_for_board(settings, memory_gb)
     except factory.EngineBuildError as e:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -91,7 +97,11 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
     resident = info.weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
     print(f"model: {served_name(settings)} ({info.path}), {info.architecture}, "
           f"{info.num_layers} layers, {info.num_params / 1e6:.1f} M parameters")
-    print(f"weights: {format_bytes(info.weight_bytes)} ({info.weight_bytes} bytes held in memory)")
+    print(f"weights: {format_bytes(info.weight_bytes)} ({info.weight_bytes} bytes held in memory), "
+          f"as {info.weight_format}")
+    if info.load_peak_bytes > info.weight_bytes:
+        print(f"loading: the weights peak at {format_bytes(info.load_peak_bytes)} ({info.load_peak_bytes} bytes), "
+              f"read as float32 before they are quantized; that much must be free at start-up")
     print(sz.log_line())
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
           f"{sz.block_size} tokens")
@@ -126,8 +136,10 @@ class Daemon:
         self.engine: AsyncEngine | None = None
         self.watchdog: MemoryWatchdog | None = None
         self.pinger: WatchdogPinger | None = None
+        self.metrics_listener: MetricsListener | None = None
         self.stop_requested: asyncio.Event | None = None
         self.num_signals = 0
+        self.http: HttpListener | None = None
 
     def _grpc_server(self) -> grpc.aio.Server:
         cap = self.settings.server.max_message_bytes
@@ -142,6 +154,15 @@ class Daemon:
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         return server
+
+    def _http_listener(self) -> HttpListener | None:
+        """The OpenAI-compatible HTTP API (http.listen), bound now; None when off."""
+        h = self.settings.http
+        if not h.listen:
+            return None
+        check_security(h)
+        api = OpenAIApi(self.state, http_api_key(h), h.max_body_bytes, metrics=self.state.metrics)
+        return HttpListener(api.app(), h.listen, "http.listen or --http-listen", h.tls_cert, h.tls_key, STOP_GRACE_S)
 
     def _on_signal(self, signum: int) -> None:
         self.num_signals += 1
@@ -190,10 +211,18 @@ class Daemon:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         server = self._grpc_server()
         address = bind(server, s)
+        if s.metrics.listen:   # bound with the listener, so a taken port fails before the model loads
+            self.metrics_listener = MetricsListener(s.metrics.listen, self.state.metrics.exposition)
+            self.metrics_listener.start()
         try:
+            self.http = self._http_listener()
             return await self._serve(server, address)
         except BaseException:
+            if self.metrics_listener is not None:
+                self.metrics_listener.stop()
             await server.stop(0)
+            if self.http is not None:
+                await self.http.stop(0.5)
             if self.engine is not None:
                 self.engine.stop_thread(5.0)
             raise
@@ -203,18 +232,25 @@ class Daemon:
         s = self.settings
         await server.start()
         log.info("listening on %s (Health answers STARTING while the model loads)", address)
+        if self.http is not None:
+            await self.http.start()
+            log.info("HTTP API (OpenAI-compatible) on %s", self.http.address)
 
         log.info("loading %s from %s", self.model_name, s.model_path())
         loaded = await loop.run_in_executor(None, factory.load_model, s)
-        log.info("model loaded in %.2f s: %s, weights %s", loaded.load_s, loaded.info.architecture,
-                 format_bytes(loaded.info.weight_bytes))
+        log.info("model loaded in %.2f s: %s, weights %s as %s", loaded.load_s, loaded.info.architecture,
+                 format_bytes(loaded.info.weight_bytes), loaded.info.weight_format)
         plan = factory.plan_pool(s, loaded.info, self.memory_reader())
         log.info("%s", plan.sizing.log_line())
         engine = await loop.run_in_executor(None, factory.create_engine, s, loaded, plan)
-        log.info("compute: %s, %d BLAS threads", factory.compute_description(), engine.blas_threads)
+        why = (f"model.threads = {s.model.threads}" if s.model.threads else
+               f"model.threads = 0: {usable_cpus().source}, less one")
+        log.info("compute: %s, %d matmul thread%s (%s)", factory.compute_description(), engine.threads,
+                 "" if engine.threads == 1 else "s", why)
 
         interval = self.notifier.watchdog_interval()
-        self.engine = AsyncEngine(engine, heartbeat_s=min(1.0, interval / 4) if interval else 1.0)
+        self.engine = AsyncEngine(engine, heartbeat_s=min(1.0, interval / 4) if interval else 1.0,
+                                  on_step=self.state.metrics.observe_step)
         self.engine.start(loop)
         self.pinger = WatchdogPinger.from_env(self.notifier, lambda: self.engine.progress)
         self.watchdog = MemoryWatchdog(
@@ -225,6 +261,8 @@ class Daemon:
 
         log.info("ready in %.2f s since process start", self.state.startup_s)
         self.notifier.ready(self.status_line())
+        if self.http is not None:
+            print(f"nvllm HTTP API on {self.http.address}", flush=True)
         print(f"nvllm serving {self.model_name} on {address}", flush=True)
         if self.pinger is not None:
             self.pinger.start()
@@ -251,6 +289,10 @@ class Daemon:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop_thread)
         self.engine.abort_leftovers()
         await server.stop(STOP_GRACE_S)
+        if self.http is not None:
+            await self.http.stop(STOP_GRACE_S)
+        if self.metrics_listener is not None:
+            self.metrics_listener.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.pinger is not None:
@@ -262,8 +304,10 @@ class Daemon:
 # -- entry point ----------------------------------------------------------------------------
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
-        "model": {"path": args.model, "quantization": getattr(args, "quantization", None)},
+        "model": {"path": args.model, "quantization": getattr(args, "quantization", None),
+                  "threads": getattr(args, "threads", None)},
         "server": {"listen": args.listen},
+        "http": {"listen": getattr(args, "http_listen", None)},
         "cache": {"num_blocks": args.num_blocks},
         "scheduler": {"max_model_len": args.max_model_len},
     }

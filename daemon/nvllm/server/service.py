@@ -38,8 +38,9 @@ from grpc_health.v1._async import HealthServicer
 from nvllm import __version__
 from nvllm.engine.async_engine import AsyncEngine, EngineDead
 from nvllm.engine.sequence import RequestOutput
-from nvllm.sampling_params import InvalidParameter, SamplingParams
+from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
 from nvllm.server.logs import request_context
+from nvllm.server.metrics import Metrics, RequestTracker
 from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.server.wire import UndecodableRequest, decode_generate_request
 from nvllm.v1 import nvllm_pb2 as pb
@@ -60,6 +61,15 @@ class Phase(enum.Enum):
     STARTING = "starting"
     SERVING = "serving"
     DRAINING = "draining"
+
+
+class Refused(Exception):
+    """A request the daemon's state turns away: `busy` for load, memory pressure or the per-client cap
+    (gRPC RESOURCE_EXHAUSTED, HTTP 429), else starting or draining (UNAVAILABLE, HTTP 503)."""
+
+    def __init__(self, message: str, busy: bool) -> None:
+        super().__init__(message)
+        self.busy = busy
 
 
 class BadRequest(Exception):
@@ -112,6 +122,7 @@ class DaemonState:
         self.started_at = process_start_time()
         self._tasks: set[asyncio.Task] = set()
         self.startup_s = 0.0
+        self.metrics = Metrics(model_name, self)   # every front door reports its requests here
 
     # -- transitions (event loop thread) ----------------------------------------------------
     async def set_ready(self, engine: AsyncEngine, watchdog: MemoryWatchdog | None) -> None:
@@ -154,6 +165,41 @@ class DaemonState:
             return self.watchdog.reason
         return ""
 
+    # -- admission, shared by every front door (gRPC, HTTP) ------------------------------------
+    def check_serving(self) -> None:
+        """Refused unless new requests are taken at all (not while starting or draining)."""
+        if self.phase is not Phase.SERVING or self.engine is None:
+            raise Refused("draining: the daemon is shutting down" if self.phase is Phase.DRAINING
+                          else "starting: the model is still loading", busy=False)
+
+    def open_stream(self, client: str) -> None:
+        """Count a call against its client's streams; Refused past server.max_streams_per_client."""
+        open_streams = self.streams_by_client.get(client, 0)
+        limit = self.max_streams_per_client
+        if limit and open_streams >= limit:
+            raise Refused(f"too many concurrent streams from {client}: {open_streams} open, limit {limit} "
+                          f"(server.max_streams_per_client)", busy=True)
+        self.streams_by_client[client] = open_streams + 1
+
+    def close_stream(self, client: str) -> None:
+        left = self.streams_by_client.get(client, 1) - 1
+        if left > 0:
+            self.streams_by_client[client] = left
+        else:
+            self.streams_by_client.pop(client, None)
+
+    def check_admission(self) -> None:
+        """Refused for draining, memory pressure, a dead engine or a full queue. Call it with no await
+        between it and AsyncEngine.add, so that concurrent calls cannot both pass a full queue."""
+        if self.phase is not Phase.SERVING or self.engine is None:
+            raise Refused("draining: the daemon is shutting down", busy=False)
+        reason = self.not_admitting_reason()
+        if reason:
+            raise Refused(f"not admitting new requests: {reason}", busy=True)
+        queued = self.queue_length(self.engine.stats())
+        if queued >= self.max_waiting:
+            raise Refused(f"queue full: {queued} waiting, limit {self.max_waiting}", busy=True)
+
     def queue_length(self, stats: dict[str, Any]) -> int:
         """Requests that would wait for a seat: those queued beyond the free seats."""
         free_seats = max(0, self.max_num_seqs - stats.get("running", 0))
@@ -183,7 +229,31 @@ def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
     """The proto's SamplingParams as our dataclass; unset fields keep their defaults (None = model's).
     ListFields gives the optional scalars that are set and the repeated fields that are not empty."""
     sp = request.sampling_params
-    return SamplingParams(**{f.name: list(v) if f.is_repeated else v for f, v in sp.ListFields()})
+    params = SamplingParams(**{f.name: _field_value(f, v) for f, v in sp.ListFields()})
+    params.structured = structured_from_proto(request)
+    return params
+
+
+def _field_value(f: Any, v: Any) -> Any:
+    if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        return dict(v)   # logit_bias
+    return list(v) if f.is_repeated else v
+
+
+def structured_from_proto(request: pb.GenerateRequest) -> StructuredSpec | None:
+    """GenerateRequest.structured as the engine's constraint (None: free text). Whether it compiles is the
+    engine's to say (INVALID_ARGUMENT naming structured.<kind>)."""
+    kind = request.structured.WhichOneof("kind") if request.HasField("structured") else None
+    if kind is None:
+        return None
+    if kind == "json_object":
+        if not request.structured.json_object:
+            raise BadRequest("structured.json_object",
+                             "structured.json_object must be true (leave structured unset for free text)")
+        return StructuredSpec("json_object")
+    if kind == "choice":
+        return StructuredSpec("choice", tuple(request.structured.choice.choices))
+    return StructuredSpec(kind, getattr(request.structured, kind))
 
 
 def proto_field(name: str, input_field: str) -> str:
@@ -212,6 +282,8 @@ def oversized_field(request: pb.GenerateRequest) -> str:
     if request.HasField("sampling_params"):
         sizes["sampling_params.stop"] = sum(len(s.encode()) for s in request.sampling_params.stop)
         sizes["sampling_params.stop_token_ids"] = 10 * len(request.sampling_params.stop_token_ids)
+    if request.HasField("structured"):
+        sizes["structured"] = request.structured.ByteSize()
     return max(sizes, key=sizes.__getitem__)
 
 
@@ -230,6 +302,10 @@ def client_key(peer: str) -> str:
         return host
     mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
     return str(mapped or ip)
+
+
+def _refusal_code(e: Refused) -> grpc.StatusCode:
+    return grpc.StatusCode.RESOURCE_EXHAUSTED if e.busy else grpc.StatusCode.UNAVAILABLE
 
 
 def add_generator_to_server(servicer: "GeneratorService", server: grpc.aio.Server) -> None:
@@ -264,36 +340,29 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         if isinstance(request, UndecodableRequest):
             with request_context(uuid.uuid4().hex):
                 log.info("refused: %s", request.message)
+                self.state.metrics.request("grpc", t0).refused("invalid")
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or uuid.uuid4().hex
-        with request_context(rid):
+        with request_context(rid), self.state.metrics.request("grpc", t0) as track:
             st = self.state
-            if st.phase is not Phase.SERVING or st.engine is None:
-                why = "draining: the daemon is shutting down" if st.phase is Phase.DRAINING else \
-                    "starting: the model is still loading"
-                await context.abort(grpc.StatusCode.UNAVAILABLE, why)
             client = client_key(context.peer())
-            open_streams = st.streams_by_client.get(client, 0)
-            limit = st.max_streams_per_client
-            if limit and open_streams >= limit:
-                msg = (f"too many concurrent streams from {client}: {open_streams} open, limit {limit} "
-                       f"(server.max_streams_per_client)")
-                log.info("refused: %s", msg)
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
-            st.streams_by_client[client] = open_streams + 1
             try:
-                async with contextlib.aclosing(self._generate(request, context, rid, t0)) as responses:
+                st.check_serving()
+                st.open_stream(client)
+            except Refused as e:
+                if e.busy:
+                    log.info("refused: %s", e)
+                track.refused("busy" if e.busy else "unavailable")
+                await context.abort(_refusal_code(e), str(e))
+            try:
+                async with contextlib.aclosing(self._generate(request, context, rid, t0, track)) as responses:
                     async for response in responses:
                         yield response
             finally:
-                left = st.streams_by_client.get(client, 1) - 1
-                if left > 0:
-                    st.streams_by_client[client] = left
-                else:
-                    st.streams_by_client.pop(client, None)
+                st.close_stream(client)
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, rid: str,
-                        t0: float) -> AsyncIterator[pb.GenerateResponse]:
+                        t0: float, track: RequestTracker) -> AsyncIterator[pb.GenerateResponse]:
         """Generate's work once the call counts against its client's streams."""
         st = self.state
         engine = st.engine
@@ -303,30 +372,30 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 self.executor, self._make_sequence, engine, rid, input_field, prompt, params)
         except BadRequest as e:
             log.info("refused: %s", e)
+            track.refused("invalid")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         # Admission: checked after the (awaited) tokenization and with no await before the
         # engine takes the request, so concurrent calls cannot both pass a full queue.
-        if st.phase is not Phase.SERVING:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "draining: the daemon is shutting down")
-        reason = st.not_admitting_reason()
-        if reason:
-            log.info("refused: not admitting: %s", reason)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"not admitting new requests: {reason}")
-        queued = st.queue_length(engine.stats())
-        if queued >= st.max_waiting:
-            msg = f"queue full: {queued} waiting, limit {st.max_waiting}"
-            log.info("refused: %s", msg)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, msg)
+        try:
+            st.check_admission()
+        except Refused as e:
+            if e.busy:
+                log.info("refused: %s", e)
+            track.refused("busy" if e.busy else "unavailable")
+            await context.abort(_refusal_code(e), str(e))
         try:
             stream = engine.add(seq)
         except (InvalidParameter, EngineDead) as e:
+            track.refused("invalid" if isinstance(e, InvalidParameter) else "unavailable")
             code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidParameter) else grpc.StatusCode.UNAVAILABLE
             await context.abort(code, str(e))
+        track.admitted(seq.num_prompt_tokens)
         log.info("admitted: %d prompt tokens, max_tokens %d", seq.num_prompt_tokens, seq.params.max_tokens)
         first_token_time = None
         try:
             with stream:
                 async for out in stream:
+                    track.output(out)
                     if out.error is not None:
                         log.error("failed in the engine: %s", out.error)
                         await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")

@@ -1,0 +1,408 @@
+"""The OpenAI-compatible HTTP API as a Starlette app, on the daemon's DaemonState and AsyncEngine.
+
+POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+
+A generation request goes the gRPC API's way: the key (401), the body's size (413), its JSON and
+parameters (400 naming the parameter), starting or draining (503), the client's stream cap (429),
+tokenizing off the loop, then admission (429 for a full queue or memory pressure) with no await before
+the engine takes it. n choices are n engine requests on the same prompt (the prefix cache shares its
+full pages). A client that closes the connection, mid-stream or while a whole response is computed,
+aborts its requests: their pages come back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ipaddress
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from nvllm.engine.async_engine import AsyncEngine, EngineDead, RequestStream
+from nvllm.engine.sequence import RequestOutput, Sequence
+from nvllm.sampling_params import InvalidParameter
+from nvllm.server.http.auth import check_key
+from nvllm.server.http.errors import ApiError, bad_request
+from nvllm.server.http.openai_protocol import (ParsedRequest, ResponseBuilder, invalid, parse_chat,
+                                               parse_completion, parse_json)
+from nvllm.server.logs import request_context
+from nvllm.server.metrics import Metrics, RequestTracker
+from nvllm.server.service import DaemonState, Phase, Refused
+
+log = logging.getLogger("nvllm.server.http")
+
+PING_S = 15.0           # an SSE comment line this often keeps proxies from closing a quiet stream
+# A refusal's status -> the metrics' reason (server/metrics.py's REFUSALS).
+_REFUSAL_REASON = {429: "busy", 503: "unavailable"}
+
+
+def http_client_key(request: Request) -> str:
+    """Whom a request counts against: the peer's IP (an IPv4-mapped IPv6 as IPv4), as gRPC counts it,
+    so one host's streams over both APIs share server.max_streams_per_client."""
+    host = request.client.host if request.client else "unknown"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def refusal(e: Refused) -> ApiError:
+    return ApiError(429 if e.busy else 503, str(e), code="overloaded" if e.busy else "unavailable")
+
+
+class OpenAIApi:
+    def __init__(self, state: DaemonState, api_key: bytes | None = None, max_body_bytes: int = 1 << 20,
+                 executor: concurrent.futures.Executor | None = None, metrics: Metrics | None = None) -> None:
+        """metrics: the daemon's Metrics (server/metrics.py), served at /metrics and fed per request."""
+        self.state = state
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nvllm-http-tokenize")
+        self.metrics = metrics
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics_page, methods=["GET"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                                                            Exception: _internal_error})
+
+    # -- small endpoints ------------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        check_key(self.api_key, request.headers.get("authorization"))
+        st = self.state
+        return JSONResponse({"object": "list", "data": [
+            {"id": st.model_name, "object": "model", "created": int(st.started_at), "owned_by": "nvllm",
+             "max_model_len": st.engine.engine.max_model_len if st.engine is not None else None}]})
+
+    async def health(self, request: Request) -> Response:
+        """200 only when new requests are admitted; 503 with the state and the reason otherwise."""
+        st = self.state
+        h = st.health_response()
+        state = {Phase.STARTING: "starting", Phase.DRAINING: "draining"}.get(st.phase) or \
+            ("not_admitting" if st.not_admitting_reason() else "serving")
+        body: dict[str, Any] = {"state": state, "model": st.model_name, "version": h.version,
+                                "uptime_s": round(h.uptime_s, 3)}
+        if state == "not_admitting":
+            body["reason"] = st.not_admitting_reason()
+        elif state in ("starting", "draining"):
+            body["reason"] = ("the model is still loading" if state == "starting"
+                              else "the daemon is shutting down")
+        if st.engine is not None:
+            body.update(running=h.running, waiting=h.waiting, pages_total=h.pages_total,
+                        pages_free=h.pages_free, pages_cached=h.pages_cached)
+        return JSONResponse(body, status_code=200 if state == "serving" else 503)
+
+    async def metrics_page(self, request: Request) -> Response:
+        if self.metrics is None:
+            raise ApiError(404, "metrics are not available", code="not_found")
+        body, content_type = self.metrics.exposition()
+        return Response(body, headers={"Content-Type": content_type})
+
+    # -- generation -----------------------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, self._parse_chat)
+
+    def _parse_chat(self, body: dict[str, Any], model_name: str, max_choices: int) -> ParsedRequest:
+        engine = self.state.engine      # the template tells the model's tool-call format (tool_calls.py)
+        return parse_chat(body, model_name, max_choices, engine.chat_template if engine is not None else None)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion)
+
+    async def _generate(self, request: Request, parse: Callable[..., ParsedRequest]) -> Response:
+        t0 = time.monotonic()
+        rid = uuid.uuid4().hex
+        trackers: list[RequestTracker] = []      # one per choice once admitted (metrics)
+        try:
+            return await self._serve(request, parse, rid, t0, trackers)
+        except ApiError as e:
+            if self.metrics is not None and not trackers:
+                self.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
+            raise
+
+    async def _serve(self, request: Request, parse: Callable[..., ParsedRequest], rid: str, t0: float,
+                     trackers: list[RequestTracker]) -> Response:
+        with request_context(rid):
+            check_key(self.api_key, request.headers.get("authorization"))
+            body = await self._read_body(request)
+            st = self.state
+            try:
+                st.check_serving()
+            except Refused as e:
+                raise refusal(e) from None
+            req = parse(parse_json(body), st.model_name, st.max_num_seqs)
+            client = http_client_key(request)
+            try:
+                st.open_stream(client)
+            except Refused as e:
+                log.info("refused: %s", e)
+                raise refusal(e) from None
+            handed_over = False
+            try:
+                engine = st.engine
+                assert engine is not None
+                seqs = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self._make_sequences, engine, rid, req)
+                streams = self._admit(engine, seqs, req)
+                if self.metrics is not None:
+                    for seq in seqs:
+                        trackers.append(self.metrics.request("http", arrival=t0))
+                        trackers[-1].admitted(seq.num_prompt_tokens)
+                log.info("admitted over HTTP: %d choice(s), %d prompt tokens, max_tokens %d%s",
+                         len(seqs), seqs[0].num_prompt_tokens, seqs[0].params.max_tokens,
+                         f", user {req.user!r}" if req.user else "")
+                builder = ResponseBuilder(req, rid, st.model_name)
+                if req.stream:
+                    handed_over = True     # the event stream releases the client's count when it ends
+                    release = _Release(st, client, streams, trackers)
+                    return _EventStream(self._events(req, streams, builder, client, rid, t0, trackers, release),
+                                        release, ping=PING_S, sep="\n", headers={"X-Request-Id": rid})
+                try:
+                    return await self._whole(request, streams, builder, rid, trackers)
+                finally:
+                    for t in trackers:
+                        t.close()
+            finally:
+                if not handed_over:
+                    st.close_stream(client)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length")
+        too_big = ApiError(413, f"the request body is larger than {limit} bytes (http.max_body_bytes)",
+                           code="request_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+        except ClientDisconnect:
+            log.info("the client went away before sending the whole body")
+            raise ApiError(400, "the client closed the connection before sending the whole body") from None
+        return b"".join(chunks)
+
+    def _make_sequences(self, engine: AsyncEngine, rid: str, req: ParsedRequest) -> list[Sequence]:
+        """Render, tokenize and validate every choice (in the executor, off the loop)."""
+        seqs = []
+        for i in range(req.num_choices):
+            prompt, params = req.choice(i)
+            try:
+                seqs.append(engine.make_sequence(rid if req.num_choices == 1 else f"{rid}-{i}", prompt, params))
+            except InvalidParameter as e:
+                raise invalid(e, req) from None
+        return seqs
+
+    def _admit(self, engine: AsyncEngine, seqs: list[Sequence], req: ParsedRequest) -> list[RequestStream]:
+        """Admission and hand-over with no await in between (as gRPC's)."""
+        try:
+            self.state.check_admission()
+        except Refused as e:
+            log.info("refused: %s", e)
+            raise refusal(e) from None
+        streams: list[RequestStream] = []
+        try:
+            for seq in seqs:
+                streams.append(engine.add(seq))
+        except (InvalidParameter, EngineDead) as e:
+            for s in streams:
+                s.close()
+            if isinstance(e, InvalidParameter):
+                raise invalid(e, req) from None
+            raise ApiError(503, str(e), code="unavailable") from None
+        return streams
+
+    async def _whole(self, request: Request, streams: list[RequestStream], builder: ResponseBuilder,
+                     rid: str, trackers: list[RequestTracker]) -> Response:
+        """Collect every choice; a client that disconnects meanwhile aborts them."""
+        collect = asyncio.ensure_future(self._collect(streams, builder, trackers))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():
+                collect.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collect
+                for s in streams:
+                    s.close()
+        if collect.cancelled():
+            log.info("cancelled (the client went away); request aborted")
+            return Response(status_code=499)    # nobody reads it
+        collect.result()           # raises the engine's failure as ApiError
+        usage = builder.usage
+        log.info("finished over HTTP: %d prompt + %d output tokens", sum(usage.prompt_tokens.values()),
+                 usage.completion_tokens)
+        return JSONResponse(builder.response(), headers={"X-Request-Id": rid})
+
+    async def _collect(self, streams: list[RequestStream], builder: ResponseBuilder,
+                       trackers: list[RequestTracker]) -> None:
+        async with contextlib.aclosing(_merged(streams)) as outputs:
+            async for index, out in outputs:
+                if trackers:
+                    trackers[index].output(out)
+                _raise_failure(out)
+                builder.add(index, out)
+
+    async def _events(self, req: ParsedRequest, streams: list[RequestStream], builder: ResponseBuilder,
+                      client: str, rid: str, t0: float, trackers: list[RequestTracker],
+                      release: "_Release") -> AsyncIterator[dict[str, str]]:
+        """The SSE events: chunks as the engine makes them, then usage if asked, then [DONE]. Leaving
+        early (the client disconnected, the server stops) aborts whatever is unfinished."""
+        extra = {"request_id": rid}
+        first: float | None = None
+        try:
+            async with contextlib.aclosing(_merged(streams)) as outputs:
+                async for index, out in outputs:
+                    if trackers:
+                        trackers[index].output(out)
+                    try:
+                        _raise_failure(out)
+                    except ApiError as e:
+                        yield {"data": json.dumps(e.body())}
+                        return
+                    if first is None and out.token_ids:
+                        first = time.monotonic()
+                    for chunk in builder.chunks(index, out):
+                        yield {"data": json.dumps(chunk, ensure_ascii=False)}
+            if req.include_usage:
+                yield {"data": json.dumps(builder.usage_chunk())}
+            yield {"data": "[DONE]"}
+            log.info("finished over HTTP: %d prompt + %d output tokens%s", sum(builder.usage.prompt_tokens.values()),
+                     builder.usage.completion_tokens,
+                     "" if first is None else f", first token after {1000 * (first - t0):.0f} ms", extra=extra)
+        except (asyncio.CancelledError, GeneratorExit):
+            log.info("cancelled (the client went away); request aborted", extra=extra)
+            raise
+        finally:
+            release()
+
+
+class _Release:
+    """Gives back what a streamed request holds (its engine requests, metrics, the client's stream count)
+    exactly once, whichever ends first: the event generator, or the response (which may be cancelled by a
+    disconnect before the generator ever started, when its own cleanup would never run)."""
+
+    def __init__(self, state: DaemonState, client: str, streams: list[RequestStream],
+                 trackers: list[RequestTracker]) -> None:
+        self.state, self.client, self.streams, self.trackers = state, client, streams, trackers
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        for s in self.streams:
+            s.close()
+        for t in self.trackers:
+            t.close()
+        self.state.close_stream(self.client)
+
+
+class _EventStream(EventSourceResponse):
+    def __init__(self, content: AsyncIterator[dict[str, str]], release: _Release, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, output) from every stream as they come; leaving early closes (aborts) them all."""
+    if len(streams) == 1:
+        try:
+            async for out in streams[0]:
+                yield 0, out
+        finally:
+            streams[0].close()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        except Exception as e:      # noqa: BLE001 - handed to the reader, which raises it
+            queue.put_nowait((index, e))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            yield index, item
+            if item.finished:
+                left -= 1
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.close()
+
+
+def _raise_failure(out: RequestOutput) -> None:
+    if out.error is not None:
+        log.error("failed in the engine: %s", out.error)
+        raise ApiError(500, f"generation failed: {out.error}", code="engine_error")
+    if out.finished and out.finish_reason == "abort":
+        raise ApiError(503, "the request was aborted: the daemon is shutting down", code="unavailable")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    if exc.status >= 500:
+        log.warning("HTTP %d: %s", exc.status, exc.message)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return ApiError(404, f"no such path: {request.method} {request.url.path[:200]}", code="not_found").response()
+    if exc.status_code == 405:
+        return ApiError(405, f"{request.method} is not allowed on {request.url.path[:200]}",
+                        code="method_not_allowed").response()
+    return ApiError(exc.status_code, str(exc.detail)).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("HTTP handler failed")
+    return ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+
+
+__all__ = ["OpenAIApi", "bad_request"]

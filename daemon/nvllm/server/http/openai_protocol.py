@@ -1,0 +1,514 @@
+"""OpenAI's JSON <-> nvllm: a request body to (prompts, SamplingParams, options), and RequestOutputs to the
+response objects and stream chunks of /v1/chat/completions and /v1/completions.
+
+Every parameter is either mapped or refused with 400 naming it: an unknown key, or a known OpenAI
+parameter nvllm does not implement set to anything but its neutral value, is never silently ignored.
+Types are checked here (400 naming the parameter); ranges are checked by SamplingParams itself, whose
+field names are OpenAI's (and vLLM's), so its InvalidParameter names the parameter too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from nvllm.engine.sequence import RequestOutput, TokenLogprob
+from nvllm.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
+from nvllm.server.http.errors import ApiError, bad_request
+from nvllm.server.http.response_format import Constraint, parse_constraint
+from nvllm.server.http.tool_calls import ToolCallStream, ToolPlan, finish_reason, plan_tools, read_tool_calls
+
+CHAT, COMPLETION = "chat", "completion"
+COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's (and vLLM's) default for /v1/completions
+MIN_LOGPROB = -9999.0                  # JSON has no -inf; vLLM sends this floor too
+MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
+ROLE_ALIASES = {"developer": "system"}   # OpenAI's newer name for the system role
+
+# Sampling parameters passed to SamplingParams under the same name, with their JSON type.
+_INT, _REAL, _BOOL = "an integer", "a number", "true or false"
+SAMPLING_FIELDS: dict[str, str] = {
+    "temperature": _REAL, "top_p": _REAL, "top_k": _INT, "min_p": _REAL, "repetition_penalty": _REAL,
+    "presence_penalty": _REAL, "frequency_penalty": _REAL, "seed": _INT, "min_tokens": _INT,
+    "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "include_stop_str_in_output": _BOOL,
+}
+COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_ids", "max_tokens", "user",
+                 "logit_bias", *SAMPLING_FIELDS}
+# Constraints (response_format, structured_outputs) and tools: server/http/response_format.py, tool_calls.py.
+CONSTRAINT_FIELDS = {"response_format", "structured_outputs"}
+TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
+CHAT_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | TOOL_FIELDS | {"messages", "max_completion_tokens", "logprobs",
+                                                                 "top_logprobs"}
+COMPLETION_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+
+# OpenAI parameters nvllm does not implement: accepted only at the value that asks for nothing.
+NEUTRAL: dict[str, Callable[[Any], bool]] = {
+    "tools": lambda v: v is None or v == [],
+    "tool_choice": lambda v: v is None or v == "none",
+    "parallel_tool_calls": lambda v: v is None,
+    "functions": lambda v: v is None or v == [],
+    "function_call": lambda v: v is None or v == "none",
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "service_tier": lambda v: v in (None, "auto", "default"),
+    "store": lambda v: v in (None, False),
+    "metadata": lambda v: v is None or v == {},
+    "modalities": lambda v: v is None or v == ["text"],
+    "audio": lambda v: v is None,
+    "prediction": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+}
+
+
+@dataclass
+class ParsedRequest:
+    """What a request body asks for, checked; one engine request per (prompt, choice)."""
+    kind: str
+    prompts: list[Any]                 # engine prompts: text, token ids, or {"messages": [...]}
+    params: SamplingParams
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False             # logprobs asked for (chat: logprobs=true; completions: logprobs=N)
+    echo: bool = False
+    max_tokens_name: str = "max_tokens"  # the parameter max_tokens came in, for errors
+    user: str | None = None
+    tool_plan: ToolPlan | None = None   # chat with tools: the prompt's tools, the constraint, how calls read back
+    constraint_param: str | None = None  # the parameter the engine's constraint came from, for its errors
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def choice(self, index: int) -> tuple[Any, SamplingParams]:
+        """(prompt, params) of choice `index` (prompt-major as OpenAI numbers them). Choices of one
+        prompt share its pages through the prefix cache; a given seed becomes seed, seed+1, ..."""
+        prompt = self.prompts[index // self.n]
+        i = index % self.n
+        if i == 0 or self.params.seed is None:
+            return prompt, self.params
+        return prompt, dataclasses.replace(self.params, seed=self.params.seed + i,
+                                           stop=list(self.params.stop), stop_token_ids=list(self.params.stop_token_ids))
+
+    def param_name(self, field_name: str) -> str:
+        """The request parameter an InvalidParameter's field stands for."""
+        if field_name == "max_tokens":
+            return self.max_tokens_name
+        if field_name == "logprobs":
+            return "top_logprobs" if self.kind == CHAT else "logprobs"
+        if field_name in ("prompt", "prompt_token_ids"):
+            return "messages" if self.kind == CHAT else "prompt"
+        if field_name.startswith("structured") and self.constraint_param:
+            return self.constraint_param
+        return field_name
+
+
+def invalid(e: InvalidParameter, req: ParsedRequest) -> ApiError:
+    """An engine-side refusal as 400 naming the request's parameter."""
+    name = req.param_name(e.field)
+    text = str(e)
+    if name == "tools" and e.field.startswith("structured"):
+        # The constraint was built from the tools; its text means nothing to the client, the reason does.
+        return bad_request(name, f"tools: a function's parameters schema cannot be used: {e.reason}")
+    if name != e.field and text.startswith(e.field):
+        text = name + text[len(e.field):]
+    return bad_request(name, text)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+def parse_json(body: bytes) -> dict[str, Any]:
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+    try:
+        data = json.loads(body, parse_constant=no_constant)
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad_request(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(data, dict):
+        raise bad_request(None, f"the request body must be a JSON object, got {_json_type(data)}")
+    return data
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _need(name: str, value: Any, kind: str) -> Any:
+    ok = {_INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          _REAL: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          _BOOL: lambda v: isinstance(v, bool),
+          "a string": lambda v: isinstance(v, str),
+          "an object": lambda v: isinstance(v, dict)}[kind](value)
+    if not ok:
+        raise bad_request(name, f"{name} must be {kind}, got {_json_type(value)}")
+    return value
+
+
+def _check_keys(body: dict[str, Any], allowed: set[str]) -> None:
+    for key, value in body.items():
+        if key in allowed:
+            continue
+        if key in NEUTRAL:
+            if NEUTRAL[key](value):
+                continue
+            raise bad_request(key, f"{key} is not supported by nvllm", code="unsupported_parameter")
+        raise bad_request(key, f"unknown parameter {key[:64]!r}", code="unknown_parameter")
+
+
+def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) -> ParsedRequest:
+    """The parameters both endpoints share; prompts are filled in by the caller."""
+    model = body.get("model")
+    if model is not None:
+        _need("model", model, "a string")
+        if model != model_name:
+            raise ApiError(404, f"the model {model[:64]!r} does not exist; this daemon serves {model_name!r}",
+                           "model", "model_not_found")
+    values: dict[str, Any] = {}
+    for name, kind_text in SAMPLING_FIELDS.items():
+        v = body.get(name)
+        if v is not None:
+            values[name] = _need(name, v, kind_text)
+    stop = body.get("stop")
+    if stop is not None:
+        if not isinstance(stop, (str, list)):
+            raise bad_request("stop", f"stop must be a string or an array of strings, got {_json_type(stop)}")
+        values["stop"] = stop
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list):
+            raise bad_request("stop_token_ids", f"stop_token_ids must be an array of integers, got {_json_type(ids)}")
+        values["stop_token_ids"] = ids
+    bias = body.get("logit_bias")
+    if bias is not None:
+        values["logit_bias"] = _logit_bias(bias)
+    req = ParsedRequest(kind, [], SamplingParams(**values))
+    n = body.get("n")
+    if n is not None:
+        _need("n", n, _INT)
+        if not 1 <= n <= max_choices:
+            raise bad_request("n", f"n must be an integer in [1, {max_choices}] (scheduler.max_num_seqs), got {n}")
+        req.n = n
+    if body.get("stream") is not None:
+        req.stream = _need("stream", body["stream"], _BOOL)
+    options = body.get("stream_options")
+    if options is not None:
+        _need("stream_options", options, "an object")
+        if not req.stream:
+            raise bad_request("stream_options", "stream_options is only allowed with stream: true")
+        for key, value in options.items():
+            if key == "include_usage":
+                req.include_usage = _need("stream_options.include_usage", value, _BOOL)
+            elif key != "continuous_usage_stats" or value not in (None, False):
+                raise bad_request(f"stream_options.{key}"[:80], f"unknown stream option {key[:64]!r}",
+                                  code="unknown_parameter")
+    if body.get("user") is not None:
+        req.user = _need("user", body["user"], "a string")[:256]
+    return req
+
+
+def _logit_bias(bias: Any) -> dict[int, Any]:
+    """OpenAI's {"token id as a string": bias} as {id: bias}; ranges are SamplingParams' to check."""
+    _need("logit_bias", bias, "an object")
+    out: dict[int, Any] = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) < 12):
+            raise bad_request("logit_bias", f"logit_bias keys must be token ids, got {key[:32]!r}")
+        out[int(key)] = value
+    return out
+
+
+def _max_tokens(body: dict[str, Any], req: ParsedRequest, names: tuple[str, ...], default: int | None) -> None:
+    for name in names:
+        v = body.get(name)
+        if v is not None:
+            req.params.max_tokens = _need(name, v, _INT)
+            req.max_tokens_name = name
+            return
+    req.params.max_tokens = default
+
+
+def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
+               chat_template: str | None = None) -> ParsedRequest:
+    """chat_template: the model's template text, which tells its tool-call format (tool_calls.py)."""
+    _check_keys(body, CHAT_FIELDS)
+    req = _common(body, CHAT, model_name, max_choices)
+    req.prompts = [{"messages": _messages(body.get("messages"))}]
+    _constrain(body, req, chat_template)
+    # max_completion_tokens is OpenAI's current name; max_tokens its deprecated one.
+    _max_tokens(body, req, ("max_completion_tokens", "max_tokens"), None)
+    if body.get("logprobs") is not None:
+        req.logprobs = _need("logprobs", body["logprobs"], _BOOL)
+    top = body.get("top_logprobs")
+    if top is not None:
+        _need("top_logprobs", top, _INT)
+        if not req.logprobs:
+            raise bad_request("top_logprobs", "top_logprobs needs logprobs: true")
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise bad_request("top_logprobs", f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top}")
+    if req.logprobs:
+        req.params.logprobs = top or 0
+    return req
+
+
+def _constrain(body: dict[str, Any], req: ParsedRequest, chat_template: str | None) -> None:
+    """The tools into the prompt, and the one constraint the request asks for (a tool choice's, or
+    response_format's / structured_outputs') onto its SamplingParams."""
+    constraint = parse_constraint(body)
+    if req.kind == CHAT:
+        plan = plan_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
+                          chat_template)
+        if plan is not None:
+            req.tool_plan = plan
+            req.prompts = [{**p, "tools": plan.tools} for p in req.prompts]
+            if plan.constraint is not None:
+                if constraint is not None:
+                    raise bad_request(constraint.param.split(".")[0],
+                                      f"{constraint.param.split('.')[0]} cannot be combined with tool_choice "
+                                      f"{plan.choice!r}, which constrains the answer to tool calls")
+                constraint = Constraint(plan.constraint, "tools")
+    if constraint is not None:
+        req.params.structured = constraint.spec
+        req.constraint_param = constraint.param
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """Shape checks the engine's own checks (roles, content parts, tool calls) do not make: the keys."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "messages must be a non-empty array of messages"
+                          if isinstance(messages, list) or messages is None
+                          else f"messages must be an array of messages, got {_json_type(messages)}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}]", f"messages[{i}] must be an object, got {_json_type(m)}")
+        for key in m:
+            if key not in MESSAGE_KEYS:
+                raise bad_request(f"messages[{i}].{key}"[:80], f"messages[{i}].{key[:64]} is not supported",
+                                  code="unknown_parameter")
+        role = m.get("role")
+        if role in ROLE_ALIASES:
+            m = {**m, "role": ROLE_ALIASES[role]}
+        if m.get("name") is not None and m.get("role") != "tool":
+            raise bad_request(f"messages[{i}].name", f"messages[{i}].name is only supported on tool messages",
+                              code="unsupported_parameter")
+        out.append(m)
+    return out
+
+
+def parse_completion(body: dict[str, Any], model_name: str, max_choices: int) -> ParsedRequest:
+    _check_keys(body, COMPLETION_FIELDS)
+    req = _common(body, COMPLETION, model_name, max_choices)
+    req.prompts = _prompts(body.get("prompt"))
+    _constrain(body, req, None)
+    if req.num_choices > max_choices:
+        raise bad_request("n", f"{len(req.prompts)} prompts x n={req.n} make {req.num_choices} choices; "
+                               f"at most {max_choices} (scheduler.max_num_seqs)")
+    _max_tokens(body, req, ("max_tokens",), COMPLETION_DEFAULT_MAX_TOKENS)
+    best_of = body.get("best_of")
+    if best_of is not None and _need("best_of", best_of, _INT) != req.n:
+        raise bad_request("best_of", "best_of other than n is not supported by nvllm", code="unsupported_parameter")
+    if body.get("suffix") is not None:
+        raise bad_request("suffix", "suffix is not supported by nvllm", code="unsupported_parameter")
+    lp = body.get("logprobs")
+    if lp is not None:
+        _need("logprobs", lp, _INT)
+        if not 0 <= lp <= MAX_LOGPROBS:
+            raise bad_request("logprobs", f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {lp}")
+        req.logprobs = True
+        req.params.logprobs = lp
+    if body.get("echo") is not None:
+        req.echo = _need("echo", body["echo"], _BOOL)
+    if req.echo:
+        if req.logprobs:
+            raise bad_request("echo", "echo with logprobs (the prompt's logprobs) is not supported by nvllm",
+                              code="unsupported_parameter")
+        if any(not isinstance(p, str) for p in req.prompts):
+            raise bad_request("echo", "echo needs text prompts (nvllm does not echo token-id prompts)",
+                              code="unsupported_parameter")
+    return req
+
+
+def _prompts(prompt: Any) -> list[Any]:
+    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
+    shape = "prompt must be a string, an array of strings, an array of token ids or an array of arrays of them"
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise bad_request("prompt", shape + (", got an empty array" if isinstance(prompt, list)
+                                             else f", got {_json_type(prompt)}"))
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+           for p in prompt):
+        return [list(p) for p in prompt]
+    raise bad_request("prompt", shape)
+
+
+# -- responses ----------------------------------------------------------------------------------
+def _lp(x: float) -> float:
+    return x if math.isfinite(x) and x > MIN_LOGPROB else MIN_LOGPROB
+
+
+def _token_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": _lp(logprob), "bytes": list(token.encode("utf-8"))}
+
+
+def chat_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [{**_token_entry(lp.text, lp.logprob),
+                         "top_logprobs": [_token_entry(t.text, t.logprob) for t in lp.top]} for lp in lps]}
+
+
+def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """OpenAI's legacy shape; text_offset counts characters from `offset` (where the choice's text starts)."""
+    offsets = []
+    for lp in lps:
+        offsets.append(offset)
+        offset += len(lp.text)
+    return {"tokens": [lp.text for lp in lps], "token_logprobs": [_lp(lp.logprob) for lp in lps],
+            "top_logprobs": [{t.text: _lp(t.logprob) for t in lp.top} for lp in lps],
+            "text_offset": offsets}
+
+
+@dataclass
+class Usage:
+    """Counted over the choices: a prompt once (its choices share it), every choice's output."""
+    prompt_tokens: dict[int, int] = field(default_factory=dict)     # prompt index -> tokens
+    cached_tokens: dict[int, int] = field(default_factory=dict)
+    completion_tokens: int = 0
+
+    def add(self, prompt_index: int, out: RequestOutput) -> None:
+        self.prompt_tokens[prompt_index] = out.prompt_tokens
+        self.cached_tokens[prompt_index] = max(self.cached_tokens.get(prompt_index, 0), out.cached_tokens)
+        self.completion_tokens += out.completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        prompt = sum(self.prompt_tokens.values())
+        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
+                "total_tokens": prompt + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens.values())}}
+
+
+class ResponseBuilder:
+    """Builds one request's response object, or its stream chunks, from the engine's outputs."""
+
+    def __init__(self, req: ParsedRequest, request_id: str, model_name: str) -> None:
+        self.req = req
+        self.chat = req.kind == CHAT
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
+        self.created = int(time.time())
+        self.model = model_name
+        self.usage = Usage()
+        n = req.num_choices
+        self.texts = [""] * n
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.stop_reason: list[str | int | None] = [None] * n
+        self.offsets = [0] * n           # characters sent so far per choice (completions' text_offset)
+        self.started = [False] * n       # the chat role chunk sent
+        plan = req.tool_plan if self.chat else None
+        # With tools, each choice's text is read as content and tool calls (tool_calls.py).
+        self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
+                             if plan is not None and plan.style is not None else None)
+        if req.echo:
+            for i in range(n):
+                self.offsets[i] = len(req.prompts[i // req.n])
+
+    def _head(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model}
+
+    # -- whole responses ---------------------------------------------------------------------
+    def add(self, index: int, out: RequestOutput) -> None:
+        self.texts[index] += out.text
+        if out.logprobs:
+            self.logprobs[index] += out.logprobs
+        if out.finished:
+            self.finish[index] = out.finish_reason
+            self.stop_reason[index] = out.stop_reason
+            self.usage.add(index // self.req.n, out)
+
+    def response(self) -> dict[str, Any]:
+        choices = []
+        for i, text in enumerate(self.texts):
+            c: dict[str, Any] = {"index": i}
+            if self.chat:
+                c["message"] = self._message(i, text)
+                c["logprobs"] = chat_logprobs(self.logprobs[i]) if self.req.logprobs else None
+            else:
+                prefix = self.req.prompts[i // self.req.n] if self.req.echo else ""
+                c["text"] = prefix + text
+                c["logprobs"] = completion_logprobs(self.logprobs[i], 0) if self.req.logprobs else None
+            c["finish_reason"] = self.finish[i]
+            c["stop_reason"] = self.stop_reason[i]     # vLLM's extra: the stop string or token id that matched
+            choices.append(c)
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices,
+                "usage": self.usage.to_dict()}
+
+    def _message(self, index: int, text: str) -> dict[str, Any]:
+        plan = self.req.tool_plan
+        if self.tool_streams is None or plan is None:
+            return {"role": "assistant", "content": text}
+        content, calls = read_tool_calls(text, plan)
+        self.finish[index] = finish_reason(self.finish[index], len(calls))
+        return {"role": "assistant", "content": content, "tool_calls": [c.to_dict() for c in calls]}
+
+    # -- stream chunks -------------------------------------------------------------------------
+    def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        """The chunks one engine output makes (none when it adds nothing a client can see)."""
+        if out.finished:
+            self.usage.add(index // self.req.n, out)
+        usage = {"usage": None} if self.req.include_usage else {}
+        chunks = []
+        if self.chat and not self.started[index]:
+            self.started[index] = True
+            chunks.append({**self._head(), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None}], **usage})
+        if self.tool_streams is not None:
+            return chunks + self._tool_chunks(index, out, usage)
+        text = out.text
+        if not self.chat and self.req.echo and not self.started[index]:
+            self.started[index] = True
+            text = self.req.prompts[index // self.req.n] + text
+        if not text and not out.logprobs and not out.finished:
+            return chunks
+        c: dict[str, Any] = {"index": index}
+        if self.chat:
+            c["delta"] = {"content": text} if text or not out.finished else {}
+            c["logprobs"] = chat_logprobs(out.logprobs or []) if self.req.logprobs else None
+        else:
+            c["text"] = text
+            c["logprobs"] = (completion_logprobs(out.logprobs or [], self.offsets[index])
+                             if self.req.logprobs else None)
+            self.offsets[index] += len(out.text)
+        c["finish_reason"] = out.finish_reason if out.finished else None
+        if out.finished:
+            c["stop_reason"] = out.stop_reason
+        chunks.append({**self._head(), "choices": [c], **usage})
+        return chunks
+
+    def _tool_chunks(self, index: int, out: RequestOutput, usage: dict[str, Any]) -> list[dict[str, Any]]:
+        """Chat chunks of a choice with tools: content and tool-call deltas; the finish reason on a last
+        chunk of its own ("tool_calls" when calls were made)."""
+        assert self.tool_streams is not None
+        stream = self.tool_streams[index]
+        deltas = stream.feed(out.text, final=out.finished)
+        if out.finished or (not deltas and out.logprobs and self.req.logprobs):
+            deltas.append({})
+        lp = chat_logprobs(out.logprobs or []) if self.req.logprobs else None
+        chunks = [{**self._head(), "choices": [{"index": index, "delta": d, "logprobs": lp if k == 0 else None,
+                                                "finish_reason": None}], **usage}
+                  for k, d in enumerate(deltas)]
+        if out.finished:
+            last = chunks[-1]["choices"][0]
+            last["finish_reason"] = finish_reason(out.finish_reason, stream.num_calls)
+            last["stop_reason"] = out.stop_reason
+        return chunks
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {**self._head(), "choices": [], "usage": self.usage.to_dict()}
