@@ -107,7 +107,7 @@ DEFECTS: dict[str, st.SearchStrategy] = {
     "n": st.sampled_from([0, 17, 1.5, "2"]),
     "stop": st.sampled_from([5, [1], [""], ["a"] * (MAX_STOP_STRINGS + 1), ["x" * 300]]),
     "stream": st.sampled_from(["yes", 1]),
-    "logit_bias": st.just({"5": 10}),
+    "logit_bias": st.sampled_from([{"5": 101}, {"five": 1}, {str(VOCAB): 1}, [5]]),
     "suffix": st.just("tail"),
     "unknown": st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=3, max_size=12),
     "model": st.sampled_from(["gpt-4o", "", "tiny-llama-x"]),
