@@ -295,7 +295,11 @@ def client_key(peer: str) -> str:
         return "unix"
     if scheme not in ("ipv4", "ipv6"):
         return peer
-    host = rest.rsplit(":", 1)[0].strip("[]")
+    return host_key(rest.rsplit(":", 1)[0].strip("[]"))
+
+
+def host_key(host: str) -> str:
+    """An address as one client: an IPv4-mapped IPv6 address (IPv4 on a dual-stack socket) as IPv4."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

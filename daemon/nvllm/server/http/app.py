@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ipaddress
 import json
 import logging
 import time
@@ -38,7 +37,7 @@ from nvllm.server.http.openai_protocol import (ParsedRequest, ResponseBuilder, i
                                                parse_completion, parse_json)
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics, RequestTracker
-from nvllm.server.service import DaemonState, Phase, Refused
+from nvllm.server.service import DaemonState, Phase, Refused, host_key
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -50,13 +49,7 @@ _REFUSAL_REASON = {429: "busy", 503: "unavailable"}
 def http_client_key(request: Request) -> str:
     """Whom a request counts against: the peer's IP (an IPv4-mapped IPv6 as IPv4), as gRPC counts it,
     so one host's streams over both APIs share server.max_streams_per_client."""
-    host = request.client.host if request.client else "unknown"
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-    return str(mapped or ip)
+    return host_key(request.client.host if request.client else "unknown")
 
 
 def refusal(e: Refused) -> ApiError:
