@@ -19,7 +19,7 @@ setup(
         ),
         Extension(
             "nvllm.model._matmul",
-            sources=["daemon/nvllm/model/csrc/matmul.c"],
+            sources=["daemon/nvllm/model/csrc/matmul.c", "daemon/nvllm/model/csrc/qdot.c"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

@@ -2,8 +2,10 @@
 
 deploy/aarch64-check.sh builds a Debian arm64 root, runs it through qemu's user-mode emulation,
 installs nvllm there with pip and runs `pytest -m aarch64`: the golden tests on the tiny models
-(test_golden.py, test_tokenizer_golden.py) and the round trip below. The round trip also runs
-natively with the rest of the suite.
+(test_golden.py, test_tokenizer_golden.py), the C kernels' tests (test_kernels.py, test_matmul_kernels.py,
+test_f32_kernel.py: NEON and the portable variants; test_qdot.py: the integer dot products, x in int8 with
+NEON's sdot, plain NEON and portable C, and in int16 with NEON and portable C) and the round trip below.
+The round trip also runs natively with the rest of the suite.
 """
 
 from __future__ import annotations

@@ -66,7 +66,9 @@ def _assert_weights_equal(ours: ModelWeights, ref: ModelWeights) -> None:
             if x is None:
                 assert y is None, name
             else:
-                assert y.shape == x.shape and y.dtype == np.float32 and y.flags.c_contiguous, name
+                assert y.shape == x.shape and y.dtype == np.float32, name
+                # the folder's layout: vectors C-contiguous, matrices [in, out] views of C-contiguous [out, in]
+                assert (y if y.ndim == 1 else y.T).flags.c_contiguous, name
                 check(y, x)
 
 
@@ -76,7 +78,7 @@ def _dense(w: ModelWeights) -> ModelWeights:
     def matrix(x):
         if isinstance(x, tuple):
             return np.concatenate([matrix(p) for p in x], axis=1)
-        return np.ascontiguousarray(x.dequantize().T) if isinstance(x, QuantizedWeight) else x
+        return x.dequantize().T if isinstance(x, QuantizedWeight) else x   # [in, out] view, the loader's layout
 
     embed = w.embed.dequantize() if isinstance(w.embed, QuantizedWeight) else w.embed
     lm_head = embed.T if w.lm_head is w.embed else matrix(w.lm_head)

@@ -29,6 +29,23 @@ MODEL_PARAMS = [pytest.param((n, f), marks=[] if n == "smollm2-135m-instruct" el
                              id=f"{n}-{f}") for n in MODELS for f in FORMS]
 
 
+@pytest.fixture
+def exact_float_matmuls():
+    """The GGUF forms' logits are held to transformers within 1e-3 on the exact float path: Q8_0, Q4_0 and
+    Q4_1 decoded to float, x kept float32. Their default, x quantized to 16 bits, moves SmolLM2's logits by
+    up to ~0.007 and is held to its own rule (tests/test_qdot.py); the greedy continuations below run on
+    the default path and must still be transformers' token for token."""
+    from nvllm.model import matmul_kernels as mk
+
+    if mk.lib is None:
+        yield
+        return
+    lib, was = mk.lib, mk.lib.qdot_variant(-1)
+    lib.qdot_variant(0)                                     # float; kernel_path may take mk.lib away meanwhile
+    yield
+    lib.qdot_variant(was)
+
+
 def model_path(name: str, form: str, request) -> Path:
     if name == "smollm2-135m-instruct":
         return request.getfixturevalue("smollm2" if form == "folder" else "smollm2_gguf")
@@ -122,24 +139,28 @@ def chunks(n: int, size: int) -> list[int]:
     return [size] * (n // size) + ([n % size] if n % size else [])
 
 
+@pytest.mark.usefixtures("exact_float_matmuls")
 def test_whole_prompt(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
     check(g, run_schedule(model, [ids], [[len(ids)]])[0], ref, f"{name} whole")
 
 
+@pytest.mark.usefixtures("exact_float_matmuls")
 def test_chunks_of_seven(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
     check(g, run_schedule(model, [ids], [[c] for c in chunks(len(ids), 7)])[0], ref, f"{name} chunks of 7")
 
 
+@pytest.mark.usefixtures("exact_float_matmuls")
 def test_token_by_token(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
     check(g, run_schedule(model, [ids], [[1]] * len(ids))[0], ref, f"{name} token by token")
 
 
+@pytest.mark.usefixtures("exact_float_matmuls")
 def test_packed_batch(loaded, kernel_path):
     name, model, g = loaded
     cases = g.cases()[1:]
@@ -150,6 +171,7 @@ def test_packed_batch(loaded, kernel_path):
         check(g, ours, ref, f"{name} packed batch, prompt {k}")
 
 
+@pytest.mark.usefixtures("exact_float_matmuls")
 def test_mixed_prefill_and_decode_steps(loaded, kernel_path):
     """Each step mixes sequences at different stages: some prefilling a chunk, some one token at a time."""
     name, model, g = loaded

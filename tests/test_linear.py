@@ -34,7 +34,10 @@ LOGIT_RTOL = 1e-5
 
 @pytest.fixture(params=["c-matmul", "numpy-matmul"])
 def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways a QuantizedWeight is multiplied: the C kernels, and the NumPy twin where they are absent."""
+    """Both ways a QuantizedWeight is multiplied: the C kernels, and the NumPy twin where they are absent.
+    The C kernels take their exact float path for Q8_0, Q4_0 and Q4_1 here: these tests hold the weights
+    in place to the dequantized ones; x quantized to 8 bits (the default) is held to its own rule in
+    test_qdot.py."""
     try:
         mk = importlib.import_module("nvllm.model.matmul_kernels")
     except ImportError:
@@ -44,6 +47,10 @@ def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
             monkeypatch.setattr(mk, "lib", None)
     elif mk is None or mk.lib is None:
         pytest.skip("the C matmul kernels are not built")
+    else:
+        lib, was = mk.lib, mk.lib.qdot_variant(-1)
+        lib.qdot_variant(0)                                 # float; kernel_path may take mk.lib away meanwhile
+        request.addfinalizer(lambda: lib.qdot_variant(was))
     return request.param
 
 
@@ -333,3 +340,26 @@ def test_smollm2_in_place_is_resident_at_its_file_size(smollm2_gguf: Path):
     assert got["nbytes"] == got["file"]
     assert abs(got["rss"] - got["file"]) <= 0.1 * got["file"], got
 
+
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_decode_sized_calls_take_the_integer_path_and_prefill_the_float_one(name: str):
+    """linear() lets x be quantized for up to SMALL_T rows (a decode step) and keeps longer calls (prefill),
+    where decoding the blocks to float is faster, on the float path; each holds to its own twin."""
+    from nvllm.model import linear as linear_module
+    from nvllm.model import qdot
+
+    mk = importlib.import_module("nvllm.model.matmul_kernels")
+    if mk.lib is None or mk.int_variant() == "float":
+        pytest.skip("no integer variant of the C matmul kernels runs here")
+    w = random_weight(name, 8, 64, seed=5)
+    bits = 16 if mk.int_variant().endswith("-i16") else 8
+    rng = np.random.default_rng(3)
+    for rows in (1, linear_module.SMALL_T):
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        np.testing.assert_array_equal(linear(x, w), qdot.matmul(w, x, bits))
+    x = rng.standard_normal((linear_module.SMALL_T + 1, 64)).astype(np.float32)
+    y = linear(x, w)
+    np.testing.assert_array_equal(y, mk.quant_matmul(w, x, linear_module.threads, integer=False))
+    assert not np.array_equal(y, qdot.matmul(w, x, bits))

@@ -26,7 +26,9 @@ def test_loads_every_tiny_model_in_float32(tiny_models):
         h, d = config.hidden_size, config.head_dim
         assert w.layers[0].qkv.shape == (h, (config.num_heads + 2 * config.num_kv_heads) * d)
         assert w.layers[0].gate_up.shape == (h, 2 * config.intermediate_size)
-        assert w.layers[0].qkv.flags.c_contiguous and w.layers[0].down.flags.c_contiguous
+        # [in, out] views of C-contiguous [out, in] arrays: the rows the C tile reads, one after the other
+        assert w.layers[0].qkv.T.flags.c_contiguous and w.layers[0].down.T.flags.c_contiguous
+        assert w.lm_head.T.flags.c_contiguous and w.embed.flags.c_contiguous
 
 
 def test_tied_embeddings_share_memory_untied_do_not(tiny_models):
@@ -115,8 +117,11 @@ def test_weights_hold_the_files_values_in_their_final_layout(tiny_models, name):
     np.testing.assert_array_equal(w.layers[1].gate_up, gate_up)
     np.testing.assert_array_equal(w.layers[1].down, t[p + "mlp.down_proj.weight"].T)
     np.testing.assert_array_equal(w.embed, t["model.embed_tokens.weight"])
-    for a in (w.embed, w.layers[1].qkv, w.layers[1].o, w.norm):
-        assert a.dtype == np.float32 and a.flags.c_contiguous and a.flags.owndata and a.flags.writeable
+    # matrices are [in, out] views of their own C-contiguous [out, in] arrays (linear.py's layout)
+    for a in (w.embed, w.layers[1].qkv.T, w.layers[1].o.T, w.norm):
+        own = a if a.base is None else a.base
+        assert a.dtype == np.float32 and a.flags.c_contiguous and own.flags.owndata and own.flags.writeable
+        assert own.shape == a.shape
 
 
 def test_bf16_is_widened_exactly(tiny_models):

@@ -568,18 +568,17 @@ class _DequantizedTensors:
         return self.joined([(name, shape)], transpose)
 
     def joined(self, parts: List[Tuple[str, Tuple[int, ...]]], transpose: bool = False) -> np.ndarray:
-        """Tensors concatenated along their first axis (then transposed when asked), in one copy:
-        [a, K] + [b, K] -> [a+b, K], or its transpose [K, a+b]."""
+        """Tensors concatenated along their first axis, in one copy: [a, K] + [b, K] -> [a+b, K]; when
+        transposed, [K, a+b] as the transposed view of that array (loader.py's layout for linear.py)."""
         rows = sum(s[0] for _, s in parts)
         rest = tuple(parts[0][1][1:])
-        out = np.empty(rest + (rows,) if transpose else (rows,) + rest, dtype=np.float32)
+        out = np.empty((rows,) + rest, dtype=np.float32)
         at = 0
         for name, shape in parts:
             k = shape[0]
-            self._fill(name, shape, lambda r0, r1: out[..., at + r0:at + r1] if transpose else out[at + r0:at + r1],
-                       transpose)
+            self._fill(name, shape, lambda r0, r1: out[at + r0:at + r1])
             at += k
-        return out
+        return out.T if transpose else out
 
     def _lookup(self, hf_name: str, shape: Tuple[int, ...]) -> Tuple[str, BlockFormat, np.ndarray]:
         """(GGUF name, format, raw bytes) of a tensor, checked to have `shape`."""
@@ -592,8 +591,7 @@ class _DequantizedTensors:
                                  f"expected {list(shape)}")
         return gname, fmt, raw
 
-    def _fill(self, hf_name: str, shape: Tuple[int, ...], dst: Callable[[int, int], np.ndarray],
-              transpose: bool) -> None:
+    def _fill(self, hf_name: str, shape: Tuple[int, ...], dst: Callable[[int, int], np.ndarray]) -> None:
         gname, fmt, raw = self._lookup(hf_name, shape)
         heads = self._rope_heads(gname)
         rows = shape[0]
@@ -604,7 +602,7 @@ class _DequantizedTensors:
             w = dequantize(fmt, raw[r0 * row_bytes:r1 * row_bytes], (r1 - r0,) + tuple(shape[1:]))
             if heads:
                 w = unpermute_rope_rows(w, heads)
-            dst(r0, r1)[...] = w.T if transpose else w
+            dst(r0, r1)[...] = w
         self.model.release(raw)
 
     def _rope_heads(self, gguf_name: str) -> int:
@@ -624,7 +622,7 @@ class _InPlaceTensors(_DequantizedTensors):
     """As _DequantizedTensors, but a matrix in a format the kernels read comes back as a QuantizedWeight
     (out, in) holding a copy of its blocks (llama's Q/K rows unpermuted, q|k|v and gate|up stacked), its
     mapped pages dropped; a matrix in another format is laid out as float32, and named in `as_float`
-    when that dequantized it (F32 is multiplied by BLAS as it is)."""
+    when that dequantized it (F32 is laid out as it is, for linear.py)."""
 
     def __init__(self, model: GGUFModel) -> None:
         super().__init__(model)

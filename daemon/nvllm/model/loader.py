@@ -125,8 +125,9 @@ class ModelConfig:
 @dataclass
 class LayerWeights:
     """A layer's weights. The matrices are model/linear.py Weights: float32 [in, out] as the shapes below
-    say (a folder's, and a GGUF's without the in-place kernels), or a GGUF's blocks kept in their format
-    as a QuantizedWeight (out, in); the norms and biases are always float32."""
+    say (a folder's, and a GGUF's without the in-place kernels; each the transposed view of a C-contiguous
+    [out, in], linear.py's layout), or a GGUF's blocks kept in their format as a QuantizedWeight (out, in);
+    the norms and biases are always float32."""
     input_norm: np.ndarray     # [H]
     qkv: Weight                # [H, (nh + 2*nkv) * hd], q then k then v
     qkv_bias: np.ndarray | None  # [(nh + 2*nkv) * hd]
@@ -328,16 +329,18 @@ class _Tensors:
         return e
 
     def get(self, name: str, shape: tuple[int, ...], transpose: bool = False) -> np.ndarray:
-        """The tensor as float32 (transposed when asked: [N, K] -> [K, N]), C-contiguous."""
+        """The tensor as float32, C-contiguous; transposed when asked ([N, K] -> [K, N]), as a view of
+        the C-contiguous [N, K] (see joined)."""
         return self.joined([(name, shape)], transpose)
 
     def joined(self, parts: list[tuple[str, tuple[int, ...]]], transpose: bool = False) -> np.ndarray:
-        """Tensors concatenated along their first axis (then transposed when asked), in one copy:
-        [a, K] + [b, K] -> [a+b, K], or its transpose [K, a+b]."""
+        """Tensors concatenated along their first axis, in one copy: [a, K] + [b, K] -> [a+b, K],
+        C-contiguous. Transposed when asked: [K, a+b], the transposed view of that array, so the rows
+        stay one after the other in memory as linear.py's C tile reads them, and BLAS multiplies by the
+        view as a transposed operand."""
         entries = [self._entry(n, s) for n, s in parts]
         rows = sum(e.shape[0] for e in entries)
-        rest = entries[0].shape[1:]
-        out = np.empty((rest + (rows,)) if transpose else ((rows,) + rest), dtype=np.float32)
+        out = np.empty((rows,) + entries[0].shape[1:], dtype=np.float32)
         at = 0
         for (name, _), e in zip(parts, entries):
             src = e.file.view(e, name)
@@ -346,17 +349,17 @@ class _Tensors:
             step = max(1, _CHUNK_BYTES // max(1, row_bytes))
             for r in range(0, k, step):                      # a chunk of rows at a time, then drop its pages
                 part = src[r:r + step]
-                _fill(out[..., at + r:at + r + len(part)] if transpose else out[at + r:at + r + len(part)],
-                      part.T if transpose else part, e.dtype)
+                _fill(out[at + r:at + r + len(part)], part, e.dtype)
                 e.file.release(e.begin + r * row_bytes, e.begin + (r + len(part)) * row_bytes)
             at += k
-        return out
+        return out.T if transpose else out
 
 
 def load_weights(model_dir: str | Path, config: ModelConfig | None = None) -> tuple[ModelConfig, ModelWeights]:
     """Read and lay out every weight; each ends in its own float32 array, copied once from the mapped
-    file (q|k|v and gate|up are fused and transposed in that same copy). The mappings are closed when
-    this returns, so the resident set holds the weights once."""
+    file (q|k|v and gate|up are fused in that same copy; a matrix is [out, in] in memory, handed out as
+    its transposed view [in, out]). The mappings are closed when this returns, so the resident set holds
+    the weights once."""
     model_dir = Path(model_dir)
     check_folder(model_dir)
     config = config or load_config(model_dir)

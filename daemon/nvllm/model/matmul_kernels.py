@@ -7,6 +7,21 @@ nvllm.model._matmul and called through ctypes (which lets go of the GIL for the 
 does and sums in float32 in a fixed order per output, so its result is the twin's within float32
 rounding, and it does not depend on the thread count nor on the other rows of x.
 
+The plain float formats (F32, F16, BF16) have a tile of their own, built for the few rows of x of a
+decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARIANTS: the best one is
+used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
+float32 array [out, in] in the same way, with no QuantizedWeight around it (a folder's weights).
+
+Q8_0, Q4_0 and Q4_1 quantize each row of x to 16 bits (blocks of 32, one float scale each) and multiply
+by the weights' quants with integer dot products (csrc/qdot.c; its NumPy twin, bit for bit, is
+model/qdot.py): about 3 times faster for a one-row decode step than decoding the weights to float (but
+slower for long prefills). Their results then differ from the exact float product by the rounding of x
+to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
+alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: ~10% faster
+for one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The variant is
+picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where no SIMD one
+runs: the portable C is slower than it); `set_int_variant` picks another, for tests and measurements.
+
 NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (kernels.py).
 """
 
@@ -17,26 +32,46 @@ import ctypes
 import numpy as np
 
 from nvllm.model.kernels import load_library
+from nvllm.model.quants import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quants import QuantizedWeight
 
-ABI = 1  # must equal matmul_abi() in csrc/matmul.c
+ABI = 3  # must equal matmul_abi() in csrc/matmul.c
 MAX_THREADS = 64  # the C pool's limit
 # The formats with a C kernel, by name; the others (Q5_0, Q5_1) go to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# The plain float tile's variants, by their number in csrc/matmul.c (portable: the build's baseline target).
+FLOAT_VARIANTS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
+# The integer dot products' formats and variants, by their number in csrc/qdot.c (float: x stays float32
+# and the weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones).
+INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
+INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
+                "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5}
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
 _why_not = ""
+_F32 = next(f for f in _BLOCK_FORMATS.values() if f.name == "F32")
 
 
 def _load() -> ctypes.CDLL | None:
     global _why_not
     lib, _why_not = load_library("_matmul", "matmul_abi", ABI, "C matmul kernels")
     if lib is not None:
-        lib.quant_matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, ctypes.c_int]
+        lib.quant_matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, ctypes.c_int,
+                                     ctypes.c_int]
         lib.quant_matmul.restype = ctypes.c_int
         lib.matmul_pool_threads.argtypes = []
         lib.matmul_pool_threads.restype = ctypes.c_int
+        lib.matmul_float_variants.argtypes = []
+        lib.matmul_float_variants.restype = ctypes.c_int
+        lib.matmul_float_variant.argtypes = [ctypes.c_int]
+        lib.matmul_float_variant.restype = ctypes.c_int
+        lib.qdot_variants.argtypes = []
+        lib.qdot_variants.restype = ctypes.c_int
+        lib.qdot_variant.argtypes = [ctypes.c_int]
+        lib.qdot_variant.restype = ctypes.c_int
+        lib.qdot_variant_name.argtypes = [ctypes.c_int]
+        lib.qdot_variant_name.restype = ctypes.c_char_p
     return lib
 
 
@@ -47,7 +82,54 @@ def describe() -> str:
     """One line for logs and the bench: which code multiplies by the weights kept in their format."""
     if lib is None:
         return f"NumPy matmul by dequantized chunks ({_why_not})"
-    return f"C matmul in the weights' formats ({', '.join(FORMATS)}; others in NumPy)"
+    return (f"C matmul in the weights' formats ({', '.join(FORMATS)}; others in NumPy; "
+            f"plain floats: {float_variant()}; {'/'.join(INT_FORMATS)}: {int_variant()})")
+
+
+def float_variants() -> list[str]:
+    """The plain float tile's variants this machine runs (none without the library)."""
+    if lib is None:
+        return []
+    mask = lib.matmul_float_variants()
+    return [name for name, v in FLOAT_VARIANTS.items() if mask >> v & 1]
+
+
+def float_variant() -> str:
+    """The variant the plain float tile uses now ("" without the library)."""
+    if lib is None:
+        return ""
+    v = lib.matmul_float_variant(-1)
+    return next(name for name, n in FLOAT_VARIANTS.items() if n == v)
+
+
+def set_float_variant(name: str) -> None:
+    """Makes the plain float tile use variant `name` (one of float_variants()) from the next call on."""
+    if name not in float_variants():
+        raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(float_variants()) or 'none'})")
+    lib.matmul_float_variant(FLOAT_VARIANTS[name])
+
+
+def int_variants() -> list[str]:
+    """The integer dot products' variants this machine runs, "float" (no integer kernel) first; none
+    without the library."""
+    if lib is None:
+        return []
+    mask = lib.qdot_variants()
+    return [lib.qdot_variant_name(v).decode() for v in range(7) if mask >> v & 1]
+
+
+def int_variant() -> str:
+    """The variant Q8_0, Q4_0 and Q4_1 use now ("" without the library)."""
+    if lib is None:
+        return ""
+    return lib.qdot_variant_name(lib.qdot_variant(-1)).decode()
+
+
+def set_int_variant(name: str) -> None:
+    """Makes Q8_0, Q4_0 and Q4_1 use variant `name` (one of int_variants()) from the next call on."""
+    if name not in int_variants():
+        raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
+    lib.qdot_variant(INT_VARIANTS[name])
 
 
 def _ptr(a: np.ndarray) -> int:
@@ -103,8 +185,24 @@ def _check_threads(threads: int) -> None:
         raise ValueError(f"threads: need an integer in [1, {MAX_THREADS}], got {threads!r}")
 
 
-def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given."""
+def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, in] float32 -> x @ w.T [T, out] float32 for a C-contiguous float32 w [out, in], by the plain
+    float tile (as a QuantizedWeight of format F32 over the same memory, never a copy); into `out` when
+    given."""
+    if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim != 2:
+        got = f"{w.dtype} {list(w.shape)}" if isinstance(w, np.ndarray) else type(w).__name__
+        raise ValueError(f"w: need a float32 [out, in] array, got {got}")
+    if w.size and not w.flags.c_contiguous:
+        raise ValueError(f"w: need rows of {w.shape[1]} values one after the other (C-contiguous), "
+                         f"got strides {w.strides}")
+    blocks = w.view(np.uint8) if w.size else np.zeros((w.shape[0], 4 * w.shape[1]), np.uint8)
+    return quant_matmul(QuantizedWeight(_F32, blocks, w.shape), x, threads, out)
+
+
+def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None,
+                 integer: bool = True) -> np.ndarray:
+    """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given.
+    integer=False keeps Q8_0/Q4_0/Q4_1 on the float path (linear.py asks for it for prefill-sized x)."""
     _check_weight(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
@@ -120,7 +218,10 @@ def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarra
     if out.size == 0:
         return out
     rc = lib.quant_matmul(w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1], n_out, n_in,
-                          x.ctypes.data if x.size else 0, x.strides[0] // 4, T, _ptr(out), n_out, int(threads))
+                          x.ctypes.data if x.size else 0, x.strides[0] // 4, T, _ptr(out), n_out, int(threads),
+                          int(bool(integer)))
+    if rc == -3:
+        raise MemoryError(f"x: no memory for {T} rows of {n_in} values quantized to integers")
     if rc != 0:  # the checks above make this unreachable; kept so a mismatch cannot pass silently
         raise ValueError(f"w: the C matmul refused a {w.fmt.name} weight {w.shape} (code {rc})")
     return out

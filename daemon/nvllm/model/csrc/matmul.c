@@ -5,8 +5,11 @@
  * blocks are decoded, KC values at a time, into a small float buffer that stays in L1, and multiplied
  * there by every row of x, three rows of x by four rows of W per pass of the micro-kernel (TT rows of x
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
- * T is. Activations are never quantized: a decoded weight is exactly what quants.py's NumPy dequantizer
- * gives, bit for bit, and the products are summed in float32.
+ * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
+ * Here activations are never quantized: a decoded weight is exactly what quants.py's NumPy
+ * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0 and Q4_1 go to
+ * qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products) when the caller
+ * allows it (linear.py does for decode-sized calls) and qdot_variant is not 0.
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
  * increasing k, and the lanes are added in one fixed tree at the end. That order does not depend on
@@ -26,8 +29,10 @@
  * the format is known and the row stride fits it.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -49,7 +54,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul_kernels.py checks it). */
-int matmul_abi(void) { return 1; }
+int matmul_abi(void) { return 3; }
 
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
@@ -357,7 +362,17 @@ typedef struct {
     float *y;
     int64_t y_stride;
     int parts;
+    const void *qx;   /* x quantized by qdot.c, or NULL: x stays float32 */
+    int qv;           /* qdot.c's variant for qx */
 } job_t;
+
+/* Q8_0, Q4_0 and Q4_1 by integer dot products on x quantized to 16 (or 8) bits: qdot.c. */
+int qdot_format(int fmt);
+int qdot_variant(int v);
+size_t qdot_x_bytes(int v, int64_t T, int64_t in);
+void qdot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx);
+void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int64_t r0, int64_t r1,
+               const void *qx, int64_t T, float *y, int64_t y_stride);
 
 /* Rows of x t0 .. t0+tn against output rows o0 .. o0+RT-1 (those past the end read as zeros). */
 INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf, v8 *acc) {
@@ -365,21 +380,12 @@ INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf
     memset(acc, 0, sizeof(v8) * RT * (size_t)(tn + 1));
     for (int64_t k0 = 0; k0 < j->in; k0 += KC) {
         const int64_t n = j->in - k0 < KC ? j->in - k0 : KC;
-        const float *w;
-        int64_t ws;
-        /* plain floats are read where they are for one or two rows of x; for more, a copy in L1 is
-         * faster than four rows read again from L2 for every pair */
-        if (j->fmt == F32 && live == RT && tn <= 2) {
-            w = (const float *)(j->w + o0 * j->row_bytes) + k0;
-            ws = j->row_bytes / 4;
-        } else {
-            for (int64_t r = 0; r < RT; r++) {
-                if (r < live) decode_span(j->fmt, j->w + (o0 + r) * j->row_bytes, k0, n, wbuf + r * KC);
-                else memset(wbuf + r * KC, 0, (size_t)n * sizeof(float));
-            }
-            w = wbuf;
-            ws = KC;
+        for (int64_t r = 0; r < RT; r++) {
+            if (r < live) decode_span(j->fmt, j->w + (o0 + r) * j->row_bytes, k0, n, wbuf + r * KC);
+            else memset(wbuf + r * KC, 0, (size_t)n * sizeof(float));
         }
+        const float *w = wbuf;
+        const int64_t ws = KC;
         const float *x = j->x + t0 * j->x_stride + k0;
         int64_t t = 0;
         for (; t + 3 <= tn; t += 3)
@@ -391,8 +397,255 @@ INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf
         for (int64_t r = 0; r < live; r++) j->y[(t0 + t) * j->y_stride + o0 + r] = lanes_sum(&acc[t * RT + r]);
 }
 
+/* ---------------------------------------------------------------- plain floats (F32, F16, BF16)
+ *
+ * Their own tile, built for a few rows of x (a decode step's 1 .. 64 tokens) as much as for many: a tile
+ * is R output rows (FR_MAX at most); up to FKC values of them at a time (F32 read in place, F16/BF16
+ * decoded into an L1 buffer) are multiplied by every row of x, M rows of x by the R rows of W per pass
+ * of the micro-kernel, with R * M accumulators held in registers, so each weight byte comes from memory
+ * once per call (once per FTT rows of x), nothing is packed, and the FMA units, not the loads, set the
+ * pace for more than a few rows.
+ *
+ * Fixed order, as above but in FL lanes: lane j of an output takes the products at k = j mod FL in
+ * increasing k (the last partial vector's into the low lanes), then the lanes are added in one fixed
+ * tree. R and M change which outputs share a pass, never an output's order: a row of x gets the same
+ * bits alone, in a batch and on any number of threads, within one variant. The variants (picked at
+ * first use from what the CPU has, or by matmul_float_variant) differ in blocking and in fusing the
+ * multiply-adds: the portable one is this code for the build's baseline target (SSE2 on x86-64: no
+ * FMA), avx2 and avx512 are it for x86-64-v3 and -v4, neon for aarch64 (NEON is its baseline). FL is
+ * the same for every variant of an architecture (16 on x86-64), so avx2 and avx512, both fused, give
+ * the same bits. */
+
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")   /* a + x * w fused where the target has FMA */
+
+#if defined(__aarch64__)
+#define FL 4       /* lanes: one NEON register */
+#else
+#define FL 16      /* one AVX-512 register; two AVX2 or four SSE2 ones */
+#endif
+#define FR_MAX 4   /* output rows per tile, at most */
+#define FM_MAX 6   /* rows of x per pass of the micro-kernel, at most */
+#define FKC 640    /* values of a row per chunk, at most: FR_MAX * FKC floats = 10 KiB */
+#define FTT 64     /* rows of x per pass over a tile */
+
+enum { FV_PORTABLE = 0, FV_AVX2 = 1, FV_AVX512 = 2, FV_NEON = 3, FV_COUNT = 4 };
+
+/* An accumulator is FL floats in memory (acc[]); in registers it is FL / W vectors of the variant's
+ * native width W (16 for AVX-512, 8 for AVX2, 4 for SSE2 and NEON), lane j of the accumulator being lane
+ * j % W of vector j / W: the same lanes, so the same order, whatever the width. */
+typedef float vf4 __attribute__((vector_size(16)));
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf16 __attribute__((vector_size(64)));
+
+/* acc[(t * R + r) * FL ...] += lanes of x_t . w_r over n values, for M rows of x (stride xs) and R rows
+ * of w (stride ws), in vectors of type VT: one pass over the values per vector of the accumulators
+ * (lanes s*W .. s*W+W-1, reading the values at k = s*W mod FL), R * M accumulators in registers (R and
+ * M are constants where this is inlined). The last partial vector goes through zero-padded copies:
+ * 0 * 0 leaves the other lanes as they are. */
+#define FSTEP(VT, XP, XS, WP, WS)                                                                          \
+    do {                                                                                                   \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) memcpy(&c[r], (WP) + r * (WS), sizeof(VT));    \
+        _Pragma("GCC unroll 8") for (int t = 0; t < M; t++) {                                              \
+            memcpy(&p, (XP) + t * (XS), sizeof(VT));                                                       \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[t][r] += p * c[r];                       \
+        }                                                                                                  \
+    } while (0)
+
+#define DEFINE_FMICRO(NAME, VT)                                                                            \
+    INLINE void NAME(const float *x, int64_t xs, const float *w, int64_t ws, int64_t n, float *acc,        \
+                     const int R, const int M, int pf) {                                                   \
+        enum { W = sizeof(VT) / sizeof(float), S = FL / W };                                               \
+        const int64_t full = n / FL * FL;                                                                  \
+        float xt[FM_MAX][FL], wt[FR_MAX][FL];                                                              \
+        if (full < n) {                                                                                    \
+            memset(xt, 0, sizeof xt);                                                                      \
+            memset(wt, 0, sizeof wt);                                                                      \
+            for (int r = 0; r < R; r++) memcpy(wt[r], w + r * ws + full, (size_t)(n - full) * sizeof(float)); \
+            for (int t = 0; t < M; t++) memcpy(xt[t], x + t * xs + full, (size_t)(n - full) * sizeof(float)); \
+        }                                                                                                  \
+        for (int s = 0; s < S; s++) {                                                                      \
+            VT a[FM_MAX][FR_MAX], c[FR_MAX], p;                                                            \
+            _Pragma("GCC unroll 8") for (int t = 0; t < M; t++)                                            \
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                        \
+                    memcpy(&a[t][r], acc + (t * R + r) * FL + s * W, sizeof(VT));                          \
+            for (int64_t k = s * W; k < full; k += FL) {                                                   \
+                if (pf && s == 0 && k % 16 == 0)   /* two tiles ahead, a line a row: DRAM latency */ \
+                    for (int r = 0; r < R; r++) __builtin_prefetch(w + (2 * R + r) * ws + k);                   \
+                FSTEP(VT, x + k, xs, w + k, ws);                                                           \
+            }                                                                                              \
+            if (full < n) FSTEP(VT, xt[0] + s * W, FL, wt[0] + s * W, FL);                                 \
+            _Pragma("GCC unroll 8") for (int t = 0; t < M; t++)                                            \
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                        \
+                    memcpy(acc + (t * R + r) * FL + s * W, &a[t][r], sizeof(VT));                          \
+        }                                                                                                  \
+    }
+
+DEFINE_FMICRO(fmicro4, vf4)
+#if FL >= 8
+DEFINE_FMICRO(fmicro8, vf8)
+#endif
+#if FL >= 16
+DEFINE_FMICRO(fmicro16, vf16)
+#endif
+
+/* The micro-kernel of native width W (a constant where inlined: the others are never called). */
+INLINE void fmicro(const int W, const float *x, int64_t xs, const float *w, int64_t ws, int64_t n, float *acc,
+                   const int R, const int M, int pf) {
+#if FL >= 16
+    if (W == 16) {
+        fmicro16(x, xs, w, ws, n, acc, R, M, pf);
+        return;
+    }
+#endif
+#if FL >= 8
+    if (W == 8) {
+        fmicro8(x, xs, w, ws, n, acc, R, M, pf);
+        return;
+    }
+#endif
+    fmicro4(x, xs, w, ws, n, acc, R, M, pf);
+}
+
+/* The lanes of an accumulator added pairwise, halves first: one fixed tree. */
+INLINE float acc_sum(const float *a) {
+    float s[FL];
+    memcpy(s, a, sizeof s);
+    for (int h = FL / 2; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) s[i] += s[i + h];
+    return s[0];
+}
+
+/* Rows of x t0 .. t0+tn (tn <= FTT) against output rows o0 .. o0+R-1 (those past the end read as zeros). */
+INLINE void ftile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf, float *acc, const int W,
+                  const int R, const int M) {
+    const int64_t live = j->rows - o0 < R ? j->rows - o0 : R, xs = j->x_stride;
+    /* chunks of whole vectors, as even as can be: no short last chunk paying a pass of its own */
+    const int64_t chunks = j->in > FKC ? (j->in + FKC - 1) / FKC : 1, step = ((j->in + chunks - 1) / chunks + FL - 1) / FL * FL;
+    memset(acc, 0, sizeof(float) * FL * (size_t)(R * tn));
+    for (int64_t k0 = 0; k0 < j->in; k0 += step) {
+        const int64_t n = j->in - k0 < step ? j->in - k0 : step;
+        const float *w;
+        int64_t ws;
+        const int pf = j->fmt == F32 && live == R;   /* prefetched in place (the others are in wbuf) */
+        if (pf) {   /* read in place: the tile's chunk stays in L1 for every x */
+            w = (const float *)(j->w + o0 * j->row_bytes) + k0;
+            ws = j->row_bytes / 4;
+        } else {
+            for (int64_t r = 0; r < R; r++) {
+                if (r < live) decode_span(j->fmt, j->w + (o0 + r) * j->row_bytes, k0, n, wbuf + r * FKC);
+                else memset(wbuf + r * FKC, 0, (size_t)n * sizeof(float));
+            }
+            w = wbuf;
+            ws = FKC;
+        }
+        const float *x = j->x + t0 * xs + k0;
+        int64_t t = 0;
+        for (; t + M <= tn; t += M) fmicro(W, x + t * xs, xs, w, ws, n, acc + t * R * FL, R, M, pf);
+        switch (tn - t) {   /* the rows left: one pass of fewer rows, its count a constant too */
+        case 1: fmicro(W, x + t * xs, xs, w, ws, n, acc + t * R * FL, R, 1, pf); break;
+        case 2: fmicro(W, x + t * xs, xs, w, ws, n, acc + t * R * FL, R, 2, pf); break;
+        case 3: fmicro(W, x + t * xs, xs, w, ws, n, acc + t * R * FL, R, 3, pf); break;
+        case 4: fmicro(W, x + t * xs, xs, w, ws, n, acc + t * R * FL, R, 4, pf); break;
+        case 5: fmicro(W, x + t * xs, xs, w, ws, n, acc + t * R * FL, R, 5, pf); break;
+        default: break;
+        }
+    }
+    for (int64_t t = 0; t < tn; t++)
+        for (int64_t r = 0; r < live; r++) j->y[(t0 + t) * j->y_stride + o0 + r] = acc_sum(acc + (t * R + r) * FL);
+}
+
+/* Part `part` of `parts` (a contiguous range of FR_MAX-row tiles, for every row of x), blocked R x M in
+ * vectors of W floats. */
+INLINE void fpart(const job_t *j, int part, const int W, const int R, const int M) {
+    float wbuf[FR_MAX * FKC] __attribute__((aligned(64)));
+    float acc[FR_MAX * FTT * FL] __attribute__((aligned(64)));
+    const int64_t tiles = (j->rows + FR_MAX - 1) / FR_MAX;
+    const int64_t first = tiles * part / j->parts, last = tiles * (part + 1) / j->parts;
+    const int64_t end = last * FR_MAX < j->rows ? last * FR_MAX : j->rows;
+    for (int64_t t0 = 0; t0 < j->T; t0 += FTT) {
+        const int64_t tn = j->T - t0 < FTT ? j->T - t0 : FTT;
+        for (int64_t o = first * FR_MAX; o < end; o += R) ftile(j, t0, tn, o, wbuf, acc, W, R, M);
+    }
+}
+
+/* The register budgets: R * M accumulators, R vectors of w and one of x. */
+static void fpart_portable(const job_t *j, int part) {
+#if defined(__aarch64__)
+    fpart(j, part, 4, 2, 2);   /* 32 NEON registers, without the unrolling the neon variant has */
+#else
+    fpart(j, part, 4, 2, 5);   /* 16 SSE2 registers: 10 accumulators, a product apart from its sum */
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* 16 AVX2 registers: 4 x 3 accumulators (measured: a little faster than 2 x 6) */
+__attribute__((target("arch=x86-64-v3"))) static void fpart_avx2(const job_t *j, int part) { fpart(j, part, 8, 4, 3); }
+/* 32 AVX-512 registers: 4 x 6 accumulators */
+__attribute__((target("arch=x86-64-v4"))) static void fpart_avx512(const job_t *j, int part) { fpart(j, part, 16, 4, 6); }
+#define FLOAT_X86 1
+#endif
+#if defined(__aarch64__)
+/* 32 NEON registers: 4 x 5 accumulators (GCC 12 spills three of 4 x 6) */
+static void fpart_neon(const job_t *j, int part) { fpart(j, part, 4, 4, 5); }
+#endif
+
+#pragma GCC pop_options
+
+/* Bit v set when this machine runs variant v. */
+int matmul_float_variants(void) {
+    int mask = 1 << FV_PORTABLE;
+#if defined(FLOAT_X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v3")) mask |= 1 << FV_AVX2;
+    if (__builtin_cpu_supports("x86-64-v4")) mask |= 1 << FV_AVX512;
+#endif
+#if defined(__aarch64__)
+    mask |= 1 << FV_NEON;
+#endif
+    return mask;
+}
+
+static int float_variant = -1;   /* -1 until the first call picks the best */
+
+static int best_float_variant(void) {
+    const int mask = matmul_float_variants();
+    for (int v = FV_COUNT - 1; v > 0; v--)
+        if (mask & (1 << v)) return v;
+    return FV_PORTABLE;
+}
+
+static void float_part(const job_t *j, int part) {
+    int v = __atomic_load_n(&float_variant, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = best_float_variant();
+        __atomic_store_n(&float_variant, v, __ATOMIC_RELAXED);
+    }
+    switch (v) {
+#if defined(FLOAT_X86)
+    case FV_AVX2: fpart_avx2(j, part); break;
+    case FV_AVX512: fpart_avx512(j, part); break;
+#endif
+#if defined(__aarch64__)
+    case FV_NEON: fpart_neon(j, part); break;
+#endif
+    default: fpart_portable(j, part); break;
+    }
+}
+
 /* Part `part` of `parts`: a contiguous range of output tiles, for every row of x. */
 ENTRY void matmul_part(const job_t *j, int part) {
+    if (j->qx) {   /* the same split of the tiles, for qdot.c */
+        const int64_t tiles = (j->rows + RT - 1) / RT;
+        const int64_t r0 = tiles * part / j->parts * RT, r1 = tiles * (part + 1) / j->parts * RT;
+        qdot_rows(j->qv, j->fmt, j->w, j->row_bytes, j->in, r0, r1 < j->rows ? r1 : j->rows, j->qx, j->T, j->y,
+                  j->y_stride);
+        return;
+    }
+    if (j->fmt == F32 || j->fmt == F16 || j->fmt == BF16) {   /* their own tile, above */
+        float_part(j, part);
+        return;
+    }
     float wbuf[RT * KC] __attribute__((aligned(64)));
     v8 acc[RT * (TT + 1)];
     const int64_t tiles = (j->rows + RT - 1) / RT;
@@ -416,19 +669,53 @@ static int cur_parts;
 static const job_t *cur_job;
 static int atfork_set;
 
+/* Waking a sleeping thread costs 60-70 us on the development VM (a futex round trip through the
+ * hypervisor's scheduler), more than a decode step's matmul by a small matrix: so a worker that has
+ * finished spins a while (SPIN turns, ~1 ms) for the next job before it sleeps, and the caller spins as
+ * long for the workers to finish, as BLAS's own threads do; a call then costs ~5 us more than on one
+ * thread. Each turn is a pause, every YIELD_EVERY-th a sched_yield: with the cores oversubscribed, a
+ * spin that never yields holds up the very thread it waits for (~1 ms a call measured, against ~9 us).
+ * generation and pending are read without the lock while spinning, then again under it. */
+#define SPIN 20000
+#define WAIT_SPIN 20000
+#define YIELD_EVERY 16
+
+/* One turn of a spin: a pause, and now and then the core offered to whatever else wants to run (another
+ * process when the cores are oversubscribed: spinning on would only delay the thread waited for). */
+INLINE void cpu_relax(int i) {
+    if (i % YIELD_EVERY == YIELD_EVERY - 1) {
+        sched_yield();
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("isb" ::: "memory");
+#endif
+}
+
 static void *worker(void *arg) {
     const int me = (int)(intptr_t)arg;
     pthread_mutex_lock(&pool_lock);
     unsigned long seen = born[me];
     for (;;) {
+        if (generation == seen) {
+            pthread_mutex_unlock(&pool_lock);
+            for (int i = 0; i < SPIN && __atomic_load_n(&generation, __ATOMIC_ACQUIRE) == seen; i++) cpu_relax(i);
+            pthread_mutex_lock(&pool_lock);
+        }
         while (generation == seen) pthread_cond_wait(&go, &pool_lock);
         seen = generation;
         if (me >= cur_parts) continue;   /* not needed this time */
         const job_t *j = cur_job;
         pthread_mutex_unlock(&pool_lock);
         matmul_part(j, me);
-        pthread_mutex_lock(&pool_lock);
-        if (--pending == 0) pthread_cond_signal(&done);
+        if (__atomic_sub_fetch(&pending, 1, __ATOMIC_ACQ_REL) == 0) {
+            pthread_mutex_lock(&pool_lock);   /* the caller checks pending under the lock before it sleeps */
+            pthread_cond_signal(&done);
+        } else {
+            pthread_mutex_lock(&pool_lock);
+        }
     }
     return NULL;
 }
@@ -468,10 +755,12 @@ static int grow_pool(int want) {
 }
 
 /* y [T, rows] (row stride y_stride) = x [T, in] (row stride x_stride) @ W.T, W of `rows` rows of
- * row_bytes bytes in format fmt (the GGUF type id). Returns 0, or -1 for an unknown format, -2 for a
- * row stride that does not fit `in` values of the format. threads < 1 counts as 1. */
+ * row_bytes bytes in format fmt (the GGUF type id). With int_ok, Q8_0, Q4_0 and Q4_1 quantize x and use
+ * integer dot products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
+ * format, -2 for a row stride that does not fit `in` values of the format, -3 when out of memory for
+ * the quantized x. threads < 1 counts as 1. */
 int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
-                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads) {
+                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads, int int_ok) {
     const int be = block_elems(fmt);
     if (be == 0) return -1;
     if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
@@ -479,9 +768,16 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     const int64_t tiles = (rows + RT - 1) / RT;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > tiles) parts = (int)tiles;
-    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts};
+    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0};
+    void *qx = NULL;
+    if (int_ok && qdot_format(fmt) && in > 0 && (j.qv = qdot_variant(-1)) > 0) {
+        if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
+        qdot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
+        j.qx = qx;
+    }
     if (parts == 1) {
         matmul_part(&j, 0);
+        free(qx);
         return 0;
     }
     pthread_mutex_lock(&call_lock);
@@ -490,16 +786,18 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     if (parts > 1) {
         cur_job = &j;
         cur_parts = parts;
-        pending = parts - 1;
-        generation++;
+        __atomic_store_n(&pending, parts - 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);   /* what spinning workers see */
         pthread_cond_broadcast(&go);
     }
     pthread_mutex_unlock(&pool_lock);
     matmul_part(&j, 0);
+    for (int i = 0; i < WAIT_SPIN && __atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0; i++) cpu_relax(i);
     pthread_mutex_lock(&pool_lock);
-    while (pending > 0) pthread_cond_wait(&done, &pool_lock);
+    while (__atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&done, &pool_lock);
     pthread_mutex_unlock(&pool_lock);
     pthread_mutex_unlock(&call_lock);
+    free(qx);
     return 0;
 }
 
@@ -509,4 +807,18 @@ int matmul_pool_threads(void) {
     const int n = workers;
     pthread_mutex_unlock(&pool_lock);
     return n;
+}
+
+/* Makes plain floats use variant v (a bit of matmul_float_variants) from the next call on and returns v,
+ * or -1 if this machine cannot run it; a negative v changes nothing and returns the variant in use. */
+int matmul_float_variant(int v) {
+    if (v < 0) {
+        const int cur = __atomic_load_n(&float_variant, __ATOMIC_RELAXED);
+        return cur < 0 ? best_float_variant() : cur;
+    }
+    if (v >= FV_COUNT || !(matmul_float_variants() & (1 << v))) return -1;
+    pthread_mutex_lock(&call_lock);   /* not while a call runs */
+    __atomic_store_n(&float_variant, v, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&call_lock);
+    return v;
 }

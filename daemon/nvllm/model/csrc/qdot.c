@@ -1,0 +1,747 @@
+/* Integer dot products for weights in Q8_0, Q4_0 and Q4_1: y = x @ W.T with x quantized to 16 or 8 bits.
+ *
+ * Decoding every weight to float is what bounds matmul.c's tiles for the 4- and 8-bit formats (about
+ * 4 GB/s of blocks per core). Here each row of x is first quantized, a block of 32 values at a time, to
+ * int16 or int8 with one float scale (and the block's scaled sum, for Q4_1's mins), and each block of x
+ * meets a block of W as 32 products of integers summed exactly in int32; only then are the scales
+ * applied, in float32. The weights' quants are used as stored (widened to int16 lanes for 16-bit x):
+ * nothing is decoded to float.
+ *
+ * Why 16 bits by default: x in int8 (llama.cpp's way) moves each output by up to amax / 254 per block,
+ * which through SmolLM2-135M's 30 layers changed 3% of its top-1 tokens (tools/quality.py); int16 moves
+ * it 258 times less and changes none there, at a small cost in speed (the weights, not x, are what a
+ * decode step reads). The 8-bit variants stay, for measurements and for models that tolerate them.
+ *
+ * The arithmetic, which model/qdot.py repeats in NumPy bit for bit (Q = 32767 for 16 bits, 127 for 8):
+ *   x block (32 values v):  amax = max |v|; d = amax / Q; id = d ? 1 / d : 0;
+ *                           q = v * id rounded to nearest (ties to even), in -Q .. Q;
+ *                           s = d * (float)sum(q). A block holding NaN or inf gets d = s = NaN, q = 0,
+ *                           so the whole output row is NaN, as the float path would make it.
+ *   one output, from acc = 0, over the blocks b of the row in order:
+ *                           p = sum of the 32 products w_j * q_j (int32, exact: |p| <= 32*128*32767 < 2^27),
+ *                           acc = acc + (dw * d) * (float)p        (two roundings, no FMA);
+ *                           Q4_1 also, after it: acc = acc + mw * s;
+ *   y = acc.
+ * w_j is the weight's quant: Q8_0's int8; Q4_0's nibble - 8; Q4_1's nibble (0..15), value j < 16 the
+ * low nibble of qs[j], j >= 16 the high nibble of qs[j - 16].
+ * Every variant below computes exactly that (only the integer sums are found in different ways), so
+ * the variant, the thread count and the other rows of x change no bit of a row's result.
+ *
+ * Variants, picked at run time from what the CPU has (never from the flags this file is built with):
+ * 16-bit x (the default; names end in "-i16"): x86-64: AVX-512 VNNI (vpdpwssd on 512-bit vectors, one
+ * block each), AVX2 (pmaddwd), portable C; aarch64: NEON (smull/smlal to int32), portable C.
+ * 8-bit x: x86-64: AVX-512 VNNI (vpdpbusd on 256-bit vectors), AVX2 (pmaddubsw + pmaddwd), portable C;
+ * aarch64: NEON with the ARMv8.2 dot product (sdot), plain NEON (smull + pairwise adds), portable C.
+ * The portable C is the reference every variant is tested against, on every machine; where no SIMD
+ * variant runs (an x86-64 without AVX2), the float path is the default, being faster there.
+ * matmul.c calls qdot_quantize_x once per call, then qdot_rows from each of its threads, with the
+ * variant qdot_variant gives (the best 16-bit one unless a test or a measurement picked another).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define QDOT_X86 1
+#include <immintrin.h>
+#elif defined(__aarch64__) && defined(__GNUC__)
+#define QDOT_ARM 1
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#endif
+
+#define QINLINE static inline __attribute__((always_inline))
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+enum { Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q8_0 = 8 };   /* GGUF type ids, as matmul.c's */
+enum { V_SCALAR = 1, V_SIMD = 2, V_DOT = 3,              /* the variants (0: none, x stays float); x in 8 bits */
+       V_SCALAR16 = 4, V_SIMD16 = 5, V_DOT16 = 6 };   /* x in 16 bits (no V_DOT16 on aarch64) */
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+
+/* One block of a quantized row of x: 40 bytes. */
+typedef struct {
+    float d, s;
+    int8_t q[32];
+} xblock_t;
+
+/* The same block with 16-bit quants (the "-i16" variants): 72 bytes. */
+typedef struct {
+    float d, s;
+    int16_t q[32];
+} xblock16_t;
+
+/* ---------------------------------------------------------------- quantizing x */
+
+/* Round to nearest, ties to even, for |v| < 2^22: adding and taking away 1.5 * 2^23 leaves the integer. */
+QINLINE float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+static void quantize_block(const float *v, xblock_t *out) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < 32; j++) {
+        const float a = v[j] < 0 ? -v[j] : v[j];
+        finite &= a <= 3.4028234663852886e38f;   /* false for inf and NaN */
+        amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+        out->d = out->s = __builtin_nanf("");
+        memset(out->q, 0, sizeof out->q);
+        return;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        const int q = (int)round_even(v[j] * id);
+        out->q[j] = (int8_t)q;
+        sum += q;
+    }
+    out->d = d;
+    out->s = d * (float)sum;
+}
+
+/* The same with 16-bit quants: d = amax / 32767, q in -32767 .. 32767 (|sum| < 2^20: exact in float). */
+static void quantize_block16(const float *v, xblock16_t *out) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < 32; j++) {
+        const float a = v[j] < 0 ? -v[j] : v[j];
+        finite &= a <= 3.4028234663852886e38f;
+        amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+        out->d = out->s = __builtin_nanf("");
+        memset(out->q, 0, sizeof out->q);
+        return;
+    }
+    const float d = amax / 32767.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        const int q = (int)round_even(v[j] * id);
+        out->q[j] = (int16_t)q;
+        sum += q;
+    }
+    out->d = d;
+    out->s = d * (float)sum;
+}
+
+/* The first `live` of four results to y (a whole vector when all four are). */
+QINLINE void qdot_store(float *y, const void *v, int live) {
+    if (live == 4) memcpy(y, v, 16);
+    else memcpy(y, v, (size_t)live * sizeof(float));
+}
+
+/* ---------------------------------------------------------------- the kernel, once per variant
+ *
+ * QDOT_KERNEL(V, ATTR, XB) defines V_rows(fmt, ...) for x in blocks XB (xblock_t or xblock16_t) from the
+ * variant's primitives, all always inlined:
+ *   V_bv                 a block's 32 quants in the variant's registers (int8, or int16 lanes)
+ *   V_load(p)            32 int8 from p
+ *   V_loadx(p)           the 32 quants of a block of x
+ *   V_nibbles(p)         the 32 nibbles of the 16 bytes at p, in block order (low nibbles, then high)
+ *   V_sub8(b)            b - 8 in every lane
+ *   V_sums_ss(w, x)      i32x4: the four dot products w[i] . x, all signed (|w| <= 128, |x| <= 127 or 32767)
+ *   V_sums_us(w, x)      the same with every w in 0..15
+ *   V_sums8_ss(w, x0, x1), V_sums8_us   i32x8: the sums with x0, then those with x1
+ *   V_halves(p0..p3)     f32x4: the four little-endian halves at p0 .. p3
+ * A tile is 4 rows of W by 1, 2 or 4 rows of x, its outputs in vectors (lane 4t + r of vector t / 2),
+ * the blocks of a row taken in order. Rows of W past r1 are read as row r1 - 1 and not stored.
+ */
+#define QDOT_KERNEL(V, ATTR, XB)                                                                                       \
+    ATTR QINLINE void V##_wblocks(const int fmt, const uint8_t *const *blk, V##_bv *wv) {                              \
+        for (int i = 0; i < 4; i++) {                                                                                  \
+            if (fmt == Q_Q8_0) wv[i] = V##_load((const int8_t *)(blk[i] + 2));                                         \
+            else if (fmt == Q_Q4_0) wv[i] = V##_sub8(V##_nibbles(blk[i] + 2));                                         \
+            else wv[i] = V##_nibbles(blk[i] + 4);                                                                      \
+        }                                                                                                              \
+    }                                                                                                                  \
+    /* 4 rows of W by 1 row of x */                                                                                    \
+    ATTR QINLINE f32x4 V##_tile1(const int fmt, const uint8_t *const *wr, int64_t ahead, int64_t nb,                   \
+                                 const XB *x) {                                                                        \
+        f32x4 acc = {0};                                                                                               \
+        const int bb = fmt == Q_Q8_0 ? 34 : fmt == Q_Q4_0 ? 18 : 20;                                                   \
+        for (int64_t b = 0; b < nb; b++) {                                                                             \
+            const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
+            for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead);   /* the next tile's rows */               \
+            V##_bv wv[4];                                                                                              \
+            V##_wblocks(fmt, blk, wv);                                                                                 \
+            const V##_bv xv = V##_loadx(x[b].q);                                                                       \
+            const i32x4 s = fmt == Q_Q4_1 ? V##_sums_us(wv, xv) : V##_sums_ss(wv, xv);                                 \
+            const f32x4 dd = V##_halves(blk[0], blk[1], blk[2], blk[3]) * x[b].d;                                      \
+            acc = acc + dd * __builtin_convertvector(s, f32x4);                                                        \
+            if (fmt == Q_Q4_1) acc = acc + V##_halves(blk[0] + 2, blk[1] + 2, blk[2] + 2, blk[3] + 2) * x[b].s;        \
+        }                                                                                                              \
+        return acc;                                                                                                    \
+    }                                                                                                                  \
+    /* 4 rows of W by NT = 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of acc[t / 2] */                \
+    ATTR QINLINE void V##_tile24(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nb,     \
+                                 const XB *x, int64_t xs, f32x8 *out) {                                                \
+        f32x8 acc[2] = {{0}, {0}};                                                                                     \
+        const int bb = fmt == Q_Q8_0 ? 34 : fmt == Q_Q4_0 ? 18 : 20;                                                   \
+        for (int64_t b = 0; b < nb; b++) {                                                                             \
+            const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
+            for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead);   /* the next tile's rows */               \
+            V##_bv wv[4];                                                                                              \
+            V##_wblocks(fmt, blk, wv);                                                                                 \
+            const f32x4 dw = V##_halves(blk[0], blk[1], blk[2], blk[3]);                                               \
+            const f32x8 dw8 = {dw[0], dw[1], dw[2], dw[3], dw[0], dw[1], dw[2], dw[3]};                                \
+            f32x8 mw8 = {0};                                                                                           \
+            if (fmt == Q_Q4_1) {                                                                                       \
+                const f32x4 mw = V##_halves(blk[0] + 2, blk[1] + 2, blk[2] + 2, blk[3] + 2);                           \
+                mw8 = (f32x8){mw[0], mw[1], mw[2], mw[3], mw[0], mw[1], mw[2], mw[3]};                                 \
+            }                                                                                                          \
+            for (int h = 0; h < NT / 2; h++) {                                                                         \
+                const XB *x0 = x + 2 * h * xs + b, *x1 = x0 + xs;                                                      \
+                const V##_bv xv0 = V##_loadx(x0->q), xv1 = V##_loadx(x1->q);                                           \
+                const i32x8 s = fmt == Q_Q4_1 ? V##_sums8_us(wv, xv0, xv1) : V##_sums8_ss(wv, xv0, xv1);               \
+                const f32x8 dx8 = {x0->d, x0->d, x0->d, x0->d, x1->d, x1->d, x1->d, x1->d};                            \
+                acc[h] = acc[h] + (dw8 * dx8) * __builtin_convertvector(s, f32x8);                                     \
+                if (fmt == Q_Q4_1) {                                                                                   \
+                    const f32x8 sx8 = {x0->s, x0->s, x0->s, x0->s, x1->s, x1->s, x1->s, x1->s};                        \
+                    acc[h] = acc[h] + mw8 * sx8;                                                                       \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int h = 0; h < NT / 2; h++) out[h] = acc[h];                                                              \
+    }                                                                                                                  \
+    ATTR QINLINE void V##_fmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,         \
+                                   int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {            \
+        for (int64_t r = r0; r < r1; r += 4) {                                                                         \
+            const int live = r1 - r < 4 ? (int)(r1 - r) : 4;                                                           \
+            const uint8_t *wr[4];                                                                                      \
+            for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;                           \
+            int64_t t = t0;                                                                                            \
+            f32x8 v[2];                                                                                                \
+            for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
+                V##_tile24(fmt, 4, wr, 4 * row_bytes, nb, x + t * nb, nb, v);                                          \
+                for (int i = 0; i < 4; i++)                                                                            \
+                    qdot_store(y + (t + i) * ys + r, (const float *)&v[i / 2] + 4 * (i % 2), live);                    \
+            }                                                                                                          \
+            if (t + 2 <= t0 + tn) {                                                                                    \
+                V##_tile24(fmt, 2, wr, 4 * row_bytes, nb, x + t * nb, nb, v);                                          \
+                qdot_store(y + t * ys + r, &v[0], live);                                                               \
+                qdot_store(y + (t + 1) * ys + r, (const float *)&v[0] + 4, live);                                      \
+                t += 2;                                                                                                \
+            }                                                                                                          \
+            if (t < t0 + tn) {                                                                                         \
+                const f32x4 v = V##_tile1(fmt, wr, 4 * row_bytes, nb, x + t * nb);                                     \
+                qdot_store(y + t * ys + r, &v, live);                                                                  \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
+    ATTR __attribute__((noinline)) static void V##_rows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb,      \
+                                                        int64_t r0, int64_t r1, const XB *x, int64_t t0,               \
+                                                        int64_t tn, float *y, int64_t ys) {                            \
+        switch (fmt) {                                                                                                 \
+        case Q_Q8_0: V##_fmt_rows(Q_Q8_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
+        case Q_Q4_0: V##_fmt_rows(Q_Q4_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
+        case Q_Q4_1: V##_fmt_rows(Q_Q4_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
+        default: break;                                                                                                \
+        }                                                                                                              \
+    }
+
+/* ---------------------------------------------------------------- portable C */
+
+QINLINE float qdot_half(const uint8_t *p) {
+    const uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    /* exact for every half: the exponent and mantissa moved into a float's place are the value * 2^-112 */
+    uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &mag, sizeof f);
+    f *= 0x1p112f;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((h & 0x7c00u) == 0x7c00u) bits = 0x7f800000u | mag;   /* inf, NaN */
+    bits |= (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+typedef struct {
+    int8_t b[32];
+} sc_bv;
+
+QINLINE sc_bv sc_load(const int8_t *p) {
+    sc_bv v;
+    memcpy(v.b, p, 32);
+    return v;
+}
+
+QINLINE sc_bv sc_nibbles(const uint8_t *p) {
+    sc_bv v;
+    for (int j = 0; j < 16; j++) v.b[j] = (int8_t)(p[j] & 15), v.b[j + 16] = (int8_t)(p[j] >> 4);
+    return v;
+}
+
+QINLINE sc_bv sc_sub8(sc_bv v) {
+    for (int j = 0; j < 32; j++) v.b[j] = (int8_t)(v.b[j] - 8);
+    return v;
+}
+
+QINLINE i32x4 sc_sums_ss(const sc_bv *w, sc_bv x) {
+    i32x4 s = {0};
+    for (int i = 0; i < 4; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];
+        s[i] = sum;
+    }
+    return s;
+}
+#define sc_sums_us sc_sums_ss
+QINLINE i32x8 sc_sums8_ss(const sc_bv *w, sc_bv x0, sc_bv x1) {
+    const i32x4 a = sc_sums_ss(w, x0), b = sc_sums_ss(w, x1);
+    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+}
+#define sc_sums8_us sc_sums8_ss
+
+QINLINE f32x4 sc_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    return (f32x4){qdot_half(p0), qdot_half(p1), qdot_half(p2), qdot_half(p3)};
+}
+
+#define sc_loadx sc_load
+QDOT_KERNEL(sc, , xblock_t)
+
+/* 16-bit x: the weights' quants widened to int16 lanes, 32 products of |w| <= 128 by |x| <= 32767 (each
+ * below 2^22, their sum below 2^27) summed exactly in int32. */
+typedef struct {
+    int16_t b[32];
+} s16_bv;
+
+QINLINE s16_bv s16_load(const int8_t *p) {
+    s16_bv v;
+    for (int j = 0; j < 32; j++) v.b[j] = p[j];
+    return v;
+}
+QINLINE s16_bv s16_loadx(const int16_t *p) {
+    s16_bv v;
+    memcpy(v.b, p, 64);
+    return v;
+}
+QINLINE s16_bv s16_nibbles(const uint8_t *p) {
+    s16_bv v;
+    for (int j = 0; j < 16; j++) v.b[j] = (int16_t)(p[j] & 15), v.b[j + 16] = (int16_t)(p[j] >> 4);
+    return v;
+}
+QINLINE s16_bv s16_sub8(s16_bv v) {
+    for (int j = 0; j < 32; j++) v.b[j] = (int16_t)(v.b[j] - 8);
+    return v;
+}
+QINLINE i32x4 s16_sums_ss(const s16_bv *w, s16_bv x) {
+    i32x4 s = {0};
+    for (int i = 0; i < 4; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];
+        s[i] = sum;
+    }
+    return s;
+}
+#define s16_sums_us s16_sums_ss
+QINLINE i32x8 s16_sums8_ss(const s16_bv *w, s16_bv x0, s16_bv x1) {
+    const i32x4 a = s16_sums_ss(w, x0), b = s16_sums_ss(w, x1);
+    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+}
+#define s16_sums8_us s16_sums8_ss
+#define s16_halves sc_halves
+QDOT_KERNEL(s16, , xblock16_t)
+
+/* ---------------------------------------------------------------- x86-64: AVX2, AVX-512 VNNI */
+#ifdef QDOT_X86
+#define AVX2_ATTR __attribute__((target("avx2,f16c")))
+#define VNNI_ATTR __attribute__((target("avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+
+typedef __m256i av_bv;
+typedef __m256i vn_bv;
+#define X86_PRIMITIVES(V, ATTR)                                                                                        \
+    ATTR QINLINE __m256i V##_load(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }                  \
+    ATTR QINLINE __m256i V##_nibbles(const uint8_t *p) {                                                               \
+        const __m128i b = _mm_loadu_si128((const __m128i *)p);                                                         \
+        const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);                                                \
+        return _mm256_and_si256(both, _mm256_set1_epi8(15));                                                           \
+    }                                                                                                                  \
+    ATTR QINLINE __m256i V##_sub8(__m256i v) { return _mm256_sub_epi8(v, _mm256_set1_epi8(8)); }                       \
+    ATTR QINLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {        \
+        uint16_t h0, h1, h2, h3;                                                                                       \
+        memcpy(&h0, p0, 2), memcpy(&h1, p1, 2), memcpy(&h2, p2, 2), memcpy(&h3, p3, 2);                                \
+        return (f32x4)_mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0));            \
+    }                                                                                                                  \
+    /* eight lanes of four-byte sums each, for four rows -> the four totals */                                         \
+    ATTR QINLINE i32x4 V##_total4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {                                    \
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));                     \
+        return (i32x4)_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));                        \
+    }                                                                                                                  \
+    /* the same for two rows of x at once: x0's four totals, then x1's */                                              \
+    ATTR QINLINE i32x8 V##_total8(const __m256i *p, const __m256i *q) {                                                \
+        const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));             \
+        const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));             \
+        return (i32x8)_mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));  \
+    }
+X86_PRIMITIVES(av, AVX2_ATTR)
+X86_PRIMITIVES(vn, VNNI_ATTR)
+
+/* maddubs multiplies unsigned by signed bytes: |w| times x with w's sign moved onto it. No pair sum
+ * saturates: |w| <= 128, |x| <= 127. */
+AVX2_ATTR QINLINE __m256i av_dot_us(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+AVX2_ATTR QINLINE __m256i av_dot_ss(__m256i w, __m256i x) {
+    return av_dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+AVX2_ATTR QINLINE i32x4 av_sums_us(const __m256i *w, __m256i x) {
+    return av_total4(av_dot_us(w[0], x), av_dot_us(w[1], x), av_dot_us(w[2], x), av_dot_us(w[3], x));
+}
+AVX2_ATTR QINLINE i32x4 av_sums_ss(const __m256i *w, __m256i x) {
+    return av_total4(av_dot_ss(w[0], x), av_dot_ss(w[1], x), av_dot_ss(w[2], x), av_dot_ss(w[3], x));
+}
+AVX2_ATTR QINLINE i32x8 av_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {
+    const __m256i p[4] = {av_dot_us(w[0], x0), av_dot_us(w[1], x0), av_dot_us(w[2], x0), av_dot_us(w[3], x0)};
+    const __m256i q[4] = {av_dot_us(w[0], x1), av_dot_us(w[1], x1), av_dot_us(w[2], x1), av_dot_us(w[3], x1)};
+    return av_total8(p, q);
+}
+AVX2_ATTR QINLINE i32x8 av_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {
+    __m256i a[4], p[4], q[4];
+    for (int i = 0; i < 4; i++) a[i] = _mm256_sign_epi8(w[i], w[i]);   /* |w| once for both rows of x */
+    for (int i = 0; i < 4; i++) p[i] = av_dot_us(a[i], _mm256_sign_epi8(x0, w[i]));
+    for (int i = 0; i < 4; i++) q[i] = av_dot_us(a[i], _mm256_sign_epi8(x1, w[i]));
+    return av_total8(p, q);
+}
+VNNI_ATTR QINLINE __m256i vn_dot_us(__m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+}
+VNNI_ATTR QINLINE __m256i vn_dot_ss(__m256i w, __m256i x) {
+    return vn_dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+VNNI_ATTR QINLINE i32x4 vn_sums_us(const __m256i *w, __m256i x) {
+    return vn_total4(vn_dot_us(w[0], x), vn_dot_us(w[1], x), vn_dot_us(w[2], x), vn_dot_us(w[3], x));
+}
+VNNI_ATTR QINLINE i32x4 vn_sums_ss(const __m256i *w, __m256i x) {
+    return vn_total4(vn_dot_ss(w[0], x), vn_dot_ss(w[1], x), vn_dot_ss(w[2], x), vn_dot_ss(w[3], x));
+}
+VNNI_ATTR QINLINE i32x8 vn_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {
+    const __m256i p[4] = {vn_dot_us(w[0], x0), vn_dot_us(w[1], x0), vn_dot_us(w[2], x0), vn_dot_us(w[3], x0)};
+    const __m256i q[4] = {vn_dot_us(w[0], x1), vn_dot_us(w[1], x1), vn_dot_us(w[2], x1), vn_dot_us(w[3], x1)};
+    return vn_total8(p, q);
+}
+VNNI_ATTR QINLINE i32x8 vn_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {
+    __m256i a[4], p[4], q[4];
+    for (int i = 0; i < 4; i++) a[i] = _mm256_sign_epi8(w[i], w[i]);   /* |w| once for both rows of x */
+    for (int i = 0; i < 4; i++) p[i] = vn_dot_us(a[i], _mm256_sign_epi8(x0, w[i]));
+    for (int i = 0; i < 4; i++) q[i] = vn_dot_us(a[i], _mm256_sign_epi8(x1, w[i]));
+    return vn_total8(p, q);
+}
+
+#define av_loadx av_load
+#define vn_loadx vn_load
+QDOT_KERNEL(av, AVX2_ATTR, xblock_t)
+QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
+
+/* 16-bit x on AVX2: a block in two vectors of 16 int16; pmaddwd's pair sums (|pair| < 2^23) are exact. */
+typedef struct {
+    __m256i lo, hi;
+} av16_bv;
+AVX2_ATTR QINLINE av16_bv av16_load(const int8_t *p) {
+    return (av16_bv){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),
+                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};
+}
+AVX2_ATTR QINLINE av16_bv av16_loadx(const int16_t *p) {
+    return (av16_bv){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};
+}
+AVX2_ATTR QINLINE av16_bv av16_nibbles(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+    return (av16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),
+                     _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};
+}
+AVX2_ATTR QINLINE av16_bv av16_sub8(av16_bv v) {
+    const __m256i e = _mm256_set1_epi16(8);
+    return (av16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};
+}
+AVX2_ATTR QINLINE __m256i av16_dot(av16_bv w, av16_bv x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(w.lo, x.lo), _mm256_madd_epi16(w.hi, x.hi));
+}
+AVX2_ATTR QINLINE i32x4 av16_sums_ss(const av16_bv *w, av16_bv x) {
+    return av_total4(av16_dot(w[0], x), av16_dot(w[1], x), av16_dot(w[2], x), av16_dot(w[3], x));
+}
+AVX2_ATTR QINLINE i32x8 av16_sums8_ss(const av16_bv *w, av16_bv x0, av16_bv x1) {
+    const __m256i p[4] = {av16_dot(w[0], x0), av16_dot(w[1], x0), av16_dot(w[2], x0), av16_dot(w[3], x0)};
+    const __m256i q[4] = {av16_dot(w[0], x1), av16_dot(w[1], x1), av16_dot(w[2], x1), av16_dot(w[3], x1)};
+    return av_total8(p, q);
+}
+#define av16_sums_us av16_sums_ss
+#define av16_sums8_us av16_sums8_ss
+#define av16_halves av_halves
+
+/* 16-bit x on AVX-512 VNNI: AVX2's layout, with vpdpwssd adding both halves' pair sums into one int32
+ * vector (on 256-bit vectors: measured faster than one 512-bit vector per block on Zen 4). */
+typedef av16_bv vn16_bv;
+VNNI_ATTR QINLINE vn16_bv vn16_load(const int8_t *p) {
+    return (vn16_bv){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),
+                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};
+}
+VNNI_ATTR QINLINE vn16_bv vn16_loadx(const int16_t *p) {
+    return (vn16_bv){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};
+}
+VNNI_ATTR QINLINE vn16_bv vn16_nibbles(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+    return (vn16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),
+                     _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};
+}
+VNNI_ATTR QINLINE vn16_bv vn16_sub8(vn16_bv v) {
+    const __m256i e = _mm256_set1_epi16(8);
+    return (vn16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};
+}
+VNNI_ATTR QINLINE __m256i vn16_dot(vn16_bv w, vn16_bv x) {
+    return _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), w.lo, x.lo), w.hi, x.hi);
+}
+VNNI_ATTR QINLINE i32x4 vn16_sums_ss(const vn16_bv *w, vn16_bv x) {
+    return vn_total4(vn16_dot(w[0], x), vn16_dot(w[1], x), vn16_dot(w[2], x), vn16_dot(w[3], x));
+}
+VNNI_ATTR QINLINE i32x8 vn16_sums8_ss(const vn16_bv *w, vn16_bv x0, vn16_bv x1) {
+    const __m256i p[4] = {vn16_dot(w[0], x0), vn16_dot(w[1], x0), vn16_dot(w[2], x0), vn16_dot(w[3], x0)};
+    const __m256i q[4] = {vn16_dot(w[0], x1), vn16_dot(w[1], x1), vn16_dot(w[2], x1), vn16_dot(w[3], x1)};
+    return vn_total8(p, q);
+}
+#define vn16_sums_us vn16_sums_ss
+#define vn16_sums8_us vn16_sums8_ss
+#define vn16_halves vn_halves
+
+QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
+QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
+#endif
+
+/* ---------------------------------------------------------------- aarch64: NEON, NEON + sdot */
+#ifdef QDOT_ARM
+#define NEON_ATTR
+#define SDOT_ATTR __attribute__((target("arch=armv8.2-a+dotprod")))
+
+typedef struct {
+    int8x16_t lo, hi;
+} ne_bv;
+typedef ne_bv sd_bv;
+
+#define ARM_PRIMITIVES(V, ATTR)                                                                                        \
+    ATTR QINLINE ne_bv V##_load(const int8_t *p) { return (ne_bv){vld1q_s8(p), vld1q_s8(p + 16)}; }                    \
+    ATTR QINLINE ne_bv V##_nibbles(const uint8_t *p) {                                                                 \
+        const uint8x16_t b = vld1q_u8(p);                                                                              \
+        return (ne_bv){vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15))), vreinterpretq_s8_u8(vshrq_n_u8(b, 4))};       \
+    }                                                                                                                  \
+    ATTR QINLINE ne_bv V##_sub8(ne_bv v) {                                                                             \
+        return (ne_bv){vsubq_s8(v.lo, vdupq_n_s8(8)), vsubq_s8(v.hi, vdupq_n_s8(8))};                                  \
+    }                                                                                                                  \
+    ATTR QINLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {        \
+        uint16_t h[4];                                                                                                 \
+        memcpy(&h[0], p0, 2), memcpy(&h[1], p1, 2), memcpy(&h[2], p2, 2), memcpy(&h[3], p3, 2);                        \
+        const float32x4_t f = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));                                         \
+        f32x4 out;                                                                                                     \
+        memcpy(&out, &f, sizeof out);                                                                                  \
+        return out;                                                                                                    \
+    }                                                                                                                  \
+    /* four lanes of partial sums each, for four rows -> the four totals */                                            \
+    ATTR QINLINE i32x4 V##_total4(int32x4_t p0, int32x4_t p1, int32x4_t p2, int32x4_t p3) {                            \
+        const int32x4_t s = vpaddq_s32(vpaddq_s32(p0, p1), vpaddq_s32(p2, p3));                                        \
+        i32x4 out;                                                                                                     \
+        memcpy(&out, &s, sizeof out);                                                                                  \
+        return out;                                                                                                    \
+    }
+ARM_PRIMITIVES(ne, NEON_ATTR)
+ARM_PRIMITIVES(sd, SDOT_ATTR)
+
+/* smull to 16-bit products, pairwise adds to 16 bits (|pair| <= 2 * 128 * 127 fits), then to 32 bits. */
+QINLINE int32x4_t ne_dot(ne_bv w, ne_bv x) {
+    const int16x8_t a = vpaddq_s16(vmull_s8(vget_low_s8(w.lo), vget_low_s8(x.lo)), vmull_high_s8(w.lo, x.lo));
+    const int16x8_t b = vpaddq_s16(vmull_s8(vget_low_s8(w.hi), vget_low_s8(x.hi)), vmull_high_s8(w.hi, x.hi));
+    return vaddq_s32(vpaddlq_s16(a), vpaddlq_s16(b));
+}
+QINLINE i32x4 ne_sums_ss(const ne_bv *w, ne_bv x) {
+    return ne_total4(ne_dot(w[0], x), ne_dot(w[1], x), ne_dot(w[2], x), ne_dot(w[3], x));
+}
+#define ne_sums_us ne_sums_ss
+QINLINE i32x8 ne_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
+    const i32x4 a = ne_sums_ss(w, x0), b = ne_sums_ss(w, x1);
+    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+}
+#define ne_sums8_us ne_sums8_ss
+
+SDOT_ATTR QINLINE int32x4_t sd_dot(ne_bv w, ne_bv x) {
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.lo, x.lo), w.hi, x.hi);
+}
+SDOT_ATTR QINLINE i32x4 sd_sums_ss(const ne_bv *w, ne_bv x) {
+    return sd_total4(sd_dot(w[0], x), sd_dot(w[1], x), sd_dot(w[2], x), sd_dot(w[3], x));
+}
+#define sd_sums_us sd_sums_ss
+SDOT_ATTR QINLINE i32x8 sd_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
+    const i32x4 a = sd_sums_ss(w, x0), b = sd_sums_ss(w, x1);
+    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+}
+#define sd_sums8_us sd_sums8_ss
+
+#define ne_loadx ne_load
+#define sd_loadx sd_load
+QDOT_KERNEL(ne, NEON_ATTR, xblock_t)
+QDOT_KERNEL(sd, SDOT_ATTR, xblock_t)
+
+/* 16-bit x on NEON: a block in four vectors of 8 int16; smull/smlal to int32 lanes (8 products each,
+ * below 2^25). */
+typedef struct {
+    int16x8_t v[4];
+} n16_bv;
+QINLINE n16_bv n16_load(const int8_t *p) {
+    const int8x16_t a = vld1q_s8(p), b = vld1q_s8(p + 16);
+    return (n16_bv){{vmovl_s8(vget_low_s8(a)), vmovl_high_s8(a), vmovl_s8(vget_low_s8(b)), vmovl_high_s8(b)}};
+}
+QINLINE n16_bv n16_loadx(const int16_t *p) {
+    return (n16_bv){{vld1q_s16(p), vld1q_s16(p + 8), vld1q_s16(p + 16), vld1q_s16(p + 24)}};
+}
+QINLINE n16_bv n16_nibbles(const uint8_t *p) {
+    const uint8x16_t b = vld1q_u8(p);
+    const uint8x16_t lo = vandq_u8(b, vdupq_n_u8(15)), hi = vshrq_n_u8(b, 4);
+    return (n16_bv){{vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(lo))), vreinterpretq_s16_u16(vmovl_high_u8(lo)),
+                     vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(hi))), vreinterpretq_s16_u16(vmovl_high_u8(hi))}};
+}
+QINLINE n16_bv n16_sub8(n16_bv v) {
+    for (int i = 0; i < 4; i++) v.v[i] = vsubq_s16(v.v[i], vdupq_n_s16(8));
+    return v;
+}
+QINLINE int32x4_t n16_dot(n16_bv w, n16_bv x) {
+    int32x4_t a = vmull_s16(vget_low_s16(w.v[0]), vget_low_s16(x.v[0]));
+    a = vmlal_high_s16(a, w.v[0], x.v[0]);
+    for (int i = 1; i < 4; i++) {
+        a = vmlal_s16(a, vget_low_s16(w.v[i]), vget_low_s16(x.v[i]));
+        a = vmlal_high_s16(a, w.v[i], x.v[i]);
+    }
+    return a;
+}
+QINLINE i32x4 n16_sums_ss(const n16_bv *w, n16_bv x) {
+    return ne_total4(n16_dot(w[0], x), n16_dot(w[1], x), n16_dot(w[2], x), n16_dot(w[3], x));
+}
+QINLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
+    const i32x4 a = n16_sums_ss(w, x0), b = n16_sums_ss(w, x1);
+    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+}
+#define n16_sums_us n16_sums_ss
+#define n16_sums8_us n16_sums8_ss
+#define n16_halves ne_halves
+
+QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
+#endif
+
+/* ---------------------------------------------------------------- choosing, and the entry points */
+
+/* The variants this CPU can run, as bits 1 << V_*; bit 0 (no integer kernel: matmul.c decodes the
+ * weights to float and keeps x in float32) is always set, and so are the two portable C ones. */
+int qdot_variants(void) {
+    int mask = 1 | 1 << V_SCALAR | 1 << V_SCALAR16;
+#ifdef QDOT_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) mask |= 1 << V_SIMD | 1 << V_SIMD16;
+    if ((mask & (1 << V_SIMD)) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        mask |= 1 << V_DOT | 1 << V_DOT16;
+#endif
+#ifdef QDOT_ARM
+    mask |= 1 << V_SIMD | 1 << V_SIMD16;   /* NEON is part of every ARMv8-A */
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) mask |= 1 << V_DOT;   /* sdot has no 16-bit form */
+#endif
+    return mask;
+}
+
+/* The name of variant v (for logs and tests), or "" where it does not exist on this architecture. */
+const char *qdot_variant_name(int v) {
+    switch (v) {
+    case 0: return "float";
+    case V_SCALAR: return "scalar";
+    case V_SCALAR16: return "scalar-i16";
+#ifdef QDOT_X86
+    case V_SIMD: return "avx2";
+    case V_DOT: return "avx512vnni";
+    case V_SIMD16: return "avx2-i16";
+    case V_DOT16: return "avx512vnni-i16";
+#endif
+#ifdef QDOT_ARM
+    case V_SIMD: return "neon";
+    case V_DOT: return "neon-dotprod";
+    case V_SIMD16: return "neon-i16";
+#endif
+    default: return "";
+    }
+}
+
+static int chosen = -1;   /* the variant in use; -1 until the first call picks the best */
+
+/* Makes the formats with integer kernels use variant v (a bit of qdot_variants; 0: float) from the next
+ * call on and returns v, or -1 if this machine cannot run it; a negative v changes nothing and returns
+ * the variant in use: unless set, the fastest 16-bit SIMD one, or 0 where there is none (x86-64 without
+ * AVX2). */
+int qdot_variant(int v) {
+    if (v >= 0) {
+        if (v > V_DOT16 || !(qdot_variants() >> v & 1)) return -1;
+        __atomic_store_n(&chosen, v, __ATOMIC_RELAXED);
+        return v;
+    }
+    int c = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+    if (c < 0) {
+        const int mask = qdot_variants();
+        /* 16-bit x: the 8-bit one moves too many top-1 tokens of a small model (docs in the header). The
+         * portable C is the reference the tests hold the others to, but slower than decoding to float
+         * (matmul.c's tiles, which the compiler vectorises): a CPU with neither kind of SIMD gets that */
+        c = mask & (1 << V_DOT16) ? V_DOT16 : mask & (1 << V_SIMD16) ? V_SIMD16 : 0;
+        __atomic_store_n(&chosen, c, __ATOMIC_RELAXED);
+    }
+    return c;
+}
+
+/* 1 if fmt has integer kernels here. */
+int qdot_format(int fmt) { return fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1; }
+
+QINLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
+
+/* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
+size_t qdot_x_bytes(int v, int64_t T, int64_t in) {
+    return (size_t)T * (size_t)(in / 32) * (wide(v) ? sizeof(xblock16_t) : sizeof(xblock_t));
+}
+
+/* Rows t0 .. t0+tn of x (row stride x_stride floats, `in` a multiple of 32) into qx for variant v, laid
+ * out as qdot_x_bytes counts: each row on its own, so its blocks do not depend on the others. */
+void qdot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx) {
+    const int64_t nb = in / 32;
+    for (int64_t t = t0; t < t0 + tn; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            if (wide(v)) quantize_block16(x + t * x_stride + 32 * b, (xblock16_t *)qx + t * nb + b);
+            else quantize_block(x + t * x_stride + 32 * b, (xblock_t *)qx + t * nb + b);
+        }
+}
+
+#define QDOT_TT 64   /* rows of x per pass over a range of W's rows: their quantized blocks stay in L2 */
+
+/* y[t, r] for rows r0 .. r1 of W and every row t of x (qx from qdot_quantize_x for the same v), with
+ * variant v (one qdot_variants allows). y has row stride y_stride. */
+void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int64_t r0, int64_t r1,
+               const void *qx, int64_t T, float *y, int64_t y_stride) {
+    const xblock_t *x = (const xblock_t *)qx;
+    const xblock16_t *x16 = (const xblock16_t *)qx;
+    const int64_t nb = in / 32;
+    for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
+        const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
+        switch (v) {
+#ifdef QDOT_X86
+        case V_DOT: vn_rows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+        case V_SIMD: av_rows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+        case V_DOT16: vn16_rows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+        case V_SIMD16: av16_rows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+#endif
+#ifdef QDOT_ARM
+        case V_DOT: sd_rows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+        case V_SIMD: ne_rows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+        case V_SIMD16: n16_rows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+#endif
+        case V_SCALAR16: s16_rows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+        default: sc_rows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+        }
+    }
+}

@@ -1,0 +1,91 @@
+"""x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
+
+For Q8_0, Q4_0 and Q4_1 weights the C kernels quantize each row of x, 32 values at a time, to int16 (the
+"-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
+one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
+module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
+kernels' bit for bit; the tests hold every C variant to it. It is a reference, not a fast path: QuantizedWeight.matmul (weights decoded to
+float32, x kept float32) is the exact product the quantized one is compared with.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from nvllm.model.quants import QK, QuantizedWeight
+
+FORMATS = ("Q8_0", "Q4_0", "Q4_1")  # the formats with integer kernels
+BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
+_ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
+
+
+def quantize_rows(x: np.ndarray, bits: int = 8) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [T, in] (in a multiple of 32) -> (d [T, nb] float32, q [T, nb, 32] int8 or int16 for bits 8
+    or 16, s [T, nb] float32): each block of 32 values is d * q with d = amax / 127 (or / 32767), and
+    s = d * sum(q). A block with NaN or inf gets d = s = NaN, q = 0."""
+    if bits not in BITS:
+        raise ValueError(f"bits: need 8 or 16, got {bits!r}")
+    qmax, qtype = BITS[bits]
+    x = np.asarray(x, dtype=np.float32)
+    T, n_in = x.shape
+    if n_in % QK:
+        raise ValueError(f"x: rows of {n_in} values are not whole blocks of {QK}")
+    v = x.reshape(T, n_in // QK, QK)
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = np.abs(v)
+        finite = np.all(a <= np.finfo(np.float32).max, axis=2)
+        amax = np.where(finite, np.max(np.where(np.isnan(a), 0, a), axis=2), 0).astype(np.float32)
+        d = amax / np.float32(qmax)
+        nz = d != 0
+        idv = np.where(nz, np.float32(1) / np.where(nz, d, np.float32(1)), np.float32(0)).astype(np.float32)
+        scaled = np.where(finite[:, :, None], v * idv[:, :, None], np.float32(0)).astype(np.float32)
+    q = ((scaled + _ROUNDER) - _ROUNDER).astype(qtype)
+    s = d * q.astype(np.int32).sum(axis=2).astype(np.float32)
+    d = np.where(finite, d, np.float32(np.nan)).astype(np.float32)
+    s = np.where(finite, s, np.float32(np.nan)).astype(np.float32)
+    return d, q, s
+
+
+def weight_quants(w: QuantizedWeight) -> Tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(dw [out, nb] float32, quants [out, nb, 32] int8 as the dot products take them, mw [out, nb] or None)."""
+    name = w.fmt.name
+    if name not in FORMATS:
+        raise ValueError(f"w: no integer kernel for {name}; those are {', '.join(FORMATS)}")
+    n_out, n_in = w.shape
+    nb = n_in // QK
+    b = w.blocks.reshape(n_out, nb, w.fmt.block_bytes)
+    dw = b[:, :, 0:2].copy().view("<f2")[:, :, 0].astype(np.float32)
+    mw = None
+    if name == "Q8_0":
+        q = b[:, :, 2:].view(np.int8)
+    else:
+        qs = b[:, :, 2:] if name == "Q4_0" else b[:, :, 4:]
+        q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.int8)  # low nibbles, then high
+        if name == "Q4_0":
+            q -= 8
+        else:
+            mw = b[:, :, 2:4].copy().view("<f2")[:, :, 0].astype(np.float32)
+    return dw, np.ascontiguousarray(q), mw
+
+
+def matmul(w: QuantizedWeight, x: np.ndarray, bits: int = 8) -> np.ndarray:
+    """x [T, in] float32 -> [T, out] float32 as csrc/qdot.c computes it with x in `bits` (8 or 16), bit for
+    bit. Each block's 32 products sum exactly in int32 (at most 32 * 128 * 32767 < 2^27)."""
+    x = np.asarray(x, dtype=np.float32)
+    n_out, n_in = w.shape
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise ValueError(f"x: need [T, {n_in}], got {list(x.shape)}")
+    T = x.shape[0]
+    dx, qx, sx = quantize_rows(x, bits)
+    dw, qw, mw = weight_quants(w)
+    nb = n_in // QK
+    acc = np.zeros((T, n_out), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for b in range(nb):
+            p = (qx[:, b].astype(np.int32) @ qw[:, b].astype(np.int32).T).astype(np.float32)  # exact [T, out]
+            dd = dx[:, b][:, None] * dw[:, b][None, :]  # one rounding
+            acc += dd * p
+            if mw is not None:
+                acc += sx[:, b][:, None] * mw[:, b][None, :]
+    return acc
