@@ -12,10 +12,10 @@ decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARI
 used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
 float32 array [out, in] in the same way, with no QuantizedWeight around it (a folder's weights).
 
-Q8_0, Q4_0 and Q4_1 quantize each row of x to 16 bits (blocks of 32, one float scale each) and multiply
-by the weights' quants with integer dot products (csrc/qdot.c; its NumPy twin, bit for bit, is
-model/qdot.py): about 3 times faster for a one-row decode step than decoding the weights to float (but
-slower for long prefills). Their results then differ from the exact float product by the rounding of x
+Q8_0, Q4_0 and Q4_1, when the caller allows it (linear.py does for decode-sized x), quantize each row of
+x to 16 bits (blocks of 32, one float scale each) and multiply by the weights' quants with integer dot
+products (csrc/qdot.c; its NumPy twin, bit for bit, is model/qdot.py): about 3 times faster for a
+one-row decode step than decoding the weights to float (but slower for long prefills). Their results then differ from the exact float product by the rounding of x
 to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
 alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: ~10% faster
 for one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The variant is
