@@ -265,91 +265,61 @@ QINLINE float qdot_half(const uint8_t *p) {
     return f;
 }
 
-typedef struct {
-    int8_t b[32];
-} sc_bv;
-
-QINLINE sc_bv sc_load(const int8_t *p) {
-    sc_bv v;
-    memcpy(v.b, p, 32);
-    return v;
-}
-
-QINLINE sc_bv sc_nibbles(const uint8_t *p) {
-    sc_bv v;
-    for (int j = 0; j < 16; j++) v.b[j] = (int8_t)(p[j] & 15), v.b[j + 16] = (int8_t)(p[j] >> 4);
-    return v;
-}
-
-QINLINE sc_bv sc_sub8(sc_bv v) {
-    for (int j = 0; j < 32; j++) v.b[j] = (int8_t)(v.b[j] - 8);
-    return v;
-}
-
-QINLINE i32x4 sc_sums_ss(const sc_bv *w, sc_bv x) {
-    i32x4 s = {0};
-    for (int i = 0; i < 4; i++) {
-        int32_t sum = 0;
-        for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];
-        s[i] = sum;
+/* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
+ * int16 for 16-bit x: 32 products of |w| <= 128 by |x| <= 32767, each below 2^22, their sum below 2^27,
+ * summed exactly in int32). */
+#define SCALAR_LANES(P, lane_t)                                                                        \
+    typedef struct {                                                                                   \
+        lane_t b[32];                                                                                  \
+    } P##_bv;                                                                                          \
+    QINLINE P##_bv P##_load(const int8_t *p) {                                                         \
+        P##_bv v;                                                                                      \
+        for (int j = 0; j < 32; j++) v.b[j] = p[j];                                                    \
+        return v;                                                                                      \
+    }                                                                                                  \
+    QINLINE P##_bv P##_nibbles(const uint8_t *p) {                                                     \
+        P##_bv v;                                                                                      \
+        for (int j = 0; j < 16; j++) v.b[j] = (lane_t)(p[j] & 15), v.b[j + 16] = (lane_t)(p[j] >> 4); \
+        return v;                                                                                      \
+    }                                                                                                  \
+    QINLINE P##_bv P##_sub8(P##_bv v) {                                                                \
+        for (int j = 0; j < 32; j++) v.b[j] = (lane_t)(v.b[j] - 8);                                    \
+        return v;                                                                                      \
+    }                                                                                                  \
+    QINLINE i32x4 P##_sums_ss(const P##_bv *w, P##_bv x) {                                             \
+        i32x4 s = {0};                                                                                 \
+        for (int i = 0; i < 4; i++) {                                                                  \
+            int32_t sum = 0;                                                                           \
+            for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];                  \
+            s[i] = sum;                                                                                \
+        }                                                                                              \
+        return s;                                                                                      \
+    }                                                                                                  \
+    QINLINE i32x8 P##_sums8_ss(const P##_bv *w, P##_bv x0, P##_bv x1) {                                \
+        const i32x4 a = P##_sums_ss(w, x0), b = P##_sums_ss(w, x1);                                    \
+        return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};                               \
     }
-    return s;
-}
+
+SCALAR_LANES(sc, int8_t)
+SCALAR_LANES(s16, int16_t)
 #define sc_sums_us sc_sums_ss
-QINLINE i32x8 sc_sums8_ss(const sc_bv *w, sc_bv x0, sc_bv x1) {
-    const i32x4 a = sc_sums_ss(w, x0), b = sc_sums_ss(w, x1);
-    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
-}
 #define sc_sums8_us sc_sums8_ss
+#define s16_sums_us s16_sums_ss
+#define s16_sums8_us s16_sums8_ss
 
 QINLINE f32x4 sc_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
     return (f32x4){qdot_half(p0), qdot_half(p1), qdot_half(p2), qdot_half(p3)};
 }
+#define s16_halves sc_halves
 
 #define sc_loadx sc_load
-QDOT_KERNEL(sc, , xblock_t)
-
-/* 16-bit x: the weights' quants widened to int16 lanes, 32 products of |w| <= 128 by |x| <= 32767 (each
- * below 2^22, their sum below 2^27) summed exactly in int32. */
-typedef struct {
-    int16_t b[32];
-} s16_bv;
-
-QINLINE s16_bv s16_load(const int8_t *p) {
-    s16_bv v;
-    for (int j = 0; j < 32; j++) v.b[j] = p[j];
-    return v;
-}
 QINLINE s16_bv s16_loadx(const int16_t *p) {
     s16_bv v;
-    memcpy(v.b, p, 64);
+    memcpy(v.b, p, sizeof v.b);
     return v;
 }
-QINLINE s16_bv s16_nibbles(const uint8_t *p) {
-    s16_bv v;
-    for (int j = 0; j < 16; j++) v.b[j] = (int16_t)(p[j] & 15), v.b[j + 16] = (int16_t)(p[j] >> 4);
-    return v;
-}
-QINLINE s16_bv s16_sub8(s16_bv v) {
-    for (int j = 0; j < 32; j++) v.b[j] = (int16_t)(v.b[j] - 8);
-    return v;
-}
-QINLINE i32x4 s16_sums_ss(const s16_bv *w, s16_bv x) {
-    i32x4 s = {0};
-    for (int i = 0; i < 4; i++) {
-        int32_t sum = 0;
-        for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];
-        s[i] = sum;
-    }
-    return s;
-}
-#define s16_sums_us s16_sums_ss
-QINLINE i32x8 s16_sums8_ss(const s16_bv *w, s16_bv x0, s16_bv x1) {
-    const i32x4 a = s16_sums_ss(w, x0), b = s16_sums_ss(w, x1);
-    return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
-}
-#define s16_sums8_us s16_sums8_ss
-#define s16_halves sc_halves
+
+QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
 /* ---------------------------------------------------------------- x86-64: AVX2, AVX-512 VNNI */
