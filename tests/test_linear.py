@@ -345,8 +345,8 @@ def test_smollm2_in_place_is_resident_at_its_file_size(smollm2_gguf: Path):
 
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
 def test_decode_sized_calls_take_the_integer_path_and_prefill_the_float_one(name: str):
-    """linear() lets x be quantized for up to SMALL_T rows (a decode step) and keeps longer calls (prefill),
-    where decoding the blocks to float is faster, on the float path; each holds to its own twin."""
+    """linear() lets x be quantized for up to SMALL_T rows (a decode step) and sends longer calls (prefill)
+    to BLAS on the dequantized blocks; each holds to its own twin."""
     from nvllm.model import linear as linear_module
     from nvllm.model import qdot
 
@@ -361,5 +361,5 @@ def test_decode_sized_calls_take_the_integer_path_and_prefill_the_float_one(name
         np.testing.assert_array_equal(linear(x, w), qdot.matmul(w, x, bits))
     x = rng.standard_normal((linear_module.SMALL_T + 1, 64)).astype(np.float32)
     y = linear(x, w)
-    np.testing.assert_array_equal(y, mk.quant_matmul(w, x, linear_module.threads, integer=False))
+    np.testing.assert_array_equal(y, w.matmul(x))
     assert not np.array_equal(y, qdot.matmul(w, x, bits))

@@ -244,3 +244,39 @@ def test_calls_from_several_python_threads_at_once_get_their_own_results() -> No
     for i, runs in enumerate(got):
         for y in runs:
             np.testing.assert_array_equal(y, want[i])
+
+
+@needs_lib
+@pytest.mark.parametrize("name", mk.FORMATS)
+def test_dequantized_rows_are_quants_py_bitwise_on_any_thread_count(name: str) -> None:
+    rng = rng_for("dequantize", name)
+    w = random_weight(name, 53, in_features(name, 3), rng)
+    want = w.dequantize()
+    for threads in (1, 2, 3):
+        np.testing.assert_array_equal(mk.dequantize_rows(w, 0, 53, threads), want)
+    np.testing.assert_array_equal(mk.dequantize_rows(w, 17, 50, 2), want[17:50])
+    assert mk.dequantize_rows(w, 9, 9).shape == (0, w.shape[1])
+    with pytest.raises(ValueError, match="start, stop"):
+        mk.dequantize_rows(w, 5, 54)
+
+
+@needs_lib
+@pytest.mark.parametrize("name", mk.FORMATS)
+def test_dequantized_matmul_is_its_numpy_twin_bitwise(name: str, monkeypatch) -> None:
+    """The prefill path: BLAS on the C decoders' rows gives the twin's (NumPy's decoder, same chunks) bits,
+    in one chunk and in several (a chunk of 7 rows, the last one short)."""
+    rng = rng_for("prefill", name)
+    w = random_weight(name, 38, in_features(name, 2), rng)
+    x = rng.standard_normal((100, w.shape[1])).astype(np.float32)
+    np.testing.assert_array_equal(mk.dequantized_matmul(w, x), w.matmul(x))
+    monkeypatch.setattr(mk, "DEQUANT_CHUNK_VALUES", 7 * w.shape[1])
+    chunked = mk.dequantized_matmul(w, x)
+    np.testing.assert_array_equal(chunked, w.matmul(x, scratch=np.empty(7 * w.shape[1], np.float32)))
+    assert_close_to_twin(w, x, chunked)
+
+
+@needs_lib
+def test_dequantized_matmul_refuses_bad_x_naming_it() -> None:
+    w = random_weight("Q4_1", 4, 64, rng_for("bad"))
+    with pytest.raises(ValueError, match="^x: need float32"):
+        mk.dequantized_matmul(w, np.zeros((70, 32), np.float32))

@@ -6,9 +6,11 @@ A weight is one of:
   x (decode steps) go to the C tile for plain floats instead (matmul_kernels.float_matmul, on that
   [out, in] in place: each weight read once, no packing), and one row or more than SMALL_T (prefill)
   to BLAS, which reads the same memory as a transposed operand, no copy;
-- a QuantizedWeight (out, in), a GGUF tensor's blocks kept in its file format: the C matmul kernels
-  multiply by the blocks in place (matmul_kernels.quant_matmul, itself falling back to the NumPy twin
-  QuantizedWeight.matmul where the kernels were not built), so no float32 copy of the model exists;
+- a QuantizedWeight (out, in), a GGUF tensor's blocks kept in its file format: for up to SMALL_T rows
+  of x the C matmul kernels multiply by the blocks in place (matmul_kernels.quant_matmul); for more
+  (prefill) BLAS multiplies by the blocks decoded a chunk of rows at a time into a scratch buffer
+  (matmul_kernels.dequantized_matmul). Both fall back to the NumPy twin QuantizedWeight.matmul where the
+  kernels were not built. No float32 copy of the model exists;
 - a tuple of QuantizedWeights whose outputs are laid side by side: a fused q|k|v or gate|up whose
   parts the file stores in different formats (a Q4_K_M file keeps some attn_v in Q6_K).
 
@@ -23,7 +25,7 @@ from typing import Tuple, Union
 import numpy as np
 
 from nvllm.cgroup import usable_cpus
-from nvllm.model.matmul_kernels import MAX_THREADS, float_matmul, quant_matmul
+from nvllm.model.matmul_kernels import MAX_THREADS, dequantized_matmul, float_matmul, quant_matmul
 from nvllm.model.quants import QuantizedWeight
 
 Weight = Union[np.ndarray, QuantizedWeight, Tuple[QuantizedWeight, ...]]
@@ -63,9 +65,12 @@ def linear(x: np.ndarray, w: Weight) -> np.ndarray:
     if isinstance(w, QuantizedWeight):
         if w.fmt.name == "F32" and not SMALL_T_MIN <= x.shape[0] <= SMALL_T:
             return x @ w.blocks.view(np.float32).T                       # BLAS on the blocks, no copy
-        # Integer dot products for decode-sized x; past SMALL_T rows (prefill) decoding the blocks to float
-        # is faster (the integer path measured 0.55x at 512 rows on 2 threads).
-        return quant_matmul(w, np.ascontiguousarray(x, dtype=np.float32), threads, integer=x.shape[0] <= SMALL_T)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape[0] > SMALL_T and w.fmt.name != "F32":
+            # prefill: BLAS on the blocks decoded a chunk at a time (SmolLM2's Q4_1 matrices, 512 rows,
+            # 2 threads: 1.3x the C tile on decoded blocks, which was itself 1.8x the integer path)
+            return dequantized_matmul(w, x)
+        return quant_matmul(w, x, threads)   # decode: integer dot products where the format has them
     if isinstance(w, tuple) and w:
         return np.concatenate([linear(x, part) for part in w], axis=1)   # [T, out_1 + out_2 + ...]
     raise TypeError(f"linear: not a weight: {type(w).__name__}")

@@ -12,15 +12,18 @@ decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARI
 used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
 float32 array [out, in] in the same way, with no QuantizedWeight around it (a folder's weights).
 
-Q8_0, Q4_0 and Q4_1, when the caller allows it (linear.py does for decode-sized x), quantize each row of
-x to 16 bits (blocks of 32, one float scale each) and multiply by the weights' quants with integer dot
-products (csrc/qdot.c; its NumPy twin, bit for bit, is model/qdot.py): about 3 times faster for a
-one-row decode step than decoding the weights to float (but slower for long prefills). Their results then differ from the exact float product by the rounding of x
+Q8_0, Q4_0 and Q4_1 quantize each row of x to 16 bits (blocks of 32, one float scale each) and multiply
+by the weights' quants with integer dot products (csrc/qdot.c; its NumPy twin, bit for bit, is
+model/qdot.py): about 3 times faster for a one-row decode step than decoding the weights to float. Their
+results then differ from the exact float product by the rounding of x
 to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
 alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: ~10% faster
 for one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The variant is
 picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where no SIMD one
 runs: the portable C is slower than it); `set_int_variant` picks another, for tests and measurements.
+
+For prefill-sized x, `dequantized_matmul` hands BLAS the weights' rows decoded a chunk at a time by the
+same C decoders (`dequantize_rows`): BLAS's packed GEMM is 1.3-2x the tiles there.
 
 NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (kernels.py).
 """
@@ -28,6 +31,7 @@ NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the o
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -35,7 +39,7 @@ from nvllm.model.kernels import load_library
 from nvllm.model.quants import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quants import QuantizedWeight
 
-ABI = 3  # must equal matmul_abi() in csrc/matmul.c
+ABI = 4  # must equal matmul_abi() in csrc/matmul.c
 MAX_THREADS = 64  # the C pool's limit
 # The formats with a C kernel, by name; the others (Q5_0, Q5_1) go to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -57,9 +61,10 @@ def _load() -> ctypes.CDLL | None:
     global _why_not
     lib, _why_not = load_library("_matmul", "matmul_abi", ABI, "C matmul kernels")
     if lib is not None:
-        lib.quant_matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, ctypes.c_int,
-                                     ctypes.c_int]
+        lib.quant_matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, ctypes.c_int]
         lib.quant_matmul.restype = ctypes.c_int
+        lib.quant_dequantize.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, ctypes.c_int]
+        lib.quant_dequantize.restype = ctypes.c_int
         lib.matmul_pool_threads.argtypes = []
         lib.matmul_pool_threads.restype = ctypes.c_int
         lib.matmul_float_variants.argtypes = []
@@ -199,10 +204,9 @@ def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | N
     return quant_matmul(QuantizedWeight(_F32, blocks, w.shape), x, threads, out)
 
 
-def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None,
-                 integer: bool = True) -> np.ndarray:
-    """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given.
-    integer=False keeps Q8_0/Q4_0/Q4_1 on the float path (linear.py asks for it for prefill-sized x)."""
+def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given. Built for
+    decode-sized x (linear.py sends it up to SMALL_T rows; dequantized_matmul takes longer ones)."""
     _check_weight(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
@@ -218,10 +222,57 @@ def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarra
     if out.size == 0:
         return out
     rc = lib.quant_matmul(w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1], n_out, n_in,
-                          x.ctypes.data if x.size else 0, x.strides[0] // 4, T, _ptr(out), n_out, int(threads),
-                          int(bool(integer)))
+                          x.ctypes.data if x.size else 0, x.strides[0] // 4, T, _ptr(out), n_out, int(threads))
     if rc == -3:
         raise MemoryError(f"x: no memory for {T} rows of {n_in} values quantized to integers")
     if rc != 0:  # the checks above make this unreachable; kept so a mismatch cannot pass silently
         raise ValueError(f"w: the C matmul refused a {w.fmt.name} weight {w.shape} (code {rc})")
     return out
+
+
+# Float32 values a thread's prefill scratch holds (8 MiB): every matrix of a small model is one chunk, so
+# BLAS writes y itself; a larger model's are multiplied a few hundred rows at a time.
+DEQUANT_CHUNK_VALUES = 1 << 21
+_scratch = threading.local()
+
+
+def dequantize_rows(w: QuantizedWeight, start: int, stop: int, threads: int = 1) -> np.ndarray:
+    """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quants.py's),
+    on `threads` threads; NumPy's where the library was not built or the format has no kernel."""
+    _check_weight(w)
+    _check_threads(threads)
+    n_out, n_in = w.shape
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= n_out):
+        raise ValueError(f"start, stop: need 0 <= start <= stop <= {n_out}, got {start!r}, {stop!r}")
+    out = np.empty((stop - start, n_in), np.float32)
+    if lib is None or w.fmt.name not in FORMATS:
+        out[...] = w.dequantize()[start:stop]
+    elif out.size:
+        lib.quant_dequantize(w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1], start, stop, n_in,
+                             _ptr(out), int(threads))
+    return out
+
+
+def dequantized_matmul(w: QuantizedWeight, x: np.ndarray) -> np.ndarray:
+    """x [T, in] float32 -> x @ W.T [T, out] float32 by BLAS on W's rows dequantized a chunk at a time (by
+    the C decoders, each value exactly quants.py's): for many rows of x (prefill), where BLAS's packed
+    GEMM beats the tiles of quant_matmul. The NumPy twin is QuantizedWeight.matmul itself, with NumPy's
+    decoder. The decoding (7 G values/s, 2-3% of the GEMM at 512 rows) stays on the calling thread: the
+    pool's threads would compete with BLAS's, which spin a while after each GEMM (measured: up to 2x
+    slower on 2 cores)."""
+    _check_weight(w)
+    n_out, n_in = w.shape
+    _check_x(x, n_in)
+    if lib is None or w.fmt.name not in FORMATS:
+        return w.matmul(x)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size != DEQUANT_CHUNK_VALUES:
+        buf = _scratch.buf = np.empty(DEQUANT_CHUNK_VALUES, np.float32)
+    blocks, row_bytes = w.blocks.ctypes.data, w.blocks.shape[1]
+
+    def decode(start: int, stop: int, out: np.ndarray) -> None:
+        rc = lib.quant_dequantize(w.fmt.ggml_type, blocks, row_bytes, start, stop, n_in, _ptr(out), 1)
+        if rc != 0:  # unreachable after _check_weight; kept so a mismatch cannot pass silently
+            raise ValueError(f"w: the C decoder refused a {w.fmt.name} weight {w.shape} (code {rc})")
+
+    return w.matmul(x, decode=decode, scratch=buf)

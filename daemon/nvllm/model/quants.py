@@ -9,7 +9,7 @@ twins of the C kernels that read the blocks in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -364,20 +364,32 @@ class QuantizedWeight:
         raw = self.blocks[ids.astype(np.intp)].reshape(-1)  # [n, row_bytes] gathered, then flat
         return dequantize(self.fmt, raw, (len(ids), self.shape[1]))
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x [T, in] -> x @ W.T [T, out] float32, dequantizing a bounded chunk of rows at a time."""
+    def matmul(self, x: np.ndarray, decode: Optional[Callable[[int, int, np.ndarray], None]] = None,
+               scratch: Optional[np.ndarray] = None) -> np.ndarray:
+        """x [T, in] -> x @ W.T [T, out] float32, dequantizing a bounded chunk of rows at a time and
+        multiplying by it with BLAS. decode(start, stop, out) writes rows start:stop dequantized into `out`
+        (NumPy's dequantizer unless given: matmul_kernels passes its C one); scratch, float32 of at least
+        one row, holds the chunk (one of _CHUNK_VALUES is made unless given)."""
         x = np.asarray(x, dtype=np.float32)
         n_out, n_in = self.shape
         if x.ndim != 2 or x.shape[1] != n_in:
             raise ValueError(f"matmul by a {self.fmt.name} weight {self.shape} needs x [T, {n_in}], got {x.shape}")
         if self.fmt.name == "F32":
             return x @ self._rows(0, n_out).T
+        if decode is None:
+            def decode(start: int, stop: int, out: np.ndarray) -> None:
+                _dequantize_into(self.fmt, self.blocks[start:stop].reshape(-1), out)
+        if scratch is None:
+            scratch = np.empty(_CHUNK_VALUES, np.float32)
+        step = max(1, min(n_out, scratch.size // max(1, n_in)))
+        if step >= n_out:   # one chunk: BLAS writes y itself
+            w = scratch[:n_out * n_in].reshape(n_out, n_in)
+            decode(0, n_out, w)
+            return x @ w.T
         y = np.empty((x.shape[0], n_out), np.float32)
-        step = max(1, min(n_out, _CHUNK_VALUES // max(1, n_in)))
-        buf = np.empty((step, n_in), np.float32)  # one chunk of dequantized rows, reused
         for start in range(0, n_out, step):
             stop = min(n_out, start + step)
-            w = buf[:stop - start]
-            _dequantize_into(self.fmt, self.blocks[start:stop].reshape(-1), w)
+            w = scratch[:(stop - start) * n_in].reshape(stop - start, n_in)
+            decode(start, stop, w)
             np.matmul(x, w.T, out=y[:, start:stop])
         return y

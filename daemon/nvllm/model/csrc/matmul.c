@@ -8,8 +8,9 @@
  * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
  * Here activations are never quantized: a decoded weight is exactly what quants.py's NumPy
  * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0 and Q4_1 go to
- * qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products) when the caller
- * allows it (linear.py does for decode-sized calls) and qdot_variant is not 0.
+ * qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products) unless
+ * qdot_variant is 0. The caller sends only decode-sized x here (linear.py: up to 64 rows); prefill goes
+ * to BLAS on rows that quant_dequantize decodes (the same decoders, on the same pool).
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
  * increasing k, and the lanes are added in one fixed tree at the end. That order does not depend on
@@ -54,7 +55,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul_kernels.py checks it). */
-int matmul_abi(void) { return 3; }
+int matmul_abi(void) { return 4; }
 
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
@@ -364,6 +365,7 @@ typedef struct {
     int parts;
     const void *qx;   /* x quantized by qdot.c, or NULL: x stays float32 */
     int qv;           /* qdot.c's variant for qx */
+    float *dq;        /* quant_dequantize's output, or NULL: a product */
 } job_t;
 
 /* Q8_0, Q4_0 and Q4_1 by integer dot products on x quantized to 16 (or 8) bits: qdot.c. */
@@ -635,6 +637,11 @@ static void float_part(const job_t *j, int part) {
 
 /* Part `part` of `parts`: a contiguous range of output tiles, for every row of x. */
 ENTRY void matmul_part(const job_t *j, int part) {
+    if (j->dq) {   /* quant_dequantize: rows only, nothing multiplied */
+        const int64_t r0 = j->rows * part / j->parts, r1 = j->rows * (part + 1) / j->parts;
+        for (int64_t r = r0; r < r1; r++) decode_span(j->fmt, j->w + r * j->row_bytes, 0, j->in, j->dq + r * j->in);
+        return;
+    }
     if (j->qx) {   /* the same split of the tiles, for qdot.c */
         const int64_t tiles = (j->rows + RT - 1) / RT;
         const int64_t r0 = tiles * part / j->parts * RT, r1 = tiles * (part + 1) / j->parts * RT;
@@ -754,13 +761,39 @@ static int grow_pool(int want) {
     return workers + 1 < want ? workers + 1 : want;
 }
 
+/* Runs job j in j->parts parts: part 0 on the calling thread, the others on the pool's (fewer if it
+ * could not grow); one job at a time. */
+static void run(job_t *j) {
+    if (j->parts <= 1) {
+        matmul_part(j, 0);
+        return;
+    }
+    pthread_mutex_lock(&call_lock);
+    pthread_mutex_lock(&pool_lock);
+    const int parts = j->parts = grow_pool(j->parts);
+    if (parts > 1) {
+        cur_job = j;
+        cur_parts = parts;
+        __atomic_store_n(&pending, parts - 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);   /* what spinning workers see */
+        pthread_cond_broadcast(&go);
+    }
+    pthread_mutex_unlock(&pool_lock);
+    matmul_part(j, 0);
+    for (int i = 0; i < WAIT_SPIN && __atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0; i++) cpu_relax(i);
+    pthread_mutex_lock(&pool_lock);
+    while (__atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&done, &pool_lock);
+    pthread_mutex_unlock(&pool_lock);
+    pthread_mutex_unlock(&call_lock);
+}
+
 /* y [T, rows] (row stride y_stride) = x [T, in] (row stride x_stride) @ W.T, W of `rows` rows of
- * row_bytes bytes in format fmt (the GGUF type id). With int_ok, Q8_0, Q4_0 and Q4_1 quantize x and use
- * integer dot products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
+ * row_bytes bytes in format fmt (the GGUF type id). Q8_0, Q4_0 and Q4_1 quantize x and use integer dot
+ * products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
  * format, -2 for a row stride that does not fit `in` values of the format, -3 when out of memory for
  * the quantized x. threads < 1 counts as 1. */
 int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
-                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads, int int_ok) {
+                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads) {
     const int be = block_elems(fmt);
     if (be == 0) return -1;
     if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
@@ -768,36 +801,33 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     const int64_t tiles = (rows + RT - 1) / RT;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > tiles) parts = (int)tiles;
-    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0};
+    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL};
     void *qx = NULL;
-    if (int_ok && qdot_format(fmt) && in > 0 && (j.qv = qdot_variant(-1)) > 0) {
+    if (qdot_format(fmt) && in > 0 && (j.qv = qdot_variant(-1)) > 0) {
         if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
         qdot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
         j.qx = qx;
     }
-    if (parts == 1) {
-        matmul_part(&j, 0);
-        free(qx);
-        return 0;
-    }
-    pthread_mutex_lock(&call_lock);
-    pthread_mutex_lock(&pool_lock);
-    j.parts = parts = grow_pool(parts);
-    if (parts > 1) {
-        cur_job = &j;
-        cur_parts = parts;
-        __atomic_store_n(&pending, parts - 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);   /* what spinning workers see */
-        pthread_cond_broadcast(&go);
-    }
-    pthread_mutex_unlock(&pool_lock);
-    matmul_part(&j, 0);
-    for (int i = 0; i < WAIT_SPIN && __atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0; i++) cpu_relax(i);
-    pthread_mutex_lock(&pool_lock);
-    while (__atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&done, &pool_lock);
-    pthread_mutex_unlock(&pool_lock);
-    pthread_mutex_unlock(&call_lock);
+    run(&j);
     free(qx);
+    return 0;
+}
+
+/* Rows r0 .. r1 of W (as quant_matmul's) decoded to float32 into out [r1 - r0, in] (row stride in),
+ * each value exactly what quants.py's dequantizer gives, on `threads` threads: for BLAS to multiply by
+ * (matmul_kernels.py, for prefill-sized x). Returns 0, or quant_matmul's -1 / -2. */
+int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t in, float *out,
+                     int threads) {
+    const int be = block_elems(fmt);
+    if (be == 0) return -1;
+    if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
+    if (r1 <= r0 || in == 0) return 0;
+    /* a part is at least 16 rows: waking a thread for less costs more than it saves */
+    const int64_t most = (r1 - r0 + 15) / 16;
+    int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    if (parts > most) parts = (int)most;
+    job_t j = {fmt, w + r0 * row_bytes, row_bytes, r1 - r0, in, NULL, 0, 0, NULL, 0, parts, NULL, 0, out};
+    run(&j);
     return 0;
 }
 
