@@ -67,6 +67,38 @@ def test_decode_attention_matches_numpy(S, nh, nkv, hd, bs, monkeypatch):
 
 
 @needs_kernels
+@pytest.mark.parametrize("parts", [2, 3, 8, 40])
+def test_decode_attention_split_over_the_matmul_pool_changes_no_bit(parts):
+    """The sequences shared out over the matmul kernels' threads (more parts than sequences too) give
+    every sequence the bits of one call over all of them."""
+    from nvllm.model import matmul_kernels as mk
+
+    if mk.lib is None:
+        pytest.skip("the C matmul library (its thread pool) was not built")
+    rng = np.random.default_rng(parts)
+    q, pool, meta = random_decode_case(rng, 32, 9, 3, 64, 16)
+    whole, split = np.full_like(q, np.nan), np.full_like(q, np.nan)
+    kernels.PagedDecode(meta.block_tables, meta.context_lens)(q, pool, whole)
+    pd = kernels.PagedDecode(meta.block_tables, meta.context_lens)
+    for _ in range(2):   # the job made for this many parts, then used again
+        split[:] = np.nan
+        pd(q, pool, split, parts, mk.pool_run)
+        np.testing.assert_array_equal(split, whole)
+
+
+def test_split_by_work_cuts_contiguous_runs_of_about_equal_keys():
+    rng = np.random.default_rng(0)
+    for ctx in (np.array([500, 10, 10, 10, 480, 20]), rng.integers(1, 2000, 37), np.array([7])):
+        work = ctx + 16
+        for parts in (2, 3, 8):
+            b = kernels.split_by_work(ctx, parts)
+            assert len(b) == parts + 1 and b[0] == 0 and b[-1] == ctx.size and np.all(np.diff(b) >= 0)
+            most = max(work[b[p]:b[p + 1]].sum() for p in range(parts))
+            assert most <= work.sum() / parts + work.max(), (ctx, parts, b)
+    assert list(kernels.split_by_work(np.array([500, 10, 10, 10, 480, 20]), 2)) == [0, 2, 6]   # 542 / 584
+
+
+@needs_kernels
 def test_decode_attention_single_key_returns_its_value():
     rng = np.random.default_rng(0)
     pool = rng.standard_normal((2, 4, 16, 2, 8), dtype=np.float32)

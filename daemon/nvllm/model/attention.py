@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nvllm.model import kernels
+from nvllm.model import kernels, linear, matmul_kernels
 
 # Query rows per tile in a prefill chunk: tiles skip the keys their causal mask would hide, and a
 # tile's scores stay small enough to remain in cache.
@@ -72,12 +72,14 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     gathers the pages, pads to the longest context and masks."""
     rows, tok = meta.decode_rows, meta.decode_tokens
     if kernels.lib is not None and meta.paged_decode is not None:
+        # the sequences shared out over the matmul kernels' threads, when there are several
+        pool = (linear.threads, matmul_kernels.pool_run) if matmul_kernels.lib is not None else (1, None)
         if meta.decode_span is not None:
             t0, t1 = meta.decode_span
-            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1])
+            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1], *pool)
         else:
             o = np.empty((rows.size,) + q.shape[1:], dtype=np.float32)
-            meta.paged_decode(q[tok], kv_pool, o)
+            meta.paged_decode(q[tok], kv_pool, o, *pool)
             out[tok] = o
         return
     nh, hd = q.shape[1], q.shape[2]

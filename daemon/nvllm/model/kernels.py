@@ -12,12 +12,13 @@ import ctypes
 import importlib.machinery
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 2  # must equal kernels_abi() in csrc/kernels.c
+ABI = 3  # must equal kernels_abi() in csrc/kernels.c
 
 _why_not = ""
 
@@ -45,6 +46,8 @@ def _load() -> ctypes.CDLL | None:
     lib, _why_not = load_library("_kernels", "kernels_abi", ABI, "C kernels")
     if lib is not None:
         lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64]
+        lib.paged_decode_part.argtypes = [_P, ctypes.c_int]
+        lib.paged_decode_part.restype = None
         lib.paged_decode_attention.restype = ctypes.c_int
         lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P]
         lib.softmax_causal_rows.restype = None
@@ -101,6 +104,21 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
+class _DecodeJob(ctypes.Structure):
+    """csrc/kernels.c's decode_job_t: paged_decode_attention's arguments, and each part's sequences."""
+    _fields_ = [("q", _P), ("q_stride", _I64), ("k_pool", _P), ("v_pool", _P), ("block_tables", _P),
+                ("table_stride", _I64), ("context_lens", _P), ("out", _P), ("nh", _I64), ("nkv", _I64),
+                ("hd", _I64), ("bs", _I64), ("bounds", _P), ("failed", ctypes.c_int)]
+
+
+def split_by_work(context_lens: np.ndarray, parts: int) -> np.ndarray:
+    """Bounds [parts + 1] cutting the sequences into `parts` contiguous runs of about equal keys to read
+    (a sequence's context, plus a few keys' worth for its fixed cost); some runs may be empty."""
+    work = np.cumsum(context_lens + 16)
+    cuts = np.searchsorted(work, work[-1] * np.arange(1, parts) / parts, side="right")
+    return np.concatenate([[0], cuts, [context_lens.size]]).astype(np.int64)
+
+
 class PagedDecode:
     """Decode attention for one step: one query token per sequence against its pages, read in place.
 
@@ -127,6 +145,7 @@ class PagedDecode:
         block_tables, context_lens = block_tables.copy(), context_lens.copy()
         self._keep = (block_tables, context_lens)
         self._fixed = (_ptr(block_tables), block_tables.shape[1], _ptr(context_lens))
+        self._jobs: dict[int, tuple[_DecodeJob, np.ndarray]] = {}   # by parts: the job and its bounds
 
     def _check_tables(self, num_blocks: int, block_size: int) -> None:
         tables, ctx = self._keep
@@ -143,7 +162,10 @@ class PagedDecode:
                              f"pool's [0, {num_blocks})")
         self._checked = (num_blocks, block_size)
 
-    def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray) -> None:
+    def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
+                 pool_run: Callable[[int, int, int], None] | None = None) -> None:
+        """With pool_run (matmul_kernels.pool_run) and parts > 1, the sequences are split into `parts` runs
+        of about equal work, run on that pool's threads: the same bits as one call."""
         nb, bs, nkv, hd = _check_pool(kv_pool, written=False)
         _check(out, np.float32, "out", ndim=3, written=True)
         S, nh = self.num_seqs, out.shape[1]
@@ -158,10 +180,25 @@ class PagedDecode:
             self._check_tables(nb, bs)
         tables, width, ctx = self._fixed
         k = _ptr(kv_pool)
-        rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k,
-                                        k + kv_pool[0].nbytes, tables, width, ctx, _ptr(out), S, nh, nkv, hd, bs)
+        parts = min(int(parts), S)
+        if pool_run is None or parts < 2:
+            rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, tables, width, ctx,
+                                            _ptr(out), S, nh, nkv, hd, bs)
+        else:
+            if parts not in self._jobs:
+                bounds = split_by_work(self._keep[1], parts)
+                job = _DecodeJob(block_tables=tables, table_stride=width, context_lens=ctx, bounds=_ptr(bounds))
+                self._jobs[parts] = (job, bounds)
+            job = self._jobs[parts][0]
+            job.q, job.q_stride, job.k_pool, job.v_pool, job.out = _ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, _ptr(out)
+            job.nh, job.nkv, job.hd, job.bs, job.failed = nh, nkv, hd, bs, 0
+            pool_run(_PART, ctypes.addressof(job), parts)
+            rc = job.failed
         if rc != 0:
             raise MemoryError("paged_decode_attention: could not allocate its scratch")
+
+
+_PART = ctypes.cast(lib.paged_decode_part, ctypes.c_void_p).value if lib is not None else 0
 
 
 def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:

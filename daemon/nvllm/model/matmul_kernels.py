@@ -39,7 +39,7 @@ from nvllm.model.kernels import load_library
 from nvllm.model.quants import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quants import QuantizedWeight
 
-ABI = 4  # must equal matmul_abi() in csrc/matmul.c
+ABI = 5  # must equal matmul_abi() in csrc/matmul.c
 MAX_THREADS = 64  # the C pool's limit
 # The formats with a C kernel, by name; the others (Q5_0, Q5_1) go to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -65,6 +65,8 @@ def _load() -> ctypes.CDLL | None:
         lib.quant_matmul.restype = ctypes.c_int
         lib.quant_dequantize.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, ctypes.c_int]
         lib.quant_dequantize.restype = ctypes.c_int
+        lib.matmul_pool_run.argtypes = [_P, _P, ctypes.c_int]
+        lib.matmul_pool_run.restype = ctypes.c_int
         lib.matmul_pool_threads.argtypes = []
         lib.matmul_pool_threads.restype = ctypes.c_int
         lib.matmul_float_variants.argtypes = []
@@ -135,6 +137,13 @@ def set_int_variant(name: str) -> None:
     if name not in int_variants():
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
     lib.qdot_variant(INT_VARIANTS[name])
+
+
+def pool_run(fn: int, arg: int, parts: int) -> None:
+    """Runs the C function at address fn, void fn(void *arg, int part), for part = 0 .. parts - 1 on the
+    matmul pool's threads (the caller's among them): other kernels' way to share these threads
+    (kernels.PagedDecode). fn must not call back into this library."""
+    lib.matmul_pool_run(fn, arg, int(parts))
 
 
 def _ptr(a: np.ndarray) -> int:

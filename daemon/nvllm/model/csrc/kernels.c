@@ -35,7 +35,7 @@
 
 /* Bumped with every change to an entry point's arguments or meaning: kernels.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
-int kernels_abi(void) { return 2; }   /* 2: NaN and inf defined, carried through */
+int kernels_abi(void) { return 3; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part */
 
 /* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
  * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. n is
@@ -262,4 +262,31 @@ ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, 
         memcpy(k_pool + slots[t] * nk * hd, row + nq * hd, sizeof(float) * (size_t)(nk * hd));
         memcpy(v_pool + slots[t] * nk * hd, row + (nq + nk) * hd, sizeof(float) * (size_t)(nk * hd));
     }
+}
+
+/* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
+ * matmul_pool_run, which kernels.py hands this function's address): part p takes sequences bounds[p] ..
+ * bounds[p+1]. Each sequence is computed exactly as alone, so the split changes no bit. failed is set
+ * when a part could not allocate its scratch. */
+typedef struct {
+    const float *q;
+    int64_t q_stride;
+    const float *k_pool, *v_pool;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int64_t *context_lens;
+    float *out;
+    int64_t nh, nkv, hd, bs;
+    const int64_t *bounds;
+    int failed;
+} decode_job_t;
+
+void paged_decode_part(void *arg, int part) {
+    decode_job_t *j = arg;
+    const int64_t s0 = j->bounds[part], s1 = j->bounds[part + 1];
+    if (s1 > s0 && paged_decode_attention(j->q + s0 * j->q_stride, j->q_stride, j->k_pool, j->v_pool,
+                                          j->block_tables + s0 * j->table_stride, j->table_stride,
+                                          j->context_lens + s0, j->out + s0 * j->nh * j->hd, s1 - s0, j->nh,
+                                          j->nkv, j->hd, j->bs) != 0)
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 }

@@ -55,7 +55,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul_kernels.py checks it). */
-int matmul_abi(void) { return 4; }
+int matmul_abi(void) { return 5; }
 
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
@@ -366,6 +366,9 @@ typedef struct {
     const void *qx;   /* x quantized by qdot.c, or NULL: x stays float32 */
     int qv;           /* qdot.c's variant for qx */
     float *dq;        /* quant_dequantize's output, or NULL: a product */
+    void (*fn)(void *, int);   /* matmul_pool_run's function, or NULL */
+    void *arg;
+    int fn_parts;              /* the parts fn was asked to run in */
 } job_t;
 
 /* Q8_0, Q4_0 and Q4_1 by integer dot products on x quantized to 16 (or 8) bits: qdot.c. */
@@ -637,6 +640,10 @@ static void float_part(const job_t *j, int part) {
 
 /* Part `part` of `parts`: a contiguous range of output tiles, for every row of x. */
 ENTRY void matmul_part(const job_t *j, int part) {
+    if (j->fn) {   /* matmul_pool_run: its parts dealt round the threads there are */
+        for (int p = part; p < j->fn_parts; p += j->parts) j->fn(j->arg, p);
+        return;
+    }
     if (j->dq) {   /* quant_dequantize: rows only, nothing multiplied */
         const int64_t r0 = j->rows * part / j->parts, r1 = j->rows * (part + 1) / j->parts;
         for (int64_t r = r0; r < r1; r++) decode_span(j->fmt, j->w + r * j->row_bytes, 0, j->in, j->dq + r * j->in);
@@ -801,7 +808,7 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     const int64_t tiles = (rows + RT - 1) / RT;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > tiles) parts = (int)tiles;
-    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL};
+    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL, NULL, NULL, 0};
     void *qx = NULL;
     if (qdot_format(fmt) && in > 0 && (j.qv = qdot_variant(-1)) > 0) {
         if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
@@ -826,7 +833,19 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, i
     const int64_t most = (r1 - r0 + 15) / 16;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > most) parts = (int)most;
-    job_t j = {fmt, w + r0 * row_bytes, row_bytes, r1 - r0, in, NULL, 0, 0, NULL, 0, parts, NULL, 0, out};
+    job_t j = {fmt, w + r0 * row_bytes, row_bytes, r1 - r0, in, NULL, 0, 0, NULL, 0, parts, NULL, 0, out, NULL, NULL, 0};
+    run(&j);
+    return 0;
+}
+
+/* Runs fn(arg, p) for p = 0 .. parts - 1 on the pool's threads and the caller's, one part per thread
+ * (several on one if the pool could not grow): for another library's kernels to share these threads
+ * rather than start their own (kernels.c's paged_decode_part, through kernels.py). Returns 0. */
+int matmul_pool_run(void (*fn)(void *, int), void *arg, int parts) {
+    if (parts < 1) return 0;
+    job_t j = {0};
+    j.fn = fn, j.arg = arg, j.fn_parts = parts;
+    j.parts = parts > MAX_THREADS ? MAX_THREADS : parts;
     run(&j);
     return 0;
 }
