@@ -222,7 +222,8 @@ def test_bad_weights_are_refused_naming_them() -> None:
     with pytest.raises(ValueError, match=r"^w: need a QuantizedWeight"):
         mk.quant_matmul(np.zeros((6, 64), np.float32), x, threads=1)  # type: ignore[arg-type]
     w = _weight()
-    w.blocks = np.zeros((6, 37), np.uint8)                     # rows of the wrong length for Q4_0
+    mk.quant_matmul(w, x, threads=1)                           # checked once, then kept on it...
+    w.blocks = np.zeros((6, 37), np.uint8)                     # ...until replaced: rows of the wrong length
     with pytest.raises(ValueError, match=r"^w.blocks: .*uint8 \[6, 36\]"):
         mk.quant_matmul(w, x, threads=1)
     w.blocks = np.zeros((6, 72), np.uint8)[:, ::2]             # right shape, rows not one after the other

@@ -170,6 +170,19 @@ def _check_weight(w: QuantizedWeight) -> None:
                          f"got strides {b.strides}")
 
 
+def _weight_args(w: QuantizedWeight) -> tuple:
+    """(blocks, shape, GGUF type id, blocks' address, row bytes) of a checked weight, kept on it: a decode
+    step multiplies by each weight again and again, and checking it and taking its address cost as much as
+    the product by a small matrix. Checked again if its blocks or shape are replaced."""
+    if not isinstance(w, QuantizedWeight):
+        _check_weight(w)
+    c = w.__dict__.get("_c_args")
+    if c is None or c[0] is not w.blocks or c[1] is not w.shape:
+        _check_weight(w)
+        c = w.__dict__["_c_args"] = (w.blocks, w.shape, w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1])
+    return c
+
+
 def _check_x(x: np.ndarray, n_in: int) -> None:
     if not isinstance(x, np.ndarray):
         raise ValueError(f"x: need a NumPy array, got {type(x).__name__}")
@@ -216,7 +229,7 @@ def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | N
 def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given. Built for
     decode-sized x (linear.py sends it up to SMALL_T rows; dequantized_matmul takes longer ones)."""
-    _check_weight(w)
+    _, _, ggml_type, blocks, row_bytes = _weight_args(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
     _check_threads(threads)
@@ -230,8 +243,8 @@ def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarra
         return out
     if out.size == 0:
         return out
-    rc = lib.quant_matmul(w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1], n_out, n_in,
-                          x.ctypes.data if x.size else 0, x.strides[0] // 4, T, _ptr(out), n_out, int(threads))
+    rc = lib.quant_matmul(ggml_type, blocks, row_bytes, n_out, n_in, _ptr(x), x.strides[0] // 4, T, _ptr(out), n_out,
+                          int(threads))
     if rc == -3:
         raise MemoryError(f"x: no memory for {T} rows of {n_in} values quantized to integers")
     if rc != 0:  # the checks above make this unreachable; kept so a mismatch cannot pass silently
