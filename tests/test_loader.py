@@ -135,3 +135,32 @@ def test_bf16_is_widened_exactly(tiny_models):
     raw = np.asarray(w.layers[0].o).view(np.uint32)
     assert not (raw & 0xFFFF).any(), "a widened bf16 has zero low bits"
     assert config.weight_bytes == w.nbytes
+
+
+_PEAK_SCRIPT = """
+import json, resource, sys
+from nvllm.model.loader import load_weights
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = peak()
+config, w = load_weights(sys.argv[1], quantization=sys.argv[2])
+print(json.dumps({"peak": peak() - before, "nbytes": w.nbytes, "float32": config.weight_bytes,
+                  "embed": 4 * config.vocab_size * config.hidden_size}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="a Linux resident set")
+def test_a_quantized_load_never_holds_the_float32_model(smollm2: Path):
+    """model.quantization quantizes each matrix as it is laid out: loading SmolLM2's folder as q8_0 peaks
+    near the quantized weights plus the largest float32 matrix (the embedding), not at the 513 MiB of
+    float32 weights (the previous way, quantizing a loaded model, peaked above them)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(smollm2), "q8_0"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"\nsmollm2 q8_0 load: {got}")
+    assert got["nbytes"] < 0.3 * got["float32"]
+    assert got["peak"] <= 1.25 * (got["nbytes"] + got["embed"]) < got["float32"], got

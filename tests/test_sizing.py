@@ -17,7 +17,7 @@ from nvllm.engine import factory
 from nvllm.engine.memory import GiB, MiB
 from nvllm.model.decoder import Model
 from nvllm.model.loader import ModelConfig, load_config
-from nvllm.model.quantize import quantize_model, quantized_weight_bytes
+from nvllm.model.quantize import quantized_weight_bytes
 from nvllm.server import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,10 +51,8 @@ def q4k_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("kind", KINDS)
 def test_planned_bytes_are_what_quantizing_leaves(kind: str, tiny_models, q4k_folder: Path) -> None:
     for folder in [*tiny_models.values(), q4k_folder]:
-        model = Model.from_dir(folder)
-        config = model.config
-        quantize_model(model.weights, kind)
-        assert quantized_weight_bytes(config, kind) == model.weights.nbytes, (folder.name, kind)
+        model = Model.from_dir(folder, kind)
+        assert quantized_weight_bytes(model.config, kind) == model.weights.nbytes, (folder.name, kind)
 
 
 def test_q4_k_is_planned_as_q4_k_where_rows_allow(q4k_folder: Path) -> None:

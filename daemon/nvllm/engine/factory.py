@@ -30,7 +30,7 @@ from nvllm.model.decoder import Model
 from nvllm.model.gguf_file import load_gguf_weights, read_gguf, resident_weight_bytes
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
-from nvllm.model.quantize import quantize_model, quantized_weight_bytes
+from nvllm.model.quantize import quantized_weight_bytes
 from nvllm.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine.factory")
@@ -149,9 +149,7 @@ def load_model(settings: Settings) -> LoadedModel:
         if is_gguf(path):
             model, tokenizer, defaults = _load_gguf(path)
         else:
-            model, tokenizer = Model.from_dir(path), Tokenizer.from_dir(path)
-            if kind:
-                quantize_model(model.weights, kind)
+            model, tokenizer = Model.from_dir(path, kind), Tokenizer.from_dir(path)
             gen_file = path / "generation_config.json"
             defaults = read_json(gen_file) if gen_file.exists() else {}
     except (ModelLoadError, OSError, ValueError) as e:

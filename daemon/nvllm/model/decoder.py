@@ -88,8 +88,9 @@ class Model:
         self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "Model":
-        config, weights = load_weights(model_dir)
+    def from_dir(cls, model_dir: str | Path, quantization: str = "") -> "Model":
+        """A Hugging Face folder's model; quantization as load_weights takes it (model.quantization)."""
+        config, weights = load_weights(model_dir, quantization=quantization)
         return cls(config, weights)
 
     def make_kv_cache(self, num_blocks: int, block_size: int = 16) -> KVCache:

@@ -13,7 +13,7 @@ import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from safetensors import safe_open
@@ -298,10 +298,14 @@ def _fill(dst: np.ndarray, src: np.ndarray, dtype: str) -> None:
 
 class _Tensors:
     """Every tensor of the checkpoint's files, by name; arrays come out as float32 copies in their final
-    layout, each made in one pass from the mapped file."""
+    layout, each made in one pass from the mapped file. With `matrix` (load_weights' quantization), each
+    2-D tensor (a matrix, the embedding) comes out as matrix(float32 [out, in], name) instead, its float32
+    copy dropped as soon as that returns."""
 
-    def __init__(self, files: list[Path], model_dir: Path) -> None:
+    def __init__(self, files: list[Path], model_dir: Path,
+                 matrix: Callable[[np.ndarray, str], Any] | None = None) -> None:
         self.model_dir = model_dir
+        self.matrix = matrix
         self.entries: dict[str, _Entry] = {}
         for path in files:
             self.entries.update(_MappedFile(path).entries)
@@ -352,18 +356,33 @@ class _Tensors:
                 _fill(out[at + r:at + r + len(part)], part, e.dtype)
                 e.file.release(e.begin + r * row_bytes, e.begin + (r + len(part)) * row_bytes)
             at += k
+        if self.matrix is not None and out.ndim == 2:
+            name = parts[0][0] + (f" (+{len(parts) - 1} fused)" if len(parts) > 1 else "")
+            return self.matrix(out, name)
         return out.T if transpose else out
 
 
-def load_weights(model_dir: str | Path, config: ModelConfig | None = None) -> tuple[ModelConfig, ModelWeights]:
+def load_weights(model_dir: str | Path, config: ModelConfig | None = None,
+                 quantization: str = "") -> tuple[ModelConfig, ModelWeights]:
     """Read and lay out every weight; each ends in its own float32 array, copied once from the mapped
     file (q|k|v and gate|up are fused in that same copy; a matrix is [out, in] in memory, handed out as
     its transposed view [in, out]). The mappings are closed when this returns, so the resident set holds
-    the weights once."""
+    the weights once.
+
+    quantization (model.quantization: q8_0, q4_0, q4_k, bf16) makes every matrix and the embedding (with
+    a tied lm_head, the same one) a QuantizedWeight of that kind (model/quantize.py), each quantized as
+    soon as it is laid out: loading peaks at the quantized weights and one float32 matrix, not at the
+    float32 model. Norms and biases stay float32."""
     model_dir = Path(model_dir)
     check_folder(model_dir)
     config = config or load_config(model_dir)
-    t = _Tensors(_safetensors_files(model_dir), model_dir)
+    matrix = None
+    if quantization:
+        from nvllm.model.quantize import quantize_weight   # quantize.py builds on this module's types
+
+        def matrix(w_out_in: np.ndarray, name: str) -> Any:
+            return quantize_weight(w_out_in, quantization, name)
+    t = _Tensors(_safetensors_files(model_dir), model_dir, matrix)
     try:
         return config, _lay_out(t, config, model_dir)
     finally:

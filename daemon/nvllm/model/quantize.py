@@ -6,9 +6,9 @@ float32 and in the same order of operations, so the blocks are those llama.cpp w
 BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; Q4_K, which gguf does not write, bit for
 bit as a plain scalar transcription of the reference (tests/test_quantize.py holds one).
 
-quantize_weight() is what the loader calls with model.quantization: a matrix whose row length is not a
-whole number of the format's blocks falls back as llama.cpp does, to a type it fits of no lower quality
-(Q4_K -> Q8_0 -> F32), and says so in its log line.
+quantize_weight() is what the loader calls with model.quantization, matrix by matrix as it lays them
+out: a matrix whose row length is not a whole number of the format's blocks falls back as llama.cpp
+does, to a type it fits of no lower quality (Q4_K -> Q8_0 -> F32), and says so in its log line.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from nvllm.model.loader import ModelConfig, ModelWeights
+from nvllm.model.loader import ModelConfig
 from nvllm.model.quants import FORMATS, QK, QK_K, BlockFormat, QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -262,27 +262,8 @@ def quantize_weight(w_out_in: np.ndarray, kind: str, name: str = "weight") -> Qu
     return QuantizedWeight(fmt, blocks, (int(w.shape[0]), int(w.shape[1])))
 
 
-def quantize_model(weights: ModelWeights, kind: str) -> None:
-    """model.quantization for a folder's float32 weights, in place: every matrix and the embedding (with
-    a tied lm_head, the same QuantizedWeight) become `kind`; norms and biases stay float32. Each float32
-    matrix is dropped as soon as its blocks exist, so the peak is the float32 model, once."""
-    for i, layer in enumerate(weights.layers):
-        for field in ("qkv", "o", "gate_up", "down"):
-            w = getattr(layer, field)
-            if isinstance(w, np.ndarray):                     # [in, out] as the decoder multiplies it
-                setattr(layer, field, quantize_weight(w.T, kind, f"layers.{i}.{field}"))
-    tied = isinstance(weights.embed, np.ndarray) and isinstance(weights.lm_head, np.ndarray) and \
-        np.shares_memory(weights.embed, weights.lm_head)
-    if isinstance(weights.embed, np.ndarray):
-        weights.embed = quantize_weight(weights.embed, kind, "embed")   # [V, H]: rows are looked up
-    if tied:
-        weights.lm_head = weights.embed
-    elif isinstance(weights.lm_head, np.ndarray):
-        weights.lm_head = quantize_weight(weights.lm_head.T, kind, "lm_head")
-
-
 def matrix_shapes(config: ModelConfig) -> List[Tuple[str, int, int]]:
-    """(name, rows, row length) of every matrix quantize_model quantizes, as it lays them out: each
+    """(name, rows, row length) of every matrix model.quantization quantizes (load_weights), as it lays them out: each
     linear layer as [out, in], the embedding [V, H], an untied lm_head [V, H]."""
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     per_layer = [("qkv", (config.num_heads + 2 * config.num_kv_heads) * d, h), ("o", h, config.num_heads * d),
@@ -295,7 +276,7 @@ def matrix_shapes(config: ModelConfig) -> List[Tuple[str, int, int]]:
 
 
 def quantized_weight_bytes(config: ModelConfig, kind: str) -> int:
-    """Bytes a folder's weights hold after quantize_model(weights, kind), from the shapes alone (`nvllm
+    """Bytes a folder's weights hold when loaded with quantization `kind`, from the shapes alone (`nvllm
     serve --dry-run --memory-gb` plans with it): each matrix in the format choose_format gives its rows,
     the norms and biases float32 as before."""
     total = config.weight_bytes
