@@ -139,8 +139,9 @@ class TestGGUF:
             assert [o.text for o in gguf] == [o.text for o in folder], name
 
     def test_planning_from_a_gguf_reads_only_its_header(self, tiny_models, tiny_ggufs):
-        info = factory.read_model_info(settings_for(tiny_ggufs["tiny-qwen2"]))
-        folder = factory.read_model_info(settings_for(tiny_models["tiny-qwen2"]))
+        info = factory.read_model_info(settings_for(tiny_ggufs["tiny-qwen2"]))   # written as float32
+        folder = factory.read_model_info(load_settings(overrides={"model": {
+            "path": str(tiny_models["tiny-qwen2"]), "quantization": "f32"}}))
         assert (info.architecture, info.num_params, info.weight_bytes, info.bytes_per_token) == \
             (folder.architecture, folder.num_params, folder.weight_bytes, folder.bytes_per_token)
 
@@ -162,7 +163,7 @@ class TestQuantizationAtLoad:
     def test_a_folder_is_served_in_the_format_asked_for(self, tiny_models, kind, fraction):
         from nvllm.model.quants import QuantizedWeight
 
-        full = LLM(tiny_models["tiny-qwen2"], num_blocks=64)
+        full = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization="f32")
         small = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization=kind)
         w = small.engine.model.weights
         assert all(isinstance(getattr(layer, f), QuantizedWeight)

@@ -88,7 +88,7 @@ def _dense(w: ModelWeights) -> ModelWeights:
 
 
 def test_f32_weights_equal_the_folders_exactly(folder: Path, f32_gguf: Path):
-    _, ref = load_weights(folder)
+    _, ref = load_weights(folder, quantization="f32")
     m = read_gguf(f32_gguf)
     ours = load_gguf_weights(m)
     _assert_weights_equal(ours, ref)
@@ -110,7 +110,7 @@ def test_f32_logits_equal_the_folder_models(folder: Path, f32_gguf: Path):
     m = read_gguf(f32_gguf)
     ids = np.array([1, 57, 300, 12, 9, 250, 77, 2, 3, 4, 5, 100, 200, 311, 45, 6, 8, 19], dtype=np.int64)
     ours = _prompt_logits(Model(m.config, load_gguf_weights(m)), ids)
-    ref = _prompt_logits(Model.from_dir(folder), ids)
+    ref = _prompt_logits(Model.from_dir(folder, "f32"), ids)
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-4)
 
 
@@ -122,7 +122,7 @@ def test_the_published_smollm2_gguf_equals_its_converted_folder(smollm2: Path):
     if not path.exists():
         pytest.skip(f"{path} is not kept by this pull")
     m = read_gguf(path)
-    config, ref = load_weights(smollm2)
+    config, ref = load_weights(smollm2, quantization="f32")
     assert m.config == config
     assert {f.name for f, _, _ in m.tensors.values()} >= {"Q4_1", "F32"}
     _assert_weights_equal(load_gguf_weights(m, in_place=False), ref)
@@ -187,7 +187,7 @@ def test_each_type_equals_ggufs_dequantize(folder: Path, qtype: T, tmp_path: Pat
     assert isinstance(kept.layers[0].qkv, QuantizedWeight) == (qtype.name in IN_PLACE_FORMATS)
     _assert_weights_equal(_dense(kept), want)
     if qtype in (T.F16, T.BF16, T.Q8_0):   # and it is still the folder's model, nearly
-        _, ref = load_weights(folder)
+        _, ref = load_weights(folder, quantization="f32")
         np.testing.assert_allclose(ours.layers[0].qkv, ref.layers[0].qkv, atol=0.02 * np.abs(ref.layers[0].qkv).max())
 
 

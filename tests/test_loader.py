@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from nvllm.model.loader import ModelConfig, ModelLoadError, load_weights
+from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, load_weights
 
 
 def copy_model(src: Path, tmp_path: Path) -> Path:
@@ -21,7 +21,7 @@ def copy_model(src: Path, tmp_path: Path) -> Path:
 
 def test_loads_every_tiny_model_in_float32(tiny_models):
     for name, path in tiny_models.items():
-        config, w = load_weights(path)
+        config, w = load_weights(path, quantization="f32")
         assert w.embed.dtype == np.float32 and w.layers[0].qkv.dtype == np.float32, name
         h, d = config.hidden_size, config.head_dim
         assert w.layers[0].qkv.shape == (h, (config.num_heads + 2 * config.num_kv_heads) * d)
@@ -32,10 +32,12 @@ def test_loads_every_tiny_model_in_float32(tiny_models):
 
 
 def test_tied_embeddings_share_memory_untied_do_not(tiny_models):
-    _, tied = load_weights(tiny_models["tiny-qwen2"])
+    _, tied = load_weights(tiny_models["tiny-qwen2"], quantization="f32")
     _, untied = load_weights(tiny_models["tiny-llama"])
     assert np.shares_memory(tied.lm_head, tied.embed)
     assert not np.shares_memory(untied.lm_head, untied.embed)
+    _, kept = load_weights(tiny_models["tiny-qwen2"])      # its bfloat16 embedding kept: the same object
+    assert kept.lm_head is kept.embed or np.shares_memory(kept.lm_head, kept.embed)
 
 
 def test_qwen2_reads_biases_and_newer_rope_form(tiny_models):
@@ -108,7 +110,7 @@ def test_corrupt_safetensors_names_the_file(tiny_models, tmp_path):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-llama-f16"])
 def test_weights_hold_the_files_values_in_their_final_layout(tiny_models, name):
     """Copied once from the mapped file: fused, transposed and widened, equal to safetensors' own reading."""
-    config, w = load_weights(tiny_models[name])
+    config, w = load_weights(tiny_models[name], quantization="f32")
     t = {k: v.astype(np.float32) for k, v in load_file(tiny_models[name] / "model.safetensors").items()}
     p = "model.layers.1."
     qkv = np.concatenate([t[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]).T
@@ -126,7 +128,7 @@ def test_weights_hold_the_files_values_in_their_final_layout(tiny_models, name):
 
 def test_bf16_is_widened_exactly(tiny_models):
     from safetensors import safe_open
-    config, w = load_weights(tiny_models["tiny-qwen2"])
+    config, w = load_weights(tiny_models["tiny-qwen2"], quantization="f32")
     name = "model.layers.0.self_attn.o_proj.weight"
     for f in sorted(tiny_models["tiny-qwen2"].glob("*.safetensors")):
         with safe_open(str(f), framework="numpy") as st:
@@ -164,3 +166,54 @@ def test_a_quantized_load_never_holds_the_float32_model(smollm2: Path):
     print(f"\nsmollm2 q8_0 load: {got}")
     assert got["nbytes"] < 0.3 * got["float32"]
     assert got["peak"] <= 1.25 * (got["nbytes"] + got["embed"]) < got["float32"], got
+
+
+def _stored_dtypes(folder: Path) -> dict[str, str]:
+    """Every tensor of the folder's storage dtype, as safetensors reads it."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as st:
+            out.update({k: st.get_slice(k).get_dtype() for k in st.keys()})
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-f16", "tiny-qwen2"])
+def test_as_stored_keeps_16_bit_matrices_in_16_bits_exactly(tiny_models, name):
+    """model.quantization "" (the default): a matrix whose parts are all float16 (or all bfloat16) stays a
+    QuantizedWeight of that format holding exactly the file's values; a matrix with a float32 part, the
+    norms and the biases are float32; bytes and formats are what stored_weights plans from the headers."""
+    from nvllm.model import matmul_kernels
+    from nvllm.model.loader import stored_weights
+    from nvllm.model.quants import QuantizedWeight
+
+    if matmul_kernels.lib is None:
+        pytest.skip("without the C kernels a folder is float32 (the NumPy twin would be slower)")
+    folder = tiny_models[name]
+    config, w = load_weights(folder)
+    _, f32 = load_weights(folder, quantization="f32")
+    stored = _stored_dtypes(folder)
+    layer = "model.layers.1."
+    parts = {"qkv": [f"{layer}self_attn.{x}_proj.weight" for x in "qkv"], "o": [f"{layer}self_attn.o_proj.weight"],
+             "gate_up": [f"{layer}mlp.gate_proj.weight", f"{layer}mlp.up_proj.weight"],
+             "down": [f"{layer}mlp.down_proj.weight"]}
+    kept = 0
+    for field, names in parts.items():
+        dtypes = {stored[n] for n in names}
+        got, want = getattr(w.layers[1], field), getattr(f32.layers[1], field)
+        if len(dtypes) == 1 and dtypes <= {"F16", "BF16"}:
+            assert isinstance(got, QuantizedWeight) and got.fmt.name == dtypes.pop(), field
+            np.testing.assert_array_equal(got.dequantize(), want.T)
+            kept += 1
+        else:
+            assert isinstance(got, np.ndarray) and got.dtype == np.float32, field
+            np.testing.assert_array_equal(got, want)
+    assert kept, f"{name} has no 16-bit matrix to keep"
+    assert isinstance(w.norm, np.ndarray) and w.norm.dtype == np.float32
+    held, formats = stored_weights(folder, config)
+    assert w.nbytes == held < config.weight_bytes and sum(formats.values()) == 4 * config.num_layers + 1 + \
+        (not config.tie_word_embeddings)
+    llama = tiny_models["tiny-llama"]                        # float32 files stay float32
+    assert stored_weights(llama, load_config(llama)) == (load_weights(llama)[1].nbytes,
+                                                         {"float32": 4 * 2 + 2})

@@ -67,17 +67,22 @@ def test_the_default_models_sizes_as_the_readme_states() -> None:
     assert got == {"q8_0": 136, "q4_0": 72, "q4_k": 123, "bf16": 256} and c.weight_bytes // MiB == 513
 
 
-@pytest.mark.parametrize("kind", ["", *KINDS])
+@pytest.mark.parametrize("kind", ["", "f32", *KINDS])
 def test_dry_run_for_a_board_shows_the_served_format(kind: str, tiny_models, capsys) -> None:
-    folder = tiny_models["tiny-llama"]
+    folder = tiny_models["tiny-llama"]                        # stored as float32
     settings = load_settings(None, {"model": {"path": str(folder), "quantization": kind}})
     assert app.dry_run(settings, 8.0) == 0
     out = capsys.readouterr().out
     c = load_config(folder)
-    want = quantized_weight_bytes(c, kind) if kind else c.weight_bytes
-    assert f"({want} bytes held in memory), as {f'{kind} (model.quantization)' if kind else 'float32'}\n" in out
-    assert ("loading: the weights peak at" in out) == bool(kind)
-    assert f"({c.weight_bytes} bytes), read as float32" in out or not kind
+    want = quantized_weight_bytes(c, kind) if kind not in ("", "f32") else c.weight_bytes
+    words = {"": "as stored: 10 float32 matrices", "f32": "float32 (model.quantization)"}.get(
+        kind, f"{kind} (model.quantization)")
+    assert f"({want} bytes held in memory), as {words}\n" in out
+    # converted matrices are read as float32 one at a time: the peak is the weights and the largest one
+    converted = kind not in ("", "f32")
+    assert ("loading: the weights peak at" in out) == converted
+    peak = want + 4 * c.vocab_size * c.hidden_size
+    assert f"({peak} bytes), each matrix read as float32" in out or not converted
     # The pool is planned on what the weights leave of the board.
     info, plan = factory.plan_for_board(settings, 8.0)
     assert info.weight_bytes == want and plan.sizing.available_bytes == 8 * GiB - want

@@ -156,7 +156,7 @@ def test_tiny_qwen3_has_head_norms_and_a_head_dim_of_its_own(made: dict):
 def test_the_loader_reads_tiny_qwen3(made: dict):
     from nvllm.model.loader import load_weights
 
-    config, lw = load_weights(made["tiny-qwen3"])
+    config, lw = load_weights(made["tiny-qwen3"], quantization="f32")
     assert config.qk_norm and not config.attention_bias and config.head_dim == 24
     w = _bf16_tensors(made["tiny-qwen3"])
     for i, layer in enumerate(lw.layers):

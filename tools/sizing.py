@@ -28,7 +28,7 @@ from nvllm.engine.memory import GiB, format_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 BOARDS_GIB = (8, 16, 64)
-FORMATS = ("", "bf16", "q8_0", "q4_k")     # "" = as stored: float32 for a folder
+FORMATS = ("f32", "bf16", "q8_0", "q4_k")
 
 SHAPES: dict[str, dict[str, Any]] = {
     "SmolLM2-135M-Instruct": {
@@ -57,8 +57,8 @@ def plan_cell(path: Path, quantization: str, gib: float, overrides: dict[str, An
     weights = format_bytes(info.weight_bytes)
     if info.weight_bytes >= gib * GiB:
         return weights, "weights do not fit"
-    # A folder quantized at load is read as float32 first: where that does not fit, the figures hold
-    # for a GGUF of the format (written beforehand), whose blocks load as they are.
+    # A folder quantized at load reads each matrix as float32 first: where the weights and the largest
+    # of those do not fit, the figures hold for a GGUF of the format, whose blocks load as they are.
     note = " (as a GGUF)" if info.load_peak_bytes >= gib * GiB else ""
     try:
         _, plan = plan_for_board(settings, gib)
@@ -81,7 +81,7 @@ def rows(overrides: dict[str, Any], gguf: Path | None) -> list[list[str]]:
                 models.append(("Q4_1 GGUF", gguf))
             for fmt, path in models:
                 cells = [plan_cell(path, "" if fmt == "Q4_1 GGUF" else fmt, gib, overrides) for gib in BOARDS_GIB]
-                label = {"": "float32", "Q4_1 GGUF": "Q4_1 (the GGUF as shipped)"}.get(fmt, fmt)
+                label = {"f32": "float32", "Q4_1 GGUF": "Q4_1 (the GGUF as shipped)"}.get(fmt, fmt)
                 out.append([name, label, cells[0][0]] + [c[1] for c in cells])
     return out
 

@@ -385,8 +385,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _add_quantization_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=None, metavar="FORMAT",
-                   help="re-quantize the weights at load: q8_0, q4_0, q4_k or bf16 (model.quantization; "
-                        "default: as stored)")
+                   help="a folder's weights in memory: f32, or re-quantized at load to q8_0, q4_0, q4_k, bf16 "
+                        "or f16 (model.quantization; default: as stored, 16-bit matrices kept 16-bit)")
 
 
 def _add_threads_flag(p: argparse.ArgumentParser, default: int | None = None) -> None:

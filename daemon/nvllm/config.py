@@ -106,10 +106,11 @@ class ModelSettings:
     # use (affinity and cgroup CPU quota) but one, left to the gRPC loop and the board's other work
     # (threads that outnumber free cores slow every matmul several-fold). Formerly blas_threads.
     threads: int = field(default=0, metadata=at_least(0))
-    # The weights' format in memory: "" keeps the file's; q8_0, q4_0, q4_k or bf16 re-quantize the
-    # linear layers at load as llama.cpp would (a matrix whose rows do not split into the format's
-    # blocks falls back: q4_k -> q8_0 -> float32).
-    quantization: str = field(default="", metadata=one_of("", "q8_0", "q4_0", "q4_k", "bf16"))
+    # The weights' format in memory: "" keeps the file's (a folder's bfloat16/float16 matrices stay 16-bit,
+    # exactly); f32 widens a folder's to float32; q8_0, q4_0, q4_k, bf16 or f16 re-quantize a folder's
+    # matrices at load as llama.cpp would (a matrix whose rows do not split into the format's blocks
+    # falls back: q4_k -> q8_0 -> float32). A GGUF always keeps its formats.
+    quantization: str = field(default="", metadata=one_of("", "f32", "q8_0", "q4_0", "q4_k", "bf16", "f16"))
 
 
 @dataclass

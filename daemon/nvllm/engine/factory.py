@@ -29,8 +29,8 @@ from nvllm.model import kernels
 from nvllm.model.decoder import Model
 from nvllm.model.gguf_file import load_gguf_weights, read_gguf, resident_weight_bytes
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json
-from nvllm.model.quantize import quantized_weight_bytes
+from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json, stored_weights
+from nvllm.model.quantize import matrix_shapes, quantized_weight_bytes
 from nvllm.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine.factory")
@@ -53,7 +53,8 @@ class ModelInfo:
     weight_bytes: int
     bytes_per_token: int          # KV pool bytes per token of context
     weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
-    # The most the weights take while loading: a folder quantized at load is read as float32 first.
+    # The most the weights take while loading: a folder's matrices converted at load (quantized, or kept
+    # in 16 bits) are each read as float32 first, one at a time.
     load_peak_bytes: int = 0
 
     @classmethod
@@ -110,8 +111,19 @@ def _check_quantization(settings: Settings, path: Path) -> str:
     return kind
 
 
-def _folder_format(kind: str) -> str:
-    return f"{kind} (model.quantization)" if kind else "float32"
+def _folder_plan(path: Path, config: ModelConfig, kind: str) -> tuple[int, str, int]:
+    """A folder's weight bytes with model.quantization `kind`, in words, and the most loading takes: the
+    weights plus the largest matrix in float32, where matrices are converted as they are read."""
+    if kind == "f32":
+        return config.weight_bytes, "float32 (model.quantization)", config.weight_bytes
+    if kind:
+        held, words = quantized_weight_bytes(config, kind), f"{kind} (model.quantization)"
+    else:
+        held, formats = stored_weights(path, config)
+        words = "as stored: " + ", ".join(f"{n} {f}" for f, n in sorted(formats.items())) + " matrices"
+        if held == config.weight_bytes:   # nothing converted
+            return held, words, held
+    return held, words, held + 4 * max(rows * cols for _, rows, cols in matrix_shapes(config))
 
 
 def read_model_info(settings: Settings) -> ModelInfo:
@@ -124,8 +136,7 @@ def read_model_info(settings: Settings) -> ModelInfo:
             g = read_gguf(path)
             return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS)
         config = load_config(path)
-        weight_bytes = quantized_weight_bytes(config, kind) if kind else config.weight_bytes
-        return ModelInfo.of(path, config, weight_bytes, _folder_format(kind), config.weight_bytes)
+        return ModelInfo.of(path, config, *_folder_plan(path, config, kind))
     except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot read {path}: {e}") from e
 
@@ -160,8 +171,11 @@ def load_model(settings: Settings) -> LoadedModel:
     eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id"))) | set(tokenizer.extra_eos_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS if is_gguf(path) else _folder_format(kind),
-                        0 if is_gguf(path) else c.weight_bytes)
+    if is_gguf(path):
+        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS)
+    else:
+        _, words, peak = _folder_plan(path, c, kind)
+        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak)
     return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0)
 
 

@@ -299,11 +299,12 @@ def _fill(dst: np.ndarray, src: np.ndarray, dtype: str) -> None:
 class _Tensors:
     """Every tensor of the checkpoint's files, by name; arrays come out as float32 copies in their final
     layout, each made in one pass from the mapped file. With `matrix` (load_weights' quantization), each
-    2-D tensor (a matrix, the embedding) comes out as matrix(float32 [out, in], name) instead, its float32
-    copy dropped as soon as that returns."""
+    2-D tensor (a matrix, the embedding) is handed to matrix(float32 [out, in], name, storage dtypes of
+    its parts), and what that returns, unless None, comes out instead: the float32 copy is dropped as
+    soon as it returns."""
 
     def __init__(self, files: list[Path], model_dir: Path,
-                 matrix: Callable[[np.ndarray, str], Any] | None = None) -> None:
+                 matrix: Callable[[np.ndarray, str, set[str]], Any] | None = None) -> None:
         self.model_dir = model_dir
         self.matrix = matrix
         self.entries: dict[str, _Entry] = {}
@@ -358,7 +359,9 @@ class _Tensors:
             at += k
         if self.matrix is not None and out.ndim == 2:
             name = parts[0][0] + (f" (+{len(parts) - 1} fused)" if len(parts) > 1 else "")
-            return self.matrix(out, name)
+            kept = self.matrix(out, name, {e.dtype for e in entries})
+            if kept is not None:
+                return kept
         return out.T if transpose else out
 
 
@@ -369,22 +372,87 @@ def load_weights(model_dir: str | Path, config: ModelConfig | None = None,
     its transposed view [in, out]). The mappings are closed when this returns, so the resident set holds
     the weights once.
 
-    quantization (model.quantization: q8_0, q4_0, q4_k, bf16) makes every matrix and the embedding (with
-    a tied lm_head, the same one) a QuantizedWeight of that kind (model/quantize.py), each quantized as
-    soon as it is laid out: loading peaks at the quantized weights and one float32 matrix, not at the
-    float32 model. Norms and biases stay float32."""
+    quantization is model.quantization. "" (as stored): a matrix whose parts are all stored as bfloat16,
+    or all as float16, stays in those 16 bits (a QuantizedWeight BF16 / F16, exactly the file's values,
+    multiplied in place by the C kernels: half the memory of float32 and no rounding), the others
+    float32; without the C kernels every matrix is float32. "f32": every matrix float32. q8_0, q4_0, q4_k,
+    bf16, f16: every matrix and the embedding (with a tied lm_head, the same one) a QuantizedWeight of
+    that kind (model/quantize.py). Each is converted as soon as it is laid out: loading peaks at the
+    weights as held plus one float32 matrix, not at the float32 model. Norms and biases stay float32."""
     model_dir = Path(model_dir)
     check_folder(model_dir)
     config = config or load_config(model_dir)
-    matrix = None
-    if quantization:
-        from nvllm.model.quantize import quantize_weight   # quantize.py builds on this module's types
-
-        def matrix(w_out_in: np.ndarray, name: str) -> Any:
-            return quantize_weight(w_out_in, quantization, name)
-    t = _Tensors(_safetensors_files(model_dir), model_dir, matrix)
+    t = _Tensors(_safetensors_files(model_dir), model_dir, _matrix_rule(quantization))
     try:
         return config, _lay_out(t, config, model_dir)
+    finally:
+        t.close()
+
+
+# model.quantization "" keeps a matrix whose parts are all stored in one of these, in that format
+_KEPT_16 = {"BF16": "bf16", "F16": "f16"}
+
+
+def _kept_kind(dtypes: set[str]) -> str:
+    """The 16-bit kind a matrix stored as `dtypes` keeps under model.quantization "" ("": float32)."""
+    return _KEPT_16.get(next(iter(dtypes)), "") if len(dtypes) == 1 else ""
+
+
+def _matrix_rule(quantization: str) -> Callable[[np.ndarray, str, set[str]], Any] | None:
+    """What _Tensors does with each matrix for model.quantization (load_weights says)."""
+    if quantization == "f32":
+        return None
+    from nvllm.model import matmul_kernels   # both build on this module's types
+    from nvllm.model.quantize import quantize_weight
+
+    if quantization:
+        return lambda w, name, dtypes: quantize_weight(w, quantization, name)
+    if matmul_kernels.lib is None:   # BF16/F16 would go to the NumPy twin: float32 is faster there
+        return None
+
+    def as_stored(w: np.ndarray, name: str, dtypes: set[str]) -> Any:
+        kind = _kept_kind(dtypes)
+        return quantize_weight(w, kind, name) if kind else None   # exact: the values came from that kind
+    return as_stored
+
+
+def _layer_matrices(config: ModelConfig, n: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """Layer n's matrices as the tensors fused into each, [out, in] each: q|k|v, o, gate|up, down."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    a, p = f"model.layers.{n}.self_attn.", f"model.layers.{n}."
+    return {"qkv": [(a + "q_proj.weight", (config.num_heads * d, h)), (a + "k_proj.weight", (config.num_kv_heads * d, h)),
+                    (a + "v_proj.weight", (config.num_kv_heads * d, h))],
+            "o": [(a + "o_proj.weight", (h, config.num_heads * d))],
+            "gate_up": [(p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h))],
+            "down": [(p + "mlp.down_proj.weight", (h, i))]}
+
+
+def stored_weights(model_dir: str | Path, config: ModelConfig) -> tuple[int, dict[str, int]]:
+    """What load_weights(model_dir, config) holds with model.quantization "" (as stored), from the files'
+    headers alone: its bytes (float32 less half of every matrix kept in 16 bits) and its matrices by
+    format ({"BF16": 120, "float32": 1}). A folder without weight files (config.json only, for planning)
+    is planned as float32."""
+    groups = [parts for n in range(config.num_layers) for parts in _layer_matrices(config, n).values()]
+    groups.append([("model.embed_tokens.weight", (config.vocab_size, config.hidden_size))])
+    if not config.tie_word_embeddings:
+        groups.append([("lm_head.weight", (config.vocab_size, config.hidden_size))])
+    model_dir = Path(model_dir)
+    try:
+        files = _safetensors_files(model_dir) if _matrix_rule("") is not None else []
+    except ModelLoadError:
+        files = []
+    t = _Tensors(files, model_dir)
+    try:
+        saved, formats = 0, {}
+        for parts in groups:
+            kind = ""
+            if all(name in t for name, _ in parts):
+                kind = _kept_kind({t.entries[name].dtype for name, _ in parts})
+            if kind:
+                saved += 2 * sum(math.prod(shape) for _, shape in parts)
+            name = kind.upper() if kind else "float32"
+            formats[name] = formats.get(name, 0) + 1
+        return config.weight_bytes - saved, formats
     finally:
         t.close()
 
@@ -393,13 +461,14 @@ def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
     """The weights in the decoder's layout, from `t` (a folder's _Tensors, or gguf_file's readers with the
     same get / joined / `in`). A folder's matrices come out float32 ([in, out] when transposed); a GGUF
     reader may give any matrix, the embedding too, as a QuantizedWeight (out, in) instead."""
-    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    h, d = config.hidden_size, config.head_dim
     nh, nkv, v = config.num_heads, config.num_kv_heads, config.vocab_size
 
     layers = []
     for n in range(config.num_layers):
         p = f"model.layers.{n}."
         a = p + "self_attn."
+        m = _layer_matrices(config, n)
         bias = None
         if config.attention_bias:
             bias = t.joined([(a + "q_proj.bias", (nh * d,)), (a + "k_proj.bias", (nkv * d,)),
@@ -409,14 +478,12 @@ def _lay_out(t: _Tensors, config: ModelConfig, model_dir: Path) -> ModelWeights:
             q_norm, k_norm = t.get(a + "q_norm.weight", (d,)), t.get(a + "k_norm.weight", (d,))
         layers.append(LayerWeights(
             input_norm=t.get(p + "input_layernorm.weight", (h,)),
-            qkv=t.joined([(a + "q_proj.weight", (nh * d, h)), (a + "k_proj.weight", (nkv * d, h)),
-                          (a + "v_proj.weight", (nkv * d, h))], transpose=True),     # [H, (nh+2nkv)*d]
+            qkv=t.joined(m["qkv"], transpose=True),                                   # [H, (nh+2nkv)*d]
             qkv_bias=bias,
-            o=t.get(a + "o_proj.weight", (h, nh * d), transpose=True),                # [nh*d, H]
+            o=t.joined(m["o"], transpose=True),                                       # [nh*d, H]
             post_norm=t.get(p + "post_attention_layernorm.weight", (h,)),
-            gate_up=t.joined([(p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h))],
-                             transpose=True),                                         # [H, 2I]
-            down=t.get(p + "mlp.down_proj.weight", (h, i), transpose=True),           # [I, H]
+            gate_up=t.joined(m["gate_up"], transpose=True),                           # [H, 2I]
+            down=t.joined(m["down"], transpose=True),                                 # [I, H]
             q_norm=q_norm,
             k_norm=k_norm,
         ))

@@ -101,7 +101,7 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
           f"as {info.weight_format}")
     if info.load_peak_bytes > info.weight_bytes:
         print(f"loading: the weights peak at {format_bytes(info.load_peak_bytes)} ({info.load_peak_bytes} bytes), "
-              f"read as float32 before they are quantized; that much must be free at start-up")
+              f"each matrix read as float32 before it is converted; that much must be free at start-up")
     print(sz.log_line())
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
           f"{sz.block_size} tokens")
