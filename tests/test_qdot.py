@@ -35,6 +35,17 @@ VARIANTS = [v for v in mk.int_variants() if v != "float"]
 INT8 = [v for v in VARIANTS if not v.endswith("-i16")]
 INT16 = [v for v in VARIANTS if v.endswith("-i16")]
 QMAX = {8: 127, 16: 32767}
+K_QUANTS = ("Q4_K", "Q5_K")   # 16-bit x only: each 32-value sub-block as a Q4_1 block
+
+
+def width(name: str, blocks: int) -> int:
+    """Row length of about `blocks` blocks of 32: whole super-blocks of 256 for the K-quants."""
+    return 256 * -(-blocks // 8) if name in K_QUANTS else 32 * blocks
+
+
+def skip_8_bit_k(name: str, variant: str) -> None:
+    if name in K_QUANTS and bits(variant) == 8:
+        pytest.skip("the K-quants have integer kernels for 16-bit x only (8-bit: the float path, tested below)")
 
 
 def bits(variant: str) -> int:
@@ -62,8 +73,14 @@ def random_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> 
 
 
 def quantized_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> QuantizedWeight:
-    """Normal weights quantized by gguf.quants, as a converter writes them."""
+    """Normal weights quantized as a converter writes them (by gguf.quants; Q4_K by nvllm's quantizer, Q5_K,
+    which neither writes, random blocks)."""
     data = (rng.standard_normal((rows, n_in)) * 0.05).astype(np.float32)
+    if name == "Q4_K":
+        from nvllm.model.quantize import quantize
+        return QuantizedWeight(FORMAT[name], quantize(FORMAT[name], data), (rows, n_in))
+    if name == "Q5_K":
+        return random_weight(name, rows, n_in, rng)
     raw = np.ascontiguousarray(gguf.quants.quantize(data, GT[name])).view(np.uint8).reshape(rows, -1)
     return QuantizedWeight(FORMAT[name], raw, (rows, n_in))
 
@@ -91,9 +108,10 @@ def test_the_best_variant_is_used_and_the_scalar_ones_always_run() -> None:
 @pytest.mark.parametrize("name", qdot.FORMATS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant: str) -> None:
+    skip_8_bit_k(name, variant)
     rows, blocks = layout
     rng = rng_for(name, layout)
-    w = random_weight(name, rows, 32 * blocks, rng)
+    w = random_weight(name, rows, width(name, blocks), rng)
     for T in T_SIZES:
         x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
         np.testing.assert_array_equal(run(w, x, variant), qdot.matmul(w, x, bits(variant)), err_msg=f"T={T}")
@@ -103,9 +121,11 @@ def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", qdot.FORMATS)
 def test_prefill_sized_and_gguf_quantized_weights(name: str, variant: str) -> None:
+    skip_8_bit_k(name, variant)
     rng = rng_for("prefill", name)
-    w = quantized_weight(name, 70, 576, rng)
-    x = (rng.standard_normal((300, 576)) * 3).astype(np.float32)
+    n_in = width(name, 18)
+    w = quantized_weight(name, 70, n_in, rng)
+    x = (rng.standard_normal((300, n_in)) * 3).astype(np.float32)
     np.testing.assert_array_equal(run(w, x, variant, threads=2), qdot.matmul(w, x, bits(variant)))
 
 
@@ -132,9 +152,10 @@ def test_the_largest_products_sum_exactly_in_int32(variant: str) -> None:
 @pytest.mark.parametrize("name", qdot.FORMATS)
 def test_threads_and_batch_neighbours_do_not_change_a_bit(name: str) -> None:
     rng = rng_for("threads", name)
-    w = random_weight(name, 67, 160, rng)
-    x = rng.standard_normal((70, 160)).astype(np.float32)
-    for variant in VARIANTS:
+    n_in = width(name, 5)
+    w = random_weight(name, 67, n_in, rng)
+    x = rng.standard_normal((70, n_in)).astype(np.float32)
+    for variant in (INT16 if name in K_QUANTS else VARIANTS):
         y1 = run(w, x, variant, threads=1)
         for threads in (2, 3, 8):
             np.testing.assert_array_equal(run(w, x, variant, threads=threads), y1)
@@ -156,6 +177,8 @@ def rounding_bound(w: QuantizedWeight, x: np.ndarray, nbits: int) -> np.ndarray:
 def test_the_twin_is_the_float_product_within_the_rounding_of_x(name: str, nbits: int) -> None:
     rng = rng_for("bound", name)
     w = quantized_weight(name, 40, 256, rng)
+    if name in K_QUANTS and nbits == 8:
+        pytest.skip("no 8-bit x for the K-quants")
     x = rng.standard_normal((9, 256)).astype(np.float32)
     x[3] *= 1e-3     # tiny rows and one with a lone large value: the scale follows each block
     x[4, 17] = 40.0
@@ -205,8 +228,10 @@ def test_quantize_rows_in_16_bits() -> None:
 def test_nan_and_inf_in_x_stay_in_their_row(variant: str) -> None:
     rng = rng_for("nan")
     for name in qdot.FORMATS:
-        w = random_weight(name, 8, 64, rng)
-        x = rng.standard_normal((3, 64)).astype(np.float32)
+        if name in K_QUANTS and bits(variant) == 8:
+            continue
+        w = random_weight(name, 8, width(name, 2), rng)
+        x = rng.standard_normal((3, w.shape[1])).astype(np.float32)
         x[1, 5] = np.nan
         x[2, 40] = -np.inf
         y = run(w, x, variant, threads=2)
@@ -301,3 +326,16 @@ def test_smollm2_gguf_logits_keep_their_top_1_and_stay_near_transformers(smollm2
     print(f"\nSmolLM2 Q4_1, {variant}: max |logit diff| {worst:.4f}, mean {max(means):.4f}, flips {flips}")
     nbits = bits(variant)
     assert worst <= LOGIT_TOL[nbits] and max(means) <= LOGIT_MEAN_TOL[nbits] and not any(flips)
+
+
+@needs_lib
+@pytest.mark.parametrize("name", K_QUANTS)
+def test_8_bit_variants_leave_the_k_quants_on_the_float_path(name: str) -> None:
+    rng = rng_for("k8", name)
+    w = random_weight(name, 9, 512, rng)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    want = run(w, x, "float")
+    for variant in INT8:
+        np.testing.assert_array_equal(run(w, x, variant), want)
+    for variant in INT16:   # and the 16-bit ones do not
+        assert not np.array_equal(run(w, x, variant), want)

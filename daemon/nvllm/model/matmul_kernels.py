@@ -39,7 +39,7 @@ from nvllm.model.kernels import load_library
 from nvllm.model.quants import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quants import QuantizedWeight
 
-ABI = 5  # must equal matmul_abi() in csrc/matmul.c
+ABI = 6  # must equal matmul_abi() in csrc/matmul.c
 MAX_THREADS = 64  # the C pool's limit
 # The formats with a C kernel, by name; the others (Q5_0, Q5_1) go to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")

@@ -1,6 +1,7 @@
 """x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
 
-For Q8_0, Q4_0 and Q4_1 weights the C kernels quantize each row of x, 32 values at a time, to int16 (the
+For Q8_0, Q4_0 and Q4_1 weights (and Q4_K, Q5_K with 16-bit x: each 32-value sub-block taken as a
+Q4_1 block whose scale is d * sc and whose min is -(dmin * m)) the C kernels quantize each row of x, 32 values at a time, to int16 (the
 "-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
 one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
 module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
@@ -13,9 +14,9 @@ from typing import Tuple
 
 import numpy as np
 
-from nvllm.model.quants import QK, QuantizedWeight
+from nvllm.model.quants import QK, QK_K, QuantizedWeight, k4_parts
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1")  # the formats with integer kernels
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K")  # the formats with integer kernels (K: 16-bit x only)
 BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
@@ -54,6 +55,10 @@ def weight_quants(w: QuantizedWeight) -> Tuple[np.ndarray, np.ndarray, np.ndarra
         raise ValueError(f"w: no integer kernel for {name}; those are {', '.join(FORMATS)}")
     n_out, n_in = w.shape
     nb = n_in // QK
+    if name in ("Q4_K", "Q5_K"):   # each sub-block of 32 as a Q4_1 block: dw = d * sc, mw = -(dmin * m)
+        q, d, dm = k4_parts(w.blocks.reshape(n_out * (n_in // QK_K), w.fmt.block_bytes), name)
+        return (d.reshape(n_out, nb), np.ascontiguousarray(q.reshape(n_out, nb, QK).astype(np.int8)),
+                (-dm).reshape(n_out, nb))
     b = w.blocks.reshape(n_out, nb, w.fmt.block_bytes)
     dw = b[:, :, 0:2].copy().view("<f2")[:, :, 0].astype(np.float32)
     mw = None

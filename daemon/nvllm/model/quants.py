@@ -198,31 +198,35 @@ def _k4_scales(scales: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return both[:, :8], both[:, 8:]
 
 
-def _k4_apply(B: np.ndarray, fmt: str, out: np.ndarray) -> None:
-    """out [m, 256] holds the quants; sub-block s (32 values) becomes d * sc[s] * q - dmin * m[s]."""
+def k4_parts(B: np.ndarray, fmt: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_K or Q5_K chunk B [m, block_bytes] as (q [m, 256] uint8: 0..15, or 0..31 for Q5_K;
+    d * sc [m, 8] and dmin * m [m, 8] float32, both exact): sub-block s (32 values) is
+    (d * sc)[s] * q - (dmin * m)[s]. Also qdot.py's view of these weights."""
+    m = len(B)
+    q = np.empty((m, QK_K), np.uint8)
+    _k_nibbles(B, fmt, q)
+    if fmt == "Q5_K":   # bit s of qh[l] is the fifth bit of value l of sub-block s
+        high = np.unpackbits(_field(B, "Q5_K", "qh"), axis=1, bitorder="little").reshape(m, 32, 8)  # l, s
+        high <<= 4
+        q.reshape(m, 8, 32)[...] |= high.transpose(0, 2, 1)
     sc, mn = _k4_scales(_field(B, fmt, "scales"))
-    d = _scale(B, fmt) * sc.astype(np.float32)  # [m, 8]
-    dm = _scale(B, fmt, "dmin") * mn.astype(np.float32)
+    return q, _scale(B, fmt) * sc.astype(np.float32), _scale(B, fmt, "dmin") * mn.astype(np.float32)
+
+
+def _deq_k4(B: np.ndarray, fmt: str, out: np.ndarray) -> None:
+    q, d, dm = k4_parts(B, fmt)
+    out[...] = q
     sub = out.reshape(len(B), 8, 32)
     sub *= d[:, :, None]
     sub -= dm[:, :, None]
 
 
 def _deq_q4_k(B: np.ndarray, out: np.ndarray) -> None:
-    _k_nibbles(B, "Q4_K", out)
-    _k4_apply(B, "Q4_K", out)
+    _deq_k4(B, "Q4_K", out)
 
 
 def _deq_q5_k(B: np.ndarray, out: np.ndarray) -> None:
-    m = len(B)
-    q = np.empty((m, QK_K), np.uint8)
-    _k_nibbles(B, "Q5_K", q)
-    # bit s of qh[l] is the fifth bit of value l of sub-block s
-    high = np.unpackbits(_field(B, "Q5_K", "qh"), axis=1, bitorder="little").reshape(m, 32, 8)  # l, s
-    high <<= 4
-    q.reshape(m, 8, 32)[...] |= high.transpose(0, 2, 1)
-    out[...] = q
-    _k4_apply(B, "Q5_K", out)
+    _deq_k4(B, "Q5_K", out)
 
 
 _SHIFT6 = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]

@@ -55,7 +55,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul_kernels.py checks it). */
-int matmul_abi(void) { return 5; }
+int matmul_abi(void) { return 6; }
 
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
@@ -372,7 +372,7 @@ typedef struct {
 } job_t;
 
 /* Q8_0, Q4_0 and Q4_1 by integer dot products on x quantized to 16 (or 8) bits: qdot.c. */
-int qdot_format(int fmt);
+int qdot_format(int fmt, int v);
 int qdot_variant(int v);
 size_t qdot_x_bytes(int v, int64_t T, int64_t in);
 void qdot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx);
@@ -810,7 +810,7 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     if (parts > tiles) parts = (int)tiles;
     job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL, NULL, NULL, 0};
     void *qx = NULL;
-    if (qdot_format(fmt) && in > 0 && (j.qv = qdot_variant(-1)) > 0) {
+    if (in > 0 && (j.qv = qdot_variant(-1)) > 0 && qdot_format(fmt, j.qv)) {
         if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
         qdot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
         j.qx = qx;

@@ -56,7 +56,7 @@
 #define QINLINE static inline __attribute__((always_inline))
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-enum { Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q8_0 = 8 };   /* GGUF type ids, as matmul.c's */
+enum { Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q8_0 = 8, Q_Q4_K = 12, Q_Q5_K = 13 };   /* GGUF type ids, as matmul.c's */
 enum { V_SCALAR = 1, V_SIMD = 2, V_DOT = 3,              /* the variants (0: none, x stays float); x in 8 bits */
        V_SCALAR16 = 4, V_SIMD16 = 5, V_DOT16 = 6 };   /* x in 16 bits (no V_DOT16 on aarch64) */
 
@@ -265,6 +265,96 @@ QINLINE float qdot_half(const uint8_t *p) {
     return f;
 }
 
+/* ---------------------------------------------------------------- Q4_K and Q5_K, for 16-bit x
+ *
+ * A super-block of 256 values is 8 sub-blocks of 32, each an x block's width: value j of sub-block s is
+ * d * sc_s * q_j - dmin * m_s (q in 0..15, or 0..31 for Q5_K), so a sub-block meets its x block as a Q4_1
+ * block would, with dw = d * sc_s and mw = -(dmin * m_s) (both exact in float32: an 11-bit mantissa by a
+ * 6-bit integer). The arithmetic is then Q4_1's: acc = acc + (dw * dx) * (float)p; acc = acc + mw * sx.
+ * QDOT_KTILES(V, ATTR, XB) defines V_krows from the variant's V_sums_us, V_loadx and
+ *   V_kquants(qs, qh, shift, bit)   the 32 values ((qs[j] >> shift) & 15) | (((qh[j] >> bit) & 1) << 4)
+ *                                   (no high bit where qh is NULL), in the variant's registers.
+ */
+
+/* The j-th 6-bit scale and min of a Q4_K/Q5_K super-block's 12 scale bytes (as matmul.c's decoder). */
+QINLINE void kscale_min(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* dw[s] and mw[s] of the super-blocks at sb[0..3] (four rows), lane i for row i. */
+QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
+    for (int i = 0; i < 4; i++) {
+        const float d = qdot_half(sb[i]), dmin = qdot_half(sb[i] + 2);
+        for (int s = 0; s < 8; s++) {
+            int sc, m;
+            kscale_min(sb[i] + 4, s, &sc, &m);
+            dw[s][i] = d * (float)sc;
+            mw[s][i] = -(dmin * (float)m);
+        }
+    }
+}
+
+#define QDOT_KTILES(V, ATTR, XB)                                                                                       \
+    ATTR QINLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                       \
+        for (int i = 0; i < 4; i++)                                                                                    \
+            wv[i] = V##_kquants(sb[i] + (fmt == Q_Q4_K ? 16 : 48) + 32 * (s / 2), fmt == Q_Q5_K ? sb[i] + 16 : NULL,  \
+                                4 * (s & 1), s);                                                                       \
+    }                                                                                                                  \
+    /* 4 rows of W by NT = 1, 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of out */                   \
+    ATTR QINLINE void V##_ktile(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nsb,     \
+                                const XB *x, int64_t xs, f32x4 *out) {                                                 \
+        f32x4 acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
+        const int bb = fmt == Q_Q4_K ? 144 : 176;                                                                      \
+        for (int64_t b = 0; b < nsb; b++) {                                                                            \
+            const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
+            for (int i = 0; i < 4; i++)   /* the next tile's rows, every line of the super-block */                   \
+                for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o);                               \
+            f32x4 dw[8], mw[8];                                                                                        \
+            kscales(sb, dw, mw);                                                                                       \
+            for (int s = 0; s < 8; s++) {                                                                              \
+                V##_bv wv[4];                                                                                          \
+                V##_kwblocks(fmt, sb, s, wv);                                                                          \
+                for (int t = 0; t < NT; t++) {                                                                         \
+                    const XB *xb = x + t * xs + 8 * b + s;                                                             \
+                    const i32x4 p = V##_sums_us(wv, V##_loadx(xb->q));                                                 \
+                    acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                             \
+                    acc[t] = acc[t] + mw[s] * xb->s;                                                                   \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (int t = 0; t < NT; t++) out[t] = acc[t];                                                                  \
+    }                                                                                                                  \
+    ATTR QINLINE void V##_kfmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,        \
+                                    int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {           \
+        for (int64_t r = r0; r < r1; r += 4) {                                                                         \
+            const int live = r1 - r < 4 ? (int)(r1 - r) : 4;                                                           \
+            const uint8_t *wr[4];                                                                                      \
+            for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;                           \
+            int64_t t = t0;                                                                                            \
+            f32x4 v[4];                                                                                                \
+            for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
+                V##_ktile(fmt, 4, wr, 4 * row_bytes, nb / 8, x + t * nb, nb, v);                                       \
+                for (int i = 0; i < 4; i++) qdot_store(y + (t + i) * ys + r, &v[i], live);                             \
+            }                                                                                                          \
+            for (; t < t0 + tn; t++) {                                                                                 \
+                V##_ktile(fmt, 1, wr, 4 * row_bytes, nb / 8, x + t * nb, nb, v);                                       \
+                qdot_store(y + t * ys + r, &v[0], live);                                                               \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
+    ATTR __attribute__((noinline)) static void V##_krows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb,     \
+                                                         int64_t r0, int64_t r1, const XB *x, int64_t t0,              \
+                                                         int64_t tn, float *y, int64_t ys) {                           \
+        if (fmt == Q_Q4_K) V##_kfmt_rows(Q_Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                          \
+        else V##_kfmt_rows(Q_Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                        \
+    }
+
 /* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
  * int16 for 16-bit x: 32 products of |w| <= 128 by |x| <= 32767, each below 2^22, their sum below 2^27,
  * summed exactly in int32). */
@@ -321,6 +411,13 @@ QINLINE s16_bv s16_loadx(const int16_t *p) {
 
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
+
+QINLINE s16_bv s16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit) {
+    s16_bv v;
+    for (int j = 0; j < 32; j++) v.b[j] = (int16_t)(((qs[j] >> shift) & 15) | (qh ? ((qh[j] >> bit) & 1) << 4 : 0));
+    return v;
+}
+QDOT_KTILES(s16, , xblock16_t)
 
 /* ---------------------------------------------------------------- x86-64: AVX2, AVX-512 VNNI */
 #ifdef QDOT_X86
@@ -483,6 +580,13 @@ VNNI_ATTR QINLINE i32x8 vn16_sums8_ss(const vn16_bv *w, vn16_bv x0, vn16_bv x1) 
 
 QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
 QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
+
+/* Bytes shifted within 16-bit lanes: the bits that cross from the upper byte are masked off. */
+#define X86_KQUANTS(V, ATTR)                                                                                               ATTR QINLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit) {                               __m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qs), _mm_cvtsi32_si128(shift)),                                      _mm256_set1_epi8(15));                                                                    if (qh) {                                                                                                                  const __m256i h = _mm256_and_si256(                                                                                        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(bit)), _mm256_set1_epi8(1));             b = _mm256_or_si256(b, _mm256_slli_epi16(h, 4));                                                                   }                                                                                                                      return (av16_bv){_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1))};     }
+X86_KQUANTS(av16, AVX2_ATTR)
+X86_KQUANTS(vn16, VNNI_ATTR)
+QDOT_KTILES(av16, AVX2_ATTR, xblock16_t)
+QDOT_KTILES(vn16, VNNI_ATTR, xblock16_t)
 #endif
 
 /* ---------------------------------------------------------------- aarch64: NEON, NEON + sdot */
@@ -599,6 +703,19 @@ QINLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
 #define n16_halves ne_halves
 
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
+
+QINLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit) {
+    uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
+    uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
+    if (qh) {
+        const int8x16_t down = vdupq_n_s8((int8_t)-bit);
+        a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), down), vdupq_n_u8(1)), 4));
+        b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), down), vdupq_n_u8(1)), 4));
+    }
+    return (n16_bv){{vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(a))), vreinterpretq_s16_u16(vmovl_high_u8(a)),
+                     vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(b))), vreinterpretq_s16_u16(vmovl_high_u8(b))}};
+}
+QDOT_KTILES(n16, NEON_ATTR, xblock16_t)
 #endif
 
 /* ---------------------------------------------------------------- choosing, and the entry points */
@@ -666,10 +783,12 @@ int qdot_variant(int v) {
     return c;
 }
 
-/* 1 if fmt has integer kernels here. */
-int qdot_format(int fmt) { return fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1; }
-
 QINLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
+
+/* 1 if variant v has an integer kernel for fmt (Q4_K and Q5_K: the 16-bit variants only). */
+int qdot_format(int fmt, int v) {
+    return fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1 || ((fmt == Q_Q4_K || fmt == Q_Q5_K) && wide(v));
+}
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
 size_t qdot_x_bytes(int v, int64_t T, int64_t in) {
@@ -698,6 +817,19 @@ void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, 
     const int64_t nb = in / 32;
     for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
         const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
+        if (fmt == Q_Q4_K || fmt == Q_Q5_K) {   /* qdot_format let only the 16-bit variants through */
+            switch (v) {
+#ifdef QDOT_X86
+            case V_DOT16: vn16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+            case V_SIMD16: av16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+#endif
+#ifdef QDOT_ARM
+            case V_SIMD16: n16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+#endif
+            default: s16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+            }
+            continue;
+        }
         switch (v) {
 #ifdef QDOT_X86
         case V_DOT: vn_rows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
