@@ -35,7 +35,7 @@ VARIANTS = [v for v in mk.int_variants() if v != "float"]
 INT8 = [v for v in VARIANTS if not v.endswith("-i16")]
 INT16 = [v for v in VARIANTS if v.endswith("-i16")]
 QMAX = {8: 127, 16: 32767}
-K_QUANTS = ("Q4_K", "Q5_K")   # 16-bit x only: each 32-value sub-block as a Q4_1 block
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")   # 16-bit x only
 
 
 def width(name: str, blocks: int) -> int:
@@ -73,13 +73,13 @@ def random_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> 
 
 
 def quantized_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> QuantizedWeight:
-    """Normal weights quantized as a converter writes them (by gguf.quants; Q4_K by nvllm's quantizer, Q5_K,
-    which neither writes, random blocks)."""
+    """Normal weights quantized as a converter writes them (by gguf.quants; Q4_K by nvllm's quantizer; Q5_K
+    and Q6_K, which neither writes, random blocks)."""
     data = (rng.standard_normal((rows, n_in)) * 0.05).astype(np.float32)
     if name == "Q4_K":
         from nvllm.model.quantize import quantize
         return QuantizedWeight(FORMAT[name], quantize(FORMAT[name], data), (rows, n_in))
-    if name == "Q5_K":
+    if name in ("Q5_K", "Q6_K"):
         return random_weight(name, rows, n_in, rng)
     raw = np.ascontiguousarray(gguf.quants.quantize(data, GT[name])).view(np.uint8).reshape(rows, -1)
     return QuantizedWeight(FORMAT[name], raw, (rows, n_in))
@@ -272,8 +272,8 @@ def test_an_unknown_variant_is_refused_naming_it(name: object) -> None:
 
 def test_the_twin_refuses_formats_and_shapes_it_has_no_kernel_for() -> None:
     rng = rng_for("refuse")
-    with pytest.raises(ValueError, match=r"^w: no integer kernel for Q6_K"):
-        qdot.matmul(random_weight("Q6_K", 2, 256, rng), np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError, match=r"^w: no integer kernel for Q5_0"):
+        qdot.matmul(random_weight("Q5_0", 2, 256, rng), np.zeros((1, 256), np.float32))
     with pytest.raises(ValueError, match=r"^x: need \[T, 64\]"):
         qdot.matmul(random_weight("Q8_0", 2, 64, rng), np.zeros((1, 32), np.float32))
 

@@ -190,7 +190,8 @@ class PagedDecode:
                 job = _DecodeJob(block_tables=tables, table_stride=width, context_lens=ctx, bounds=_ptr(bounds))
                 self._jobs[parts] = (job, bounds)
             job = self._jobs[parts][0]
-            job.q, job.q_stride, job.k_pool, job.v_pool, job.out = _ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, _ptr(out)
+            job.q, job.q_stride, job.out = _ptr(q), q.strides[0] // 4, _ptr(out)
+            job.k_pool, job.v_pool = k, k + kv_pool[0].nbytes
             job.nh, job.nkv, job.hd, job.bs, job.failed = nh, nkv, hd, bs, 0
             pool_run(_PART, ctypes.addressof(job), parts)
             rc = job.failed

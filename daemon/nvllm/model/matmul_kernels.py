@@ -12,10 +12,10 @@ decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARI
 used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
 float32 array [out, in] in the same way, with no QuantizedWeight around it (a folder's weights).
 
-Q8_0, Q4_0 and Q4_1 quantize each row of x to 16 bits (blocks of 32, one float scale each) and multiply
-by the weights' quants with integer dot products (csrc/qdot.c; its NumPy twin, bit for bit, is
-model/qdot.py): about 3 times faster for a one-row decode step than decoding the weights to float. Their
-results then differ from the exact float product by the rounding of x
+Q8_0, Q4_0, Q4_1 and the K-quants (INT_FORMATS) quantize each row of x to 16 bits (blocks of 32, one
+float scale each) and multiply by the weights' quants with integer dot products (csrc/qdot.c; its NumPy
+twin, bit for bit, is model/qdot.py): 3-6 times faster for a one-row decode step than decoding the
+weights to float. Their results then differ from the exact float product by the rounding of x
 to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
 alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: ~10% faster
 for one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The variant is
@@ -47,7 +47,7 @@ FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 FLOAT_VARIANTS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 # The integer dot products' formats and variants, by their number in csrc/qdot.c (float: x stays float32
 # and the weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones).
-INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
+INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")   # the K-quants with 16-bit x only
 INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
                 "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5}
 
@@ -126,14 +126,15 @@ def int_variants() -> list[str]:
 
 
 def int_variant() -> str:
-    """The variant Q8_0, Q4_0 and Q4_1 use now ("" without the library)."""
+    """The variant the INT_FORMATS use now ("" without the library)."""
     if lib is None:
         return ""
     return lib.qdot_variant_name(lib.qdot_variant(-1)).decode()
 
 
 def set_int_variant(name: str) -> None:
-    """Makes Q8_0, Q4_0 and Q4_1 use variant `name` (one of int_variants()) from the next call on."""
+    """Makes the INT_FORMATS use variant `name` (one of int_variants()) from the next call on; the K-quants
+    take the float path under the 8-bit ones."""
     if name not in int_variants():
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
     lib.qdot_variant(INT_VARIANTS[name])

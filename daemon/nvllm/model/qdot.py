@@ -1,7 +1,8 @@
 """x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
 
-For Q8_0, Q4_0 and Q4_1 weights (and Q4_K, Q5_K with 16-bit x: each 32-value sub-block taken as a
-Q4_1 block whose scale is d * sc and whose min is -(dmin * m)) the C kernels quantize each row of x, 32 values at a time, to int16 (the
+For Q8_0, Q4_0 and Q4_1 weights (and, with 16-bit x, Q4_K and Q5_K: each 32-value sub-block taken as a
+Q4_1 block whose scale is d * sc and whose min is -(dmin * m); Q6_K: each half of 16 values summed and
+scaled by its own d * sc) the C kernels quantize each row of x, 32 values at a time, to int16 (the
 "-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
 one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
 module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
@@ -14,9 +15,9 @@ from typing import Tuple
 
 import numpy as np
 
-from nvllm.model.quants import QK, QK_K, QuantizedWeight, k4_parts
+from nvllm.model.quants import QK, QK_K, QuantizedWeight, k4_parts, q6_parts
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K")  # the formats with integer kernels (K: 16-bit x only)
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")  # those with integer kernels (K: 16-bit x only)
 BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
@@ -49,12 +50,16 @@ def quantize_rows(x: np.ndarray, bits: int = 8) -> Tuple[np.ndarray, np.ndarray,
 
 
 def weight_quants(w: QuantizedWeight) -> Tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(dw [out, nb] float32, quants [out, nb, 32] int8 as the dot products take them, mw [out, nb] or None)."""
+    """(dw [out, nb] float32, quants [out, nb, 32] int8 as the dot products take them, mw [out, nb] or None);
+    for Q6_K dw is [out, nb, 2], a scale for each half of 16 values."""
     name = w.fmt.name
     if name not in FORMATS:
         raise ValueError(f"w: no integer kernel for {name}; those are {', '.join(FORMATS)}")
     n_out, n_in = w.shape
     nb = n_in // QK
+    if name == "Q6_K":
+        q, scales = q6_parts(w.blocks.reshape(n_out * (n_in // QK_K), w.fmt.block_bytes))
+        return scales.reshape(n_out, nb, 2), np.ascontiguousarray(q.reshape(n_out, nb, QK)), None
     if name in ("Q4_K", "Q5_K"):   # each sub-block of 32 as a Q4_1 block: dw = d * sc, mw = -(dmin * m)
         q, d, dm = k4_parts(w.blocks.reshape(n_out * (n_in // QK_K), w.fmt.block_bytes), name)
         return (d.reshape(n_out, nb), np.ascontiguousarray(q.reshape(n_out, nb, QK).astype(np.int8)),
@@ -88,6 +93,12 @@ def matmul(w: QuantizedWeight, x: np.ndarray, bits: int = 8) -> np.ndarray:
     acc = np.zeros((T, n_out), np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         for b in range(nb):
+            if dw.ndim == 3:   # Q6_K: each half of 16 values summed and scaled apart, the low one first
+                for h in (0, 1):
+                    part = slice(16 * h, 16 * h + 16)
+                    p = (qx[:, b, part].astype(np.int32) @ qw[:, b, part].astype(np.int32).T).astype(np.float32)
+                    acc += (dx[:, b][:, None] * dw[:, b, h][None, :]) * p
+                continue
             p = (qx[:, b].astype(np.int32) @ qw[:, b].astype(np.int32).T).astype(np.float32)  # exact [T, out]
             dd = dx[:, b][:, None] * dw[:, b][None, :]  # one rounding
             acc += dd * p

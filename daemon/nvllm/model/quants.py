@@ -232,9 +232,12 @@ def _deq_q5_k(B: np.ndarray, out: np.ndarray) -> None:
 _SHIFT6 = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
 
 
-def _deq_q6_k(B: np.ndarray, out: np.ndarray) -> None:
-    """Two halves of 128 values; in each, value 32k + l takes nibble k // 2 of ql[l + 32 (k % 2)] and
-    bits 2k, 2k + 1 of qh[l] above it, less 32; the 16 int8 scales each cover 16 consecutive values."""
+def q6_parts(B: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """A Q6_K chunk B [m, 210] as (q [m, 256] int8, each quant less 32; d * scale [m, 16] float32, exact):
+    value i is (d * scale)[i // 16] * q[i]. Also qdot.py's view of these weights.
+
+    Two halves of 128 values; in each, value 32k + l takes nibble k // 2 of ql[l + 32 (k % 2)] and bits 2k,
+    2k + 1 of qh[l] above it; the 16 int8 scales each cover 16 consecutive values."""
     m = len(B)
     lo, hi = B & 0x0F, B >> 4  # [m, block_bytes]; ql is the first 128 bytes
     q = np.empty((m, 2, 2, 2, 32), np.uint8)  # half, nibble, ql quarter, l
@@ -244,10 +247,15 @@ def _deq_q6_k(B: np.ndarray, out: np.ndarray) -> None:
     high <<= 4
     q4 = q.reshape(m, 2, 4, 32)
     q4 |= high
-    out[...] = q.reshape(m, QK_K)
-    out -= 32
-    scales = _scale(B, "Q6_K") * _field(B, "Q6_K", "scales").astype(np.float32)  # d * scale [m, 16]
-    out.reshape(m, 16, 16)[...] *= scales[:, :, None]
+    signed = q.reshape(m, QK_K).astype(np.int8)
+    signed -= 32
+    return signed, _scale(B, "Q6_K") * _field(B, "Q6_K", "scales").astype(np.float32)
+
+
+def _deq_q6_k(B: np.ndarray, out: np.ndarray) -> None:
+    q, scales = q6_parts(B)
+    out[...] = q
+    out.reshape(len(B), 16, 16)[...] *= scales[:, :, None]
 
 
 def _deq_f16(B: np.ndarray, out: np.ndarray) -> None:

@@ -7,9 +7,9 @@
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
  * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
  * Here activations are never quantized: a decoded weight is exactly what quants.py's NumPy
- * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0 and Q4_1 go to
- * qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products) unless
- * qdot_variant is 0. The caller sends only decode-sized x here (linear.py: up to 64 rows); prefill goes
+ * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0, Q4_1 and the
+ * K-quants go to qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products)
+ * unless qdot_variant is 0. The caller sends only decode-sized x here (linear.py: up to 64 rows); prefill goes
  * to BLAS on rows that quant_dequantize decodes (the same decoders, on the same pool).
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
@@ -371,7 +371,7 @@ typedef struct {
     int fn_parts;              /* the parts fn was asked to run in */
 } job_t;
 
-/* Q8_0, Q4_0 and Q4_1 by integer dot products on x quantized to 16 (or 8) bits: qdot.c. */
+/* Q8_0, Q4_0, Q4_1 (and the K-quants, 16-bit x only) by integer dot products on quantized x: qdot.c. */
 int qdot_format(int fmt, int v);
 int qdot_variant(int v);
 size_t qdot_x_bytes(int v, int64_t T, int64_t in);
@@ -795,8 +795,8 @@ static void run(job_t *j) {
 }
 
 /* y [T, rows] (row stride y_stride) = x [T, in] (row stride x_stride) @ W.T, W of `rows` rows of
- * row_bytes bytes in format fmt (the GGUF type id). Q8_0, Q4_0 and Q4_1 quantize x and use integer dot
- * products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
+ * row_bytes bytes in format fmt (the GGUF type id). The formats qdot_format names quantize x and use
+ * integer dot products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
  * format, -2 for a row stride that does not fit `in` values of the format, -3 when out of memory for
  * the quantized x. threads < 1 counts as 1. */
 int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
@@ -833,7 +833,9 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, i
     const int64_t most = (r1 - r0 + 15) / 16;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > most) parts = (int)most;
-    job_t j = {fmt, w + r0 * row_bytes, row_bytes, r1 - r0, in, NULL, 0, 0, NULL, 0, parts, NULL, 0, out, NULL, NULL, 0};
+    job_t j = {0};
+    j.fmt = fmt, j.w = w + r0 * row_bytes, j.row_bytes = row_bytes, j.rows = r1 - r0, j.in = in;
+    j.parts = parts, j.dq = out;
     run(&j);
     return 0;
 }

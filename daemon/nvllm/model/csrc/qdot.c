@@ -1,4 +1,5 @@
-/* Integer dot products for weights in Q8_0, Q4_0 and Q4_1: y = x @ W.T with x quantized to 16 or 8 bits.
+/* Integer dot products for weights in Q8_0, Q4_0, Q4_1 and (16-bit x only) Q4_K, Q5_K, Q6_K: y = x @ W.T
+ * with x quantized to 16 or 8 bits.
  *
  * Decoding every weight to float is what bounds matmul.c's tiles for the 4- and 8-bit formats (about
  * 4 GB/s of blocks per core). Here each row of x is first quantized, a block of 32 values at a time, to
@@ -56,7 +57,7 @@
 #define QINLINE static inline __attribute__((always_inline))
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-enum { Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q8_0 = 8, Q_Q4_K = 12, Q_Q5_K = 13 };   /* GGUF type ids, as matmul.c's */
+enum { Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q8_0 = 8, Q_Q4_K = 12, Q_Q5_K = 13, Q_Q6_K = 14 };   /* GGUF type ids, as matmul.c's */
 enum { V_SCALAR = 1, V_SIMD = 2, V_DOT = 3,              /* the variants (0: none, x stays float); x in 8 bits */
        V_SCALAR16 = 4, V_SIMD16 = 5, V_DOT16 = 6 };   /* x in 16 bits (no V_DOT16 on aarch64) */
 
@@ -271,9 +272,15 @@ QINLINE float qdot_half(const uint8_t *p) {
  * d * sc_s * q_j - dmin * m_s (q in 0..15, or 0..31 for Q5_K), so a sub-block meets its x block as a Q4_1
  * block would, with dw = d * sc_s and mw = -(dmin * m_s) (both exact in float32: an 11-bit mantissa by a
  * 6-bit integer). The arithmetic is then Q4_1's: acc = acc + (dw * dx) * (float)p; acc = acc + mw * sx.
+ * Q6_K's sub-block of 32 has two scales, one per 16 values: value j is d * sc_g * (q_j - 32) with g = 2s
+ * for j < 16 and 2s + 1 above; the halves' sums p_lo and p_hi (exact in int32: |p| <= 16 * 32 * 32767)
+ * are scaled apart: acc = acc + (dw_lo * dx) * (float)p_lo; acc = acc + (dw_hi * dx) * (float)p_hi, with
+ * dw_g = d * sc_g (exact: 11 bits by 8).
  * QDOT_KTILES(V, ATTR, XB) defines V_krows from the variant's V_sums_us, V_loadx and
- *   V_kquants(qs, qh, shift, bit)   the 32 values ((qs[j] >> shift) & 15) | (((qh[j] >> bit) & 1) << 4)
- *                                   (no high bit where qh is NULL), in the variant's registers.
+ *   V_kquants(qs, qh, shift, bit, hbits)   the 32 values ((qs[j] >> shift) & 15) | (((qh[j] >> bit) & m) << 4),
+ *                                   m = 2^hbits - 1 (no high bits where qh is NULL), in the variant's
+ *                                   registers, less 32 when hbits is 2 (Q6_K's quants are signed);
+ *   V_sums_halves(w, x, lo, hi)     the four rows' sums over values 0..15 and over 16..31, apart.
  */
 
 /* The j-th 6-bit scale and min of a Q4_K/Q5_K super-block's 12 scale bytes (as matmul.c's decoder). */
@@ -284,6 +291,14 @@ QINLINE void kscale_min(const uint8_t *q, int j, int *sc, int *m) {
     } else {
         *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q6_K's 16 scales of the super-blocks at sb[0..3]: dw[g] = d * sc_g, lane i for row i. */
+QINLINE void k6scales(const uint8_t *const *sb, f32x4 *dw) {
+    for (int i = 0; i < 4; i++) {
+        const float d = qdot_half(sb[i] + 208);
+        for (int g = 0; g < 16; g++) dw[g][i] = d * (float)(int8_t)sb[i][192 + g];
     }
 }
 
@@ -302,29 +317,42 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
 
 #define QDOT_KTILES(V, ATTR, XB)                                                                                       \
     ATTR QINLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                       \
-        for (int i = 0; i < 4; i++)                                                                                    \
-            wv[i] = V##_kquants(sb[i] + (fmt == Q_Q4_K ? 16 : 48) + 32 * (s / 2), fmt == Q_Q5_K ? sb[i] + 16 : NULL,  \
-                                4 * (s & 1), s);                                                                       \
+        for (int i = 0; i < 4; i++) {                                                                                  \
+            if (fmt == Q_Q6_K)   /* half s / 4, sub-block s % 4 of it */                                               \
+                wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + 128 + 32 * (s / 4),                    \
+                                    4 * ((s / 2) & 1), 2 * (s & 3), 2);                                                \
+            else                                                                                                       \
+                wv[i] = V##_kquants(sb[i] + (fmt == Q_Q4_K ? 16 : 48) + 32 * (s / 2),                                  \
+                                    fmt == Q_Q5_K ? sb[i] + 16 : NULL, 4 * (s & 1), s, 1);                             \
+        }                                                                                                              \
     }                                                                                                                  \
     /* 4 rows of W by NT = 1, 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of out */                   \
     ATTR QINLINE void V##_ktile(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nsb,     \
                                 const XB *x, int64_t xs, f32x4 *out) {                                                 \
         f32x4 acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
-        const int bb = fmt == Q_Q4_K ? 144 : 176;                                                                      \
+        const int bb = fmt == Q_Q4_K ? 144 : fmt == Q_Q5_K ? 176 : 210;                                               \
         for (int64_t b = 0; b < nsb; b++) {                                                                            \
             const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
             for (int i = 0; i < 4; i++)   /* the next tile's rows, every line of the super-block */                   \
                 for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o);                               \
-            f32x4 dw[8], mw[8];                                                                                        \
-            kscales(sb, dw, mw);                                                                                       \
+            f32x4 dw[16], mw[8];                                                                                       \
+            if (fmt == Q_Q6_K) k6scales(sb, dw);                                                                       \
+            else kscales(sb, dw, mw);                                                                                  \
             for (int s = 0; s < 8; s++) {                                                                              \
                 V##_bv wv[4];                                                                                          \
                 V##_kwblocks(fmt, sb, s, wv);                                                                          \
                 for (int t = 0; t < NT; t++) {                                                                         \
                     const XB *xb = x + t * xs + 8 * b + s;                                                             \
-                    const i32x4 p = V##_sums_us(wv, V##_loadx(xb->q));                                                 \
-                    acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                             \
-                    acc[t] = acc[t] + mw[s] * xb->s;                                                                   \
+                    if (fmt == Q_Q6_K) {                                                                               \
+                        i32x4 lo, hi;                                                                                  \
+                        V##_sums_halves(wv, V##_loadx(xb->q), &lo, &hi);                                               \
+                        acc[t] = acc[t] + (dw[2 * s] * xb->d) * __builtin_convertvector(lo, f32x4);                    \
+                        acc[t] = acc[t] + (dw[2 * s + 1] * xb->d) * __builtin_convertvector(hi, f32x4);                \
+                    } else {                                                                                           \
+                        const i32x4 p = V##_sums_us(wv, V##_loadx(xb->q));                                             \
+                        acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                         \
+                        acc[t] = acc[t] + mw[s] * xb->s;                                                               \
+                    }                                                                                                  \
                 }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
@@ -352,7 +380,8 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
                                                          int64_t r0, int64_t r1, const XB *x, int64_t t0,              \
                                                          int64_t tn, float *y, int64_t ys) {                           \
         if (fmt == Q_Q4_K) V##_kfmt_rows(Q_Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                          \
-        else V##_kfmt_rows(Q_Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                        \
+        else if (fmt == Q_Q5_K) V##_kfmt_rows(Q_Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                     \
+        else V##_kfmt_rows(Q_Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                        \
     }
 
 /* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
@@ -412,10 +441,20 @@ QINLINE s16_bv s16_loadx(const int16_t *p) {
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
-QINLINE s16_bv s16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit) {
+QINLINE s16_bv s16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
     s16_bv v;
-    for (int j = 0; j < 32; j++) v.b[j] = (int16_t)(((qs[j] >> shift) & 15) | (qh ? ((qh[j] >> bit) & 1) << 4 : 0));
+    const int m = (1 << hbits) - 1, zero = hbits == 2 ? 32 : 0;
+    for (int j = 0; j < 32; j++)
+        v.b[j] = (int16_t)((((qs[j] >> shift) & 15) | (qh ? ((qh[j] >> bit) & m) << 4 : 0)) - zero);
     return v;
+}
+QINLINE void s16_sums_halves(const s16_bv *w, s16_bv x, i32x4 *lo, i32x4 *hi) {
+    for (int i = 0; i < 4; i++) {
+        int32_t a = 0, b = 0;
+        for (int j = 0; j < 16; j++) a += (int32_t)w[i].b[j] * (int32_t)x.b[j];
+        for (int j = 16; j < 32; j++) b += (int32_t)w[i].b[j] * (int32_t)x.b[j];
+        (*lo)[i] = a, (*hi)[i] = b;
+    }
 }
 QDOT_KTILES(s16, , xblock16_t)
 
@@ -582,9 +621,38 @@ QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
 QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
 
 /* Bytes shifted within 16-bit lanes: the bits that cross from the upper byte are masked off. */
-#define X86_KQUANTS(V, ATTR)                                                                                               ATTR QINLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit) {                               __m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qs), _mm_cvtsi32_si128(shift)),                                      _mm256_set1_epi8(15));                                                                    if (qh) {                                                                                                                  const __m256i h = _mm256_and_si256(                                                                                        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(bit)), _mm256_set1_epi8(1));             b = _mm256_or_si256(b, _mm256_slli_epi16(h, 4));                                                                   }                                                                                                                      return (av16_bv){_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1))};     }
+#define X86_KQUANTS(V, ATTR)                                                                                           \
+    ATTR QINLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {            \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
+        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));            \
+        if (qh) {                                                                                                      \
+            const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(bit));       \
+            const __m256i m = _mm256_set1_epi8((char)((1 << hbits) - 1));                                              \
+            b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(h, m), 4));                                      \
+        }                                                                                                              \
+        av16_bv v = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)),                                                  \
+                     _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1))};                                            \
+        if (hbits == 2) {   /* Q6_K's quants less 32 */                                                                \
+            v.lo = _mm256_sub_epi16(v.lo, _mm256_set1_epi16(32));                                                      \
+            v.hi = _mm256_sub_epi16(v.hi, _mm256_set1_epi16(32));                                                      \
+        }                                                                                                              \
+        return v;                                                                                                      \
+    }
 X86_KQUANTS(av16, AVX2_ATTR)
 X86_KQUANTS(vn16, VNNI_ATTR)
+AVX2_ATTR QINLINE void av16_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {
+    *lo = av_total4(_mm256_madd_epi16(w[0].lo, x.lo), _mm256_madd_epi16(w[1].lo, x.lo),
+                    _mm256_madd_epi16(w[2].lo, x.lo), _mm256_madd_epi16(w[3].lo, x.lo));
+    *hi = av_total4(_mm256_madd_epi16(w[0].hi, x.hi), _mm256_madd_epi16(w[1].hi, x.hi),
+                    _mm256_madd_epi16(w[2].hi, x.hi), _mm256_madd_epi16(w[3].hi, x.hi));
+}
+VNNI_ATTR QINLINE void vn16_sums_halves(const vn16_bv *w, vn16_bv x, i32x4 *lo, i32x4 *hi) {
+    const __m256i z = _mm256_setzero_si256();
+    *lo = vn_total4(_mm256_dpwssd_epi32(z, w[0].lo, x.lo), _mm256_dpwssd_epi32(z, w[1].lo, x.lo),
+                    _mm256_dpwssd_epi32(z, w[2].lo, x.lo), _mm256_dpwssd_epi32(z, w[3].lo, x.lo));
+    *hi = vn_total4(_mm256_dpwssd_epi32(z, w[0].hi, x.hi), _mm256_dpwssd_epi32(z, w[1].hi, x.hi),
+                    _mm256_dpwssd_epi32(z, w[2].hi, x.hi), _mm256_dpwssd_epi32(z, w[3].hi, x.hi));
+}
 QDOT_KTILES(av16, AVX2_ATTR, xblock16_t)
 QDOT_KTILES(vn16, VNNI_ATTR, xblock16_t)
 #endif
@@ -704,16 +772,33 @@ QINLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
 
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
-QINLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit) {
+QINLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
     uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
     uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
     if (qh) {
         const int8x16_t down = vdupq_n_s8((int8_t)-bit);
-        a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), down), vdupq_n_u8(1)), 4));
-        b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), down), vdupq_n_u8(1)), 4));
+        const uint8x16_t m = vdupq_n_u8((uint8_t)((1 << hbits) - 1));
+        a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), down), m), 4));
+        b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), down), m), 4));
     }
-    return (n16_bv){{vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(a))), vreinterpretq_s16_u16(vmovl_high_u8(a)),
-                     vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(b))), vreinterpretq_s16_u16(vmovl_high_u8(b))}};
+    n16_bv v = {{vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(a))), vreinterpretq_s16_u16(vmovl_high_u8(a)),
+                 vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(b))), vreinterpretq_s16_u16(vmovl_high_u8(b))}};
+    if (hbits == 2)   /* Q6_K's quants less 32 */
+        for (int i = 0; i < 4; i++) v.v[i] = vsubq_s16(v.v[i], vdupq_n_s16(32));
+    return v;
+}
+/* values 0..15 are v[0], v[1]; 16..31 are v[2], v[3] */
+QINLINE int32x4_t n16_half_dot(n16_bv w, n16_bv x, int h) {
+    int32x4_t a = vmull_s16(vget_low_s16(w.v[2 * h]), vget_low_s16(x.v[2 * h]));
+    a = vmlal_high_s16(a, w.v[2 * h], x.v[2 * h]);
+    a = vmlal_s16(a, vget_low_s16(w.v[2 * h + 1]), vget_low_s16(x.v[2 * h + 1]));
+    return vmlal_high_s16(a, w.v[2 * h + 1], x.v[2 * h + 1]);
+}
+QINLINE void n16_sums_halves(const n16_bv *w, n16_bv x, i32x4 *lo, i32x4 *hi) {
+    *lo = ne_total4(n16_half_dot(w[0], x, 0), n16_half_dot(w[1], x, 0), n16_half_dot(w[2], x, 0),
+                    n16_half_dot(w[3], x, 0));
+    *hi = ne_total4(n16_half_dot(w[0], x, 1), n16_half_dot(w[1], x, 1), n16_half_dot(w[2], x, 1),
+                    n16_half_dot(w[3], x, 1));
 }
 QDOT_KTILES(n16, NEON_ATTR, xblock16_t)
 #endif
@@ -785,9 +870,10 @@ int qdot_variant(int v) {
 
 QINLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
 
-/* 1 if variant v has an integer kernel for fmt (Q4_K and Q5_K: the 16-bit variants only). */
+/* 1 if variant v has an integer kernel for fmt (the K-quants: the 16-bit variants only). */
 int qdot_format(int fmt, int v) {
-    return fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1 || ((fmt == Q_Q4_K || fmt == Q_Q5_K) && wide(v));
+    const int k_quant = fmt == Q_Q4_K || fmt == Q_Q5_K || fmt == Q_Q6_K;
+    return fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1 || (k_quant && wide(v));
 }
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
@@ -817,7 +903,7 @@ void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, 
     const int64_t nb = in / 32;
     for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
         const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
-        if (fmt == Q_Q4_K || fmt == Q_Q5_K) {   /* qdot_format let only the 16-bit variants through */
+        if (fmt == Q_Q4_K || fmt == Q_Q5_K || fmt == Q_Q6_K) {   /* only the 16-bit variants get here */
             switch (v) {
 #ifdef QDOT_X86
             case V_DOT16: vn16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
