@@ -475,8 +475,8 @@ typedef float vf16 __attribute__((vector_size(64)));
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                        \
                     memcpy(&a[t][r], acc + (t * R + r) * FL + s * W, sizeof(VT));                          \
             for (int64_t k = s * W; k < full; k += FL) {                                                   \
-                if (pf && s == 0 && k % 16 == 0)   /* two tiles ahead, a line a row: DRAM latency */ \
-                    for (int r = 0; r < R; r++) __builtin_prefetch(w + (2 * R + r) * ws + k);                   \
+                if (pf && s == 0 && k % 16 == 0)   /* 2 tiles on, to L2 */                                 \
+                    for (int r = 0; r < R; r++) __builtin_prefetch(w + (2 * R + r) * ws + k, 0, 1);        \
                 FSTEP(VT, x + k, xs, w + k, ws);                                                           \
             }                                                                                              \
             if (full < n) FSTEP(VT, xt[0] + s * W, FL, wt[0] + s * W, FL);                                 \

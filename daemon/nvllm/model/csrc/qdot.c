@@ -140,6 +140,12 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
     else memcpy(y, v, (size_t)live * sizeof(float));
 }
 
+/* How far ahead the tiles prefetch the weights: the same blocks PREFETCH_TILES tiles (of four rows) on, into
+ * L2 only. Measured on SmolLM2's matrices, one row of x, 2 threads (the layers' and lm_head's matmuls in
+ * turn): the next tile into L1 streamed 12-16 GB/s; two tiles on into L2, 18-26 GB/s (Q8_0) and 16-21 GB/s
+ * (Q4_1); into L1 or to three and four tiles on, less. */
+#define PREFETCH_TILES 2
+
 /* ---------------------------------------------------------------- the kernel, once per variant
  *
  * QDOT_KERNEL(V, ATTR, XB) defines V_rows(fmt, ...) for x in blocks XB (xblock_t or xblock16_t) from the
@@ -171,7 +177,7 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
         const int bb = fmt == Q_Q8_0 ? 34 : fmt == Q_Q4_0 ? 18 : 20;                                                   \
         for (int64_t b = 0; b < nb; b++) {                                                                             \
             const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
-            for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead);   /* the next tile's rows */               \
+            for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead, 0, 1);   /* to L2: see PREFETCH_TILES */    \
             V##_bv wv[4];                                                                                              \
             V##_wblocks(fmt, blk, wv);                                                                                 \
             const V##_bv xv = V##_loadx(x[b].q);                                                                       \
@@ -189,7 +195,7 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
         const int bb = fmt == Q_Q8_0 ? 34 : fmt == Q_Q4_0 ? 18 : 20;                                                   \
         for (int64_t b = 0; b < nb; b++) {                                                                             \
             const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
-            for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead);   /* the next tile's rows */               \
+            for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead, 0, 1);   /* to L2: see PREFETCH_TILES */    \
             V##_bv wv[4];                                                                                              \
             V##_wblocks(fmt, blk, wv);                                                                                 \
             const f32x4 dw = V##_halves(blk[0], blk[1], blk[2], blk[3]);                                               \
@@ -217,23 +223,24 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
                                    int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {            \
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
             const int live = r1 - r < 4 ? (int)(r1 - r) : 4;                                                           \
+            const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                      \
             const uint8_t *wr[4];                                                                                      \
             for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;                           \
             int64_t t = t0;                                                                                            \
             f32x8 v[2];                                                                                                \
             for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
-                V##_tile24(fmt, 4, wr, 4 * row_bytes, nb, x + t * nb, nb, v);                                          \
+                V##_tile24(fmt, 4, wr, ahead, nb, x + t * nb, nb, v);                                                  \
                 for (int i = 0; i < 4; i++)                                                                            \
                     qdot_store(y + (t + i) * ys + r, (const float *)&v[i / 2] + 4 * (i % 2), live);                    \
             }                                                                                                          \
             if (t + 2 <= t0 + tn) {                                                                                    \
-                V##_tile24(fmt, 2, wr, 4 * row_bytes, nb, x + t * nb, nb, v);                                          \
+                V##_tile24(fmt, 2, wr, ahead, nb, x + t * nb, nb, v);                                                  \
                 qdot_store(y + t * ys + r, &v[0], live);                                                               \
                 qdot_store(y + (t + 1) * ys + r, (const float *)&v[0] + 4, live);                                      \
                 t += 2;                                                                                                \
             }                                                                                                          \
             if (t < t0 + tn) {                                                                                         \
-                const f32x4 v = V##_tile1(fmt, wr, 4 * row_bytes, nb, x + t * nb);                                     \
+                const f32x4 v = V##_tile1(fmt, wr, ahead, nb, x + t * nb);                                             \
                 qdot_store(y + t * ys + r, &v, live);                                                                  \
             }                                                                                                          \
         }                                                                                                              \
@@ -319,22 +326,22 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
     ATTR QINLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                       \
         for (int i = 0; i < 4; i++) {                                                                                  \
             if (fmt == Q_Q6_K)   /* half s / 4, sub-block s % 4 of it */                                               \
-                wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + 128 + 32 * (s / 4),                    \
+                wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + 128 + 32 * (s / 4),                   \
                                     4 * ((s / 2) & 1), 2 * (s & 3), 2);                                                \
             else                                                                                                       \
                 wv[i] = V##_kquants(sb[i] + (fmt == Q_Q4_K ? 16 : 48) + 32 * (s / 2),                                  \
                                     fmt == Q_Q5_K ? sb[i] + 16 : NULL, 4 * (s & 1), s, 1);                             \
         }                                                                                                              \
     }                                                                                                                  \
-    /* 4 rows of W by NT = 1, 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of out */                   \
+    /* 4 rows of W by NT = 1, 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of out */                    \
     ATTR QINLINE void V##_ktile(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nsb,     \
                                 const XB *x, int64_t xs, f32x4 *out) {                                                 \
         f32x4 acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
-        const int bb = fmt == Q_Q4_K ? 144 : fmt == Q_Q5_K ? 176 : 210;                                               \
+        const int bb = fmt == Q_Q4_K ? 144 : fmt == Q_Q5_K ? 176 : 210;                                                \
         for (int64_t b = 0; b < nsb; b++) {                                                                            \
             const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
-            for (int i = 0; i < 4; i++)   /* the next tile's rows, every line of the super-block */                   \
-                for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o);                               \
+            for (int i = 0; i < 4; i++)   /* every line of the super-block, to L2: see PREFETCH_TILES */               \
+                for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o, 0, 1);                          \
             f32x4 dw[16], mw[8];                                                                                       \
             if (fmt == Q_Q6_K) k6scales(sb, dw);                                                                       \
             else kscales(sb, dw, mw);                                                                                  \
@@ -362,16 +369,17 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
                                     int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {           \
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
             const int live = r1 - r < 4 ? (int)(r1 - r) : 4;                                                           \
+            const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                      \
             const uint8_t *wr[4];                                                                                      \
             for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;                           \
             int64_t t = t0;                                                                                            \
             f32x4 v[4];                                                                                                \
             for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
-                V##_ktile(fmt, 4, wr, 4 * row_bytes, nb / 8, x + t * nb, nb, v);                                       \
+                V##_ktile(fmt, 4, wr, ahead, nb / 8, x + t * nb, nb, v);                                               \
                 for (int i = 0; i < 4; i++) qdot_store(y + (t + i) * ys + r, &v[i], live);                             \
             }                                                                                                          \
             for (; t < t0 + tn; t++) {                                                                                 \
-                V##_ktile(fmt, 1, wr, 4 * row_bytes, nb / 8, x + t * nb, nb, v);                                       \
+                V##_ktile(fmt, 1, wr, ahead, nb / 8, x + t * nb, nb, v);                                               \
                 qdot_store(y + t * ys + r, &v[0], live);                                                               \
             }                                                                                                          \
         }                                                                                                              \
@@ -387,36 +395,36 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
 /* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
  * int16 for 16-bit x: 32 products of |w| <= 128 by |x| <= 32767, each below 2^22, their sum below 2^27,
  * summed exactly in int32). */
-#define SCALAR_LANES(P, lane_t)                                                                        \
-    typedef struct {                                                                                   \
-        lane_t b[32];                                                                                  \
-    } P##_bv;                                                                                          \
-    QINLINE P##_bv P##_load(const int8_t *p) {                                                         \
-        P##_bv v;                                                                                      \
-        for (int j = 0; j < 32; j++) v.b[j] = p[j];                                                    \
-        return v;                                                                                      \
-    }                                                                                                  \
-    QINLINE P##_bv P##_nibbles(const uint8_t *p) {                                                     \
-        P##_bv v;                                                                                      \
-        for (int j = 0; j < 16; j++) v.b[j] = (lane_t)(p[j] & 15), v.b[j + 16] = (lane_t)(p[j] >> 4); \
-        return v;                                                                                      \
-    }                                                                                                  \
-    QINLINE P##_bv P##_sub8(P##_bv v) {                                                                \
-        for (int j = 0; j < 32; j++) v.b[j] = (lane_t)(v.b[j] - 8);                                    \
-        return v;                                                                                      \
-    }                                                                                                  \
-    QINLINE i32x4 P##_sums_ss(const P##_bv *w, P##_bv x) {                                             \
-        i32x4 s = {0};                                                                                 \
-        for (int i = 0; i < 4; i++) {                                                                  \
-            int32_t sum = 0;                                                                           \
-            for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];                  \
-            s[i] = sum;                                                                                \
-        }                                                                                              \
-        return s;                                                                                      \
-    }                                                                                                  \
-    QINLINE i32x8 P##_sums8_ss(const P##_bv *w, P##_bv x0, P##_bv x1) {                                \
-        const i32x4 a = P##_sums_ss(w, x0), b = P##_sums_ss(w, x1);                                    \
-        return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};                               \
+#define SCALAR_LANES(P, lane_t)                                                                                        \
+    typedef struct {                                                                                                   \
+        lane_t b[32];                                                                                                  \
+    } P##_bv;                                                                                                          \
+    QINLINE P##_bv P##_load(const int8_t *p) {                                                                         \
+        P##_bv v;                                                                                                      \
+        for (int j = 0; j < 32; j++) v.b[j] = p[j];                                                                    \
+        return v;                                                                                                      \
+    }                                                                                                                  \
+    QINLINE P##_bv P##_nibbles(const uint8_t *p) {                                                                     \
+        P##_bv v;                                                                                                      \
+        for (int j = 0; j < 16; j++) v.b[j] = (lane_t)(p[j] & 15), v.b[j + 16] = (lane_t)(p[j] >> 4);                  \
+        return v;                                                                                                      \
+    }                                                                                                                  \
+    QINLINE P##_bv P##_sub8(P##_bv v) {                                                                                \
+        for (int j = 0; j < 32; j++) v.b[j] = (lane_t)(v.b[j] - 8);                                                    \
+        return v;                                                                                                      \
+    }                                                                                                                  \
+    QINLINE i32x4 P##_sums_ss(const P##_bv *w, P##_bv x) {                                                             \
+        i32x4 s = {0};                                                                                                 \
+        for (int i = 0; i < 4; i++) {                                                                                  \
+            int32_t sum = 0;                                                                                           \
+            for (int j = 0; j < 32; j++) sum += (int32_t)w[i].b[j] * (int32_t)x.b[j];                                  \
+            s[i] = sum;                                                                                                \
+        }                                                                                                              \
+        return s;                                                                                                      \
+    }                                                                                                                  \
+    QINLINE i32x8 P##_sums8_ss(const P##_bv *w, P##_bv x0, P##_bv x1) {                                                \
+        const i32x4 a = P##_sums_ss(w, x0), b = P##_sums_ss(w, x1);                                                    \
+        return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};                                                \
     }
 
 SCALAR_LANES(sc, int8_t)
@@ -624,7 +632,7 @@ QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
 #define X86_KQUANTS(V, ATTR)                                                                                           \
     ATTR QINLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {            \
         const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
-        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));            \
+        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));             \
         if (qh) {                                                                                                      \
             const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(bit));       \
             const __m256i m = _mm256_set1_epi8((char)((1 << hbits) - 1));                                              \
