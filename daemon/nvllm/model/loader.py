@@ -402,8 +402,8 @@ def _matrix_rule(quantization: str) -> Callable[[np.ndarray, str, set[str]], Any
     """What _Tensors does with each matrix for model.quantization (load_weights says)."""
     if quantization == "f32":
         return None
-    from nvllm.model import matmul_kernels   # both build on this module's types
-    from nvllm.model.quantize import quantize_weight
+    from nvllm.model import matmul_kernels
+    from nvllm.model.quantize import quantize_weight   # imported here: quantize.py builds on this module
 
     if quantization:
         return lambda w, name, dtypes: quantize_weight(w, quantization, name)
@@ -420,8 +420,9 @@ def _layer_matrices(config: ModelConfig, n: int) -> dict[str, list[tuple[str, tu
     """Layer n's matrices as the tensors fused into each, [out, in] each: q|k|v, o, gate|up, down."""
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     a, p = f"model.layers.{n}.self_attn.", f"model.layers.{n}."
-    return {"qkv": [(a + "q_proj.weight", (config.num_heads * d, h)), (a + "k_proj.weight", (config.num_kv_heads * d, h)),
-                    (a + "v_proj.weight", (config.num_kv_heads * d, h))],
+    kv = config.num_kv_heads * d
+    return {"qkv": [(a + "q_proj.weight", (config.num_heads * d, h)), (a + "k_proj.weight", (kv, h)),
+                    (a + "v_proj.weight", (kv, h))],
             "o": [(a + "o_proj.weight", (h, config.num_heads * d))],
             "gate_up": [(p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h))],
             "down": [(p + "mlp.down_proj.weight", (h, i))]}

@@ -146,6 +146,14 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
  * (Q4_1); into L1 or to three and four tiles on, less. */
 #define PREFETCH_TILES 2
 
+/* The four rows of W a tile from row r reads into wr (those past r1 read as row r1 - 1, never stored);
+ * returns how many are real. */
+QINLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1, const uint8_t **wr) {
+    const int live = r1 - r < 4 ? (int)(r1 - r) : 4;
+    for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;
+    return live;
+}
+
 /* ---------------------------------------------------------------- the kernel, once per variant
  *
  * QDOT_KERNEL(V, ATTR, XB) defines V_rows(fmt, ...) for x in blocks XB (xblock_t or xblock16_t) from the
@@ -221,11 +229,10 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
     }                                                                                                                  \
     ATTR QINLINE void V##_fmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,         \
                                    int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {            \
+        const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                          \
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
-            const int live = r1 - r < 4 ? (int)(r1 - r) : 4;                                                           \
-            const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                      \
             const uint8_t *wr[4];                                                                                      \
-            for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;                           \
+            const int live = tile_rows(w, row_bytes, r, r1, wr);                                                       \
             int64_t t = t0;                                                                                            \
             f32x8 v[2];                                                                                                \
             for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
@@ -367,11 +374,10 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
     }                                                                                                                  \
     ATTR QINLINE void V##_kfmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,        \
                                     int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {           \
+        const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                          \
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
-            const int live = r1 - r < 4 ? (int)(r1 - r) : 4;                                                           \
-            const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                      \
             const uint8_t *wr[4];                                                                                      \
-            for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;                           \
+            const int live = tile_rows(w, row_bytes, r, r1, wr);                                                       \
             int64_t t = t0;                                                                                            \
             f32x4 v[4];                                                                                                \
             for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
