@@ -259,20 +259,25 @@ DEQUANT_CHUNK_VALUES = 1 << 21
 _scratch = threading.local()
 
 
-def dequantize_rows(w: QuantizedWeight, start: int, stop: int, threads: int = 1) -> np.ndarray:
+def dequantize_rows(w: QuantizedWeight, start: int, stop: int, threads: int = 1,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quants.py's),
-    on `threads` threads; NumPy's where the library was not built or the format has no kernel."""
-    _check_weight(w)
+    on `threads` threads, into `out` when given; NumPy's where the library was not built or the format
+    has no kernel."""
+    _, _, ggml_type, blocks, row_bytes = _weight_args(w)
     _check_threads(threads)
     n_out, n_in = w.shape
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= n_out):
         raise ValueError(f"start, stop: need 0 <= start <= stop <= {n_out}, got {start!r}, {stop!r}")
-    out = np.empty((stop - start, n_in), np.float32)
+    if out is None:
+        out = np.empty((stop - start, n_in), np.float32)
+    elif out.dtype != np.float32 or out.shape != (stop - start, n_in) or not out.flags.c_contiguous:
+        raise ValueError(f"out: need a C-contiguous float32 [{stop - start}, {n_in}], got {out.dtype} "
+                         f"{list(out.shape)}")
     if lib is None or w.fmt.name not in FORMATS:
         out[...] = w.dequantize()[start:stop]
     elif out.size:
-        lib.quant_dequantize(w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1], start, stop, n_in,
-                             _ptr(out), int(threads))
+        lib.quant_dequantize(ggml_type, blocks, row_bytes, start, stop, n_in, _ptr(out), int(threads))
     return out
 
 
@@ -291,11 +296,4 @@ def dequantized_matmul(w: QuantizedWeight, x: np.ndarray) -> np.ndarray:
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.size != DEQUANT_CHUNK_VALUES:
         buf = _scratch.buf = np.empty(DEQUANT_CHUNK_VALUES, np.float32)
-    blocks, row_bytes = w.blocks.ctypes.data, w.blocks.shape[1]
-
-    def decode(start: int, stop: int, out: np.ndarray) -> None:
-        rc = lib.quant_dequantize(w.fmt.ggml_type, blocks, row_bytes, start, stop, n_in, _ptr(out), 1)
-        if rc != 0:  # unreachable after _check_weight; kept so a mismatch cannot pass silently
-            raise ValueError(f"w: the C decoder refused a {w.fmt.name} weight {w.shape} (code {rc})")
-
-    return w.matmul(x, decode=decode, scratch=buf)
+    return w.matmul(x, decode=lambda start, stop, out: dequantize_rows(w, start, stop, 1, out), scratch=buf)

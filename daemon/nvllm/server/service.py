@@ -312,6 +312,15 @@ def _refusal_code(e: Refused) -> grpc.StatusCode:
     return grpc.StatusCode.RESOURCE_EXHAUSTED if e.busy else grpc.StatusCode.UNAVAILABLE
 
 
+async def _abort_refused(context: grpc.aio.ServicerContext, track: RequestTracker, e: Refused) -> None:
+    """Ends a call refused for load, memory or the daemon's state: logged when for load, counted, and
+    aborted with RESOURCE_EXHAUSTED or UNAVAILABLE (context.abort raises)."""
+    if e.busy:
+        log.info("refused: %s", e)
+    track.refused("busy" if e.busy else "unavailable")
+    await context.abort(_refusal_code(e), str(e))
+
+
 def add_generator_to_server(servicer: "GeneratorService", server: grpc.aio.Server) -> None:
     """nvllm_pb2_grpc.add_GeneratorServicer_to_server, with Generate's requests decoded by
     server/wire.py (so undecodable bytes are refused naming the field)."""
@@ -354,10 +363,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 st.check_serving()
                 st.open_stream(client)
             except Refused as e:
-                if e.busy:
-                    log.info("refused: %s", e)
-                track.refused("busy" if e.busy else "unavailable")
-                await context.abort(_refusal_code(e), str(e))
+                await _abort_refused(context, track, e)
             try:
                 async with contextlib.aclosing(self._generate(request, context, rid, t0, track)) as responses:
                     async for response in responses:
@@ -383,10 +389,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         try:
             st.check_admission()
         except Refused as e:
-            if e.busy:
-                log.info("refused: %s", e)
-            track.refused("busy" if e.busy else "unavailable")
-            await context.abort(_refusal_code(e), str(e))
+            await _abort_refused(context, track, e)
         try:
             stream = engine.add(seq)
         except (InvalidParameter, EngineDead) as e:

@@ -506,136 +506,97 @@ typedef __m256i vn_bv;
 X86_PRIMITIVES(av, AVX2_ATTR)
 X86_PRIMITIVES(vn, VNNI_ATTR)
 
-/* maddubs multiplies unsigned by signed bytes: |w| times x with w's sign moved onto it. No pair sum
- * saturates: |w| <= 128, |x| <= 127. */
+/* The four rows' sums from a variant's one-vector dot product V_dot_us (unsigned w by signed x); the
+ * signed form moves w's sign onto x (|w| <= 128, |x| <= 127: nothing saturates). */
+#define X86_SUMS(V, ATTR)                                                                                              \
+    ATTR QINLINE __m256i V##_dot_ss(__m256i w, __m256i x) {                                                            \
+        return V##_dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));                                             \
+    }                                                                                                                  \
+    ATTR QINLINE i32x4 V##_sums_us(const __m256i *w, __m256i x) {                                                      \
+        return V##_total4(V##_dot_us(w[0], x), V##_dot_us(w[1], x), V##_dot_us(w[2], x), V##_dot_us(w[3], x));         \
+    }                                                                                                                  \
+    ATTR QINLINE i32x4 V##_sums_ss(const __m256i *w, __m256i x) {                                                      \
+        return V##_total4(V##_dot_ss(w[0], x), V##_dot_ss(w[1], x), V##_dot_ss(w[2], x), V##_dot_ss(w[3], x));         \
+    }                                                                                                                  \
+    ATTR QINLINE i32x8 V##_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {                                        \
+        __m256i p[4], q[4];                                                                                            \
+        for (int i = 0; i < 4; i++) p[i] = V##_dot_us(w[i], x0), q[i] = V##_dot_us(w[i], x1);                          \
+        return V##_total8(p, q);                                                                                       \
+    }                                                                                                                  \
+    ATTR QINLINE i32x8 V##_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {                                        \
+        __m256i a[4], p[4], q[4];                                                                                      \
+        for (int i = 0; i < 4; i++) a[i] = _mm256_sign_epi8(w[i], w[i]);   /* |w| once for both rows of x */         \
+        for (int i = 0; i < 4; i++) p[i] = V##_dot_us(a[i], _mm256_sign_epi8(x0, w[i]));                               \
+        for (int i = 0; i < 4; i++) q[i] = V##_dot_us(a[i], _mm256_sign_epi8(x1, w[i]));                               \
+        return V##_total8(p, q);                                                                                       \
+    }
+
+/* maddubs multiplies unsigned by signed bytes into pair sums, madd adds those pairs into int32 lanes. */
 AVX2_ATTR QINLINE __m256i av_dot_us(__m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
-AVX2_ATTR QINLINE __m256i av_dot_ss(__m256i w, __m256i x) {
-    return av_dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
-AVX2_ATTR QINLINE i32x4 av_sums_us(const __m256i *w, __m256i x) {
-    return av_total4(av_dot_us(w[0], x), av_dot_us(w[1], x), av_dot_us(w[2], x), av_dot_us(w[3], x));
-}
-AVX2_ATTR QINLINE i32x4 av_sums_ss(const __m256i *w, __m256i x) {
-    return av_total4(av_dot_ss(w[0], x), av_dot_ss(w[1], x), av_dot_ss(w[2], x), av_dot_ss(w[3], x));
-}
-AVX2_ATTR QINLINE i32x8 av_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {
-    const __m256i p[4] = {av_dot_us(w[0], x0), av_dot_us(w[1], x0), av_dot_us(w[2], x0), av_dot_us(w[3], x0)};
-    const __m256i q[4] = {av_dot_us(w[0], x1), av_dot_us(w[1], x1), av_dot_us(w[2], x1), av_dot_us(w[3], x1)};
-    return av_total8(p, q);
-}
-AVX2_ATTR QINLINE i32x8 av_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {
-    __m256i a[4], p[4], q[4];
-    for (int i = 0; i < 4; i++) a[i] = _mm256_sign_epi8(w[i], w[i]);   /* |w| once for both rows of x */
-    for (int i = 0; i < 4; i++) p[i] = av_dot_us(a[i], _mm256_sign_epi8(x0, w[i]));
-    for (int i = 0; i < 4; i++) q[i] = av_dot_us(a[i], _mm256_sign_epi8(x1, w[i]));
-    return av_total8(p, q);
 }
 VNNI_ATTR QINLINE __m256i vn_dot_us(__m256i w, __m256i x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
 }
-VNNI_ATTR QINLINE __m256i vn_dot_ss(__m256i w, __m256i x) {
-    return vn_dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
-VNNI_ATTR QINLINE i32x4 vn_sums_us(const __m256i *w, __m256i x) {
-    return vn_total4(vn_dot_us(w[0], x), vn_dot_us(w[1], x), vn_dot_us(w[2], x), vn_dot_us(w[3], x));
-}
-VNNI_ATTR QINLINE i32x4 vn_sums_ss(const __m256i *w, __m256i x) {
-    return vn_total4(vn_dot_ss(w[0], x), vn_dot_ss(w[1], x), vn_dot_ss(w[2], x), vn_dot_ss(w[3], x));
-}
-VNNI_ATTR QINLINE i32x8 vn_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {
-    const __m256i p[4] = {vn_dot_us(w[0], x0), vn_dot_us(w[1], x0), vn_dot_us(w[2], x0), vn_dot_us(w[3], x0)};
-    const __m256i q[4] = {vn_dot_us(w[0], x1), vn_dot_us(w[1], x1), vn_dot_us(w[2], x1), vn_dot_us(w[3], x1)};
-    return vn_total8(p, q);
-}
-VNNI_ATTR QINLINE i32x8 vn_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {
-    __m256i a[4], p[4], q[4];
-    for (int i = 0; i < 4; i++) a[i] = _mm256_sign_epi8(w[i], w[i]);   /* |w| once for both rows of x */
-    for (int i = 0; i < 4; i++) p[i] = vn_dot_us(a[i], _mm256_sign_epi8(x0, w[i]));
-    for (int i = 0; i < 4; i++) q[i] = vn_dot_us(a[i], _mm256_sign_epi8(x1, w[i]));
-    return vn_total8(p, q);
-}
+X86_SUMS(av, AVX2_ATTR)
+X86_SUMS(vn, VNNI_ATTR)
 
 #define av_loadx av_load
 #define vn_loadx vn_load
 QDOT_KERNEL(av, AVX2_ATTR, xblock_t)
 QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
 
-/* 16-bit x on AVX2: a block in two vectors of 16 int16; pmaddwd's pair sums (|pair| < 2^23) are exact. */
+/* 16-bit x: a block in two vectors of 16 int16 (values 0..15, then 16..31), the weights' quants widened
+ * to the same lanes. The variants differ only in V_pairs(acc, w, x), which adds the products' pair sums
+ * into int32 lanes (exact: |pair| < 2^23): AVX2's pmaddwd and an add, AVX-512 VNNI's vpdpwssd (on 256-bit
+ * vectors: measured faster than one 512-bit vector per block on Zen 4). B is the variant whose total4 and
+ * total8 reduce the lanes. */
 typedef struct {
     __m256i lo, hi;
 } av16_bv;
-AVX2_ATTR QINLINE av16_bv av16_load(const int8_t *p) {
-    return (av16_bv){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),
-                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};
-}
-AVX2_ATTR QINLINE av16_bv av16_loadx(const int16_t *p) {
-    return (av16_bv){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};
-}
-AVX2_ATTR QINLINE av16_bv av16_nibbles(const uint8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
-    return (av16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),
-                     _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};
-}
-AVX2_ATTR QINLINE av16_bv av16_sub8(av16_bv v) {
-    const __m256i e = _mm256_set1_epi16(8);
-    return (av16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};
-}
-AVX2_ATTR QINLINE __m256i av16_dot(av16_bv w, av16_bv x) {
-    return _mm256_add_epi32(_mm256_madd_epi16(w.lo, x.lo), _mm256_madd_epi16(w.hi, x.hi));
-}
-AVX2_ATTR QINLINE i32x4 av16_sums_ss(const av16_bv *w, av16_bv x) {
-    return av_total4(av16_dot(w[0], x), av16_dot(w[1], x), av16_dot(w[2], x), av16_dot(w[3], x));
-}
-AVX2_ATTR QINLINE i32x8 av16_sums8_ss(const av16_bv *w, av16_bv x0, av16_bv x1) {
-    const __m256i p[4] = {av16_dot(w[0], x0), av16_dot(w[1], x0), av16_dot(w[2], x0), av16_dot(w[3], x0)};
-    const __m256i q[4] = {av16_dot(w[0], x1), av16_dot(w[1], x1), av16_dot(w[2], x1), av16_dot(w[3], x1)};
-    return av_total8(p, q);
-}
-#define av16_sums_us av16_sums_ss
-#define av16_sums8_us av16_sums8_ss
-#define av16_halves av_halves
-
-/* 16-bit x on AVX-512 VNNI: AVX2's layout, with vpdpwssd adding both halves' pair sums into one int32
- * vector (on 256-bit vectors: measured faster than one 512-bit vector per block on Zen 4). */
 typedef av16_bv vn16_bv;
-VNNI_ATTR QINLINE vn16_bv vn16_load(const int8_t *p) {
-    return (vn16_bv){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),
-                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};
+AVX2_ATTR QINLINE __m256i av16_pairs(__m256i acc, __m256i w, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
 }
-VNNI_ATTR QINLINE vn16_bv vn16_loadx(const int16_t *p) {
-    return (vn16_bv){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};
-}
-VNNI_ATTR QINLINE vn16_bv vn16_nibbles(const uint8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
-    return (vn16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),
-                     _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};
-}
-VNNI_ATTR QINLINE vn16_bv vn16_sub8(vn16_bv v) {
-    const __m256i e = _mm256_set1_epi16(8);
-    return (vn16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};
-}
-VNNI_ATTR QINLINE __m256i vn16_dot(vn16_bv w, vn16_bv x) {
-    return _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), w.lo, x.lo), w.hi, x.hi);
-}
-VNNI_ATTR QINLINE i32x4 vn16_sums_ss(const vn16_bv *w, vn16_bv x) {
-    return vn_total4(vn16_dot(w[0], x), vn16_dot(w[1], x), vn16_dot(w[2], x), vn16_dot(w[3], x));
-}
-VNNI_ATTR QINLINE i32x8 vn16_sums8_ss(const vn16_bv *w, vn16_bv x0, vn16_bv x1) {
-    const __m256i p[4] = {vn16_dot(w[0], x0), vn16_dot(w[1], x0), vn16_dot(w[2], x0), vn16_dot(w[3], x0)};
-    const __m256i q[4] = {vn16_dot(w[0], x1), vn16_dot(w[1], x1), vn16_dot(w[2], x1), vn16_dot(w[3], x1)};
-    return vn_total8(p, q);
-}
-#define vn16_sums_us vn16_sums_ss
-#define vn16_sums8_us vn16_sums8_ss
-#define vn16_halves vn_halves
+VNNI_ATTR QINLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
 
-QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
-QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
-
-/* Bytes shifted within 16-bit lanes: the bits that cross from the upper byte are masked off. */
-#define X86_KQUANTS(V, ATTR)                                                                                           \
+/* Bytes shifted within 16-bit lanes in V_kquants: the bits that cross from the upper byte are masked off. */
+#define X86_16(V, B, ATTR)                                                                                             \
+    ATTR QINLINE av16_bv V##_load(const int8_t *p) {                                                                   \
+        return (av16_bv){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),                                    \
+                         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};                            \
+    }                                                                                                                  \
+    ATTR QINLINE av16_bv V##_loadx(const int16_t *p) {                                                                 \
+        return (av16_bv){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};       \
+    }                                                                                                                  \
+    ATTR QINLINE av16_bv V##_nibbles(const uint8_t *p) {                                                               \
+        const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);                                  \
+        return (av16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),                                                    \
+                         _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};                                \
+    }                                                                                                                  \
+    ATTR QINLINE av16_bv V##_sub8(av16_bv v) {                                                                         \
+        const __m256i e = _mm256_set1_epi16(8);                                                                        \
+        return (av16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};                                        \
+    }                                                                                                                  \
+    ATTR QINLINE __m256i V##_dot(av16_bv w, av16_bv x) {                                                               \
+        return V##_pairs(V##_pairs(_mm256_setzero_si256(), w.lo, x.lo), w.hi, x.hi);                                   \
+    }                                                                                                                  \
+    ATTR QINLINE i32x4 V##_sums_ss(const av16_bv *w, av16_bv x) {                                                      \
+        return B##_total4(V##_dot(w[0], x), V##_dot(w[1], x), V##_dot(w[2], x), V##_dot(w[3], x));                     \
+    }                                                                                                                  \
+    ATTR QINLINE i32x8 V##_sums8_ss(const av16_bv *w, av16_bv x0, av16_bv x1) {                                        \
+        __m256i p[4], q[4];                                                                                            \
+        for (int i = 0; i < 4; i++) p[i] = V##_dot(w[i], x0), q[i] = V##_dot(w[i], x1);                                \
+        return B##_total8(p, q);                                                                                       \
+    }                                                                                                                  \
+    /* Q6_K: the sums over values 0..15 and over 16..31 apart */                                                      \
+    ATTR QINLINE void V##_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {                             \
+        const __m256i z = _mm256_setzero_si256();                                                                      \
+        *lo = B##_total4(V##_pairs(z, w[0].lo, x.lo), V##_pairs(z, w[1].lo, x.lo), V##_pairs(z, w[2].lo, x.lo),        \
+                         V##_pairs(z, w[3].lo, x.lo));                                                                 \
+        *hi = B##_total4(V##_pairs(z, w[0].hi, x.hi), V##_pairs(z, w[1].hi, x.hi), V##_pairs(z, w[2].hi, x.hi),        \
+                         V##_pairs(z, w[3].hi, x.hi));                                                                 \
+    }                                                                                                                  \
     ATTR QINLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {            \
         const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
         __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));             \
@@ -652,21 +613,17 @@ QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
         }                                                                                                              \
         return v;                                                                                                      \
     }
-X86_KQUANTS(av16, AVX2_ATTR)
-X86_KQUANTS(vn16, VNNI_ATTR)
-AVX2_ATTR QINLINE void av16_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {
-    *lo = av_total4(_mm256_madd_epi16(w[0].lo, x.lo), _mm256_madd_epi16(w[1].lo, x.lo),
-                    _mm256_madd_epi16(w[2].lo, x.lo), _mm256_madd_epi16(w[3].lo, x.lo));
-    *hi = av_total4(_mm256_madd_epi16(w[0].hi, x.hi), _mm256_madd_epi16(w[1].hi, x.hi),
-                    _mm256_madd_epi16(w[2].hi, x.hi), _mm256_madd_epi16(w[3].hi, x.hi));
-}
-VNNI_ATTR QINLINE void vn16_sums_halves(const vn16_bv *w, vn16_bv x, i32x4 *lo, i32x4 *hi) {
-    const __m256i z = _mm256_setzero_si256();
-    *lo = vn_total4(_mm256_dpwssd_epi32(z, w[0].lo, x.lo), _mm256_dpwssd_epi32(z, w[1].lo, x.lo),
-                    _mm256_dpwssd_epi32(z, w[2].lo, x.lo), _mm256_dpwssd_epi32(z, w[3].lo, x.lo));
-    *hi = vn_total4(_mm256_dpwssd_epi32(z, w[0].hi, x.hi), _mm256_dpwssd_epi32(z, w[1].hi, x.hi),
-                    _mm256_dpwssd_epi32(z, w[2].hi, x.hi), _mm256_dpwssd_epi32(z, w[3].hi, x.hi));
-}
+X86_16(av16, av, AVX2_ATTR)
+X86_16(vn16, vn, VNNI_ATTR)
+#define av16_sums_us av16_sums_ss
+#define av16_sums8_us av16_sums8_ss
+#define av16_halves av_halves
+#define vn16_sums_us vn16_sums_ss
+#define vn16_sums8_us vn16_sums8_ss
+#define vn16_halves vn_halves
+
+QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
+QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
 QDOT_KTILES(av16, AVX2_ATTR, xblock16_t)
 QDOT_KTILES(vn16, VNNI_ATTR, xblock16_t)
 #endif
