@@ -83,56 +83,35 @@ typedef struct {
 /* Round to nearest, ties to even, for |v| < 2^22: adding and taking away 1.5 * 2^23 leaves the integer. */
 QINLINE float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-static void quantize_block(const float *v, xblock_t *out) {
-    float amax = 0.0f;
-    int finite = 1;
-    for (int j = 0; j < 32; j++) {
-        const float a = v[j] < 0 ? -v[j] : v[j];
-        finite &= a <= 3.4028234663852886e38f;   /* false for inf and NaN */
-        amax = a > amax ? a : amax;
+/* A block of x to int8 (q in -127 .. 127, d = amax / 127) or int16 (q in -32767 .. 32767, d = amax / 32767;
+ * |sum| < 2^20: exact in float), as the header says. */
+#define QUANTIZE_BLOCK(NAME, XB, lane_t, QMAX)                                                                         \
+    static void NAME(const float *v, XB *out) {                                                                        \
+        float amax = 0.0f;                                                                                             \
+        int finite = 1;                                                                                                \
+        for (int j = 0; j < 32; j++) {                                                                                 \
+            const float a = v[j] < 0 ? -v[j] : v[j];                                                                   \
+            finite &= a <= 3.4028234663852886e38f;   /* false for inf and NaN */                                       \
+            amax = a > amax ? a : amax;                                                                                \
+        }                                                                                                              \
+        if (!finite) {                                                                                                 \
+            out->d = out->s = __builtin_nanf("");                                                                      \
+            memset(out->q, 0, sizeof out->q);                                                                          \
+            return;                                                                                                    \
+        }                                                                                                              \
+        const float d = amax / QMAX;                                                                                   \
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;                                                                  \
+        int sum = 0;                                                                                                   \
+        for (int j = 0; j < 32; j++) {                                                                                 \
+            const int q = (int)round_even(v[j] * id);                                                                  \
+            out->q[j] = (lane_t)q;                                                                                     \
+            sum += q;                                                                                                  \
+        }                                                                                                              \
+        out->d = d;                                                                                                    \
+        out->s = d * (float)sum;                                                                                       \
     }
-    if (!finite) {
-        out->d = out->s = __builtin_nanf("");
-        memset(out->q, 0, sizeof out->q);
-        return;
-    }
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int j = 0; j < 32; j++) {
-        const int q = (int)round_even(v[j] * id);
-        out->q[j] = (int8_t)q;
-        sum += q;
-    }
-    out->d = d;
-    out->s = d * (float)sum;
-}
-
-/* The same with 16-bit quants: d = amax / 32767, q in -32767 .. 32767 (|sum| < 2^20: exact in float). */
-static void quantize_block16(const float *v, xblock16_t *out) {
-    float amax = 0.0f;
-    int finite = 1;
-    for (int j = 0; j < 32; j++) {
-        const float a = v[j] < 0 ? -v[j] : v[j];
-        finite &= a <= 3.4028234663852886e38f;
-        amax = a > amax ? a : amax;
-    }
-    if (!finite) {
-        out->d = out->s = __builtin_nanf("");
-        memset(out->q, 0, sizeof out->q);
-        return;
-    }
-    const float d = amax / 32767.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int j = 0; j < 32; j++) {
-        const int q = (int)round_even(v[j] * id);
-        out->q[j] = (int16_t)q;
-        sum += q;
-    }
-    out->d = d;
-    out->s = d * (float)sum;
-}
+QUANTIZE_BLOCK(quantize_block, xblock_t, int8_t, 127.0f)
+QUANTIZE_BLOCK(quantize_block16, xblock16_t, int16_t, 32767.0f)
 
 /* The first `live` of four results to y (a whole vector when all four are). */
 QINLINE void qdot_store(float *y, const void *v, int live) {
