@@ -1,7 +1,7 @@
-"""The C kernels (daemon/nvllm/model/csrc/kernels.c); everything else is declared in pyproject.toml.
+"""The C kernels (daemon/nvllm/model/kernels/csrc/); everything else is declared in pyproject.toml.
 
 The extension is optional: where no C compiler is found the install still succeeds and nvllm runs its
-NumPy paths instead (nvllm.model.kernels.lib is None, and `nvllm serve` says so in its log).
+NumPy paths instead (nvllm.model.kernels.ops.lib is None, and `nvllm serve` says so in its log).
 """
 
 from setuptools import Extension, setup
@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "nvllm.model._kernels",
-            sources=["daemon/nvllm/model/csrc/kernels.c"],
+            "nvllm.model.kernels._ops",
+            sources=["daemon/nvllm/model/kernels/csrc/ops.c"],
             # No Python API is used: the library is loaded with ctypes, so it needs no Python headers.
             # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
             # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.
@@ -18,8 +18,10 @@ setup(
             optional=True,
         ),
         Extension(
-            "nvllm.model._matmul",
-            sources=["daemon/nvllm/model/csrc/matmul.c", "daemon/nvllm/model/csrc/qdot.c"],
+            "nvllm.model.kernels._matmul",
+            sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/qdot.c"],
+            # Their shared block layouts and helpers: a change there rebuilds both.
+            depends=["daemon/nvllm/model/kernels/csrc/blocks.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

@@ -49,6 +49,7 @@ def tiny_models() -> dict[str, Path]:
 def tiny_ggufs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> the tiny model as llama.cpp would convert it (F16 for tiny-llama-f16, F32 for the rest)."""
     import gguf
+
     from gguf_util import write_gguf
 
     out = tmp_path_factory.mktemp("gguf")
@@ -116,7 +117,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the test on both paths: the C kernels, and the NumPy code that stands in where they were
     not built (no C compiler at install)."""
-    from nvllm.model import kernels, matmul_kernels
+    from nvllm.model.kernels import matmul as matmul_kernels
+    from nvllm.model.kernels import ops as kernels
 
     if request.param == "numpy":
         monkeypatch.setattr(kernels, "lib", None)
@@ -136,6 +138,5 @@ def tiny(tiny_models: dict[str, Path]) -> Path:
 def offline(tiny: Path):
     """The offline engine on the same model and pool size as the test daemons: the reference answers."""
     from daemon_util import NUM_BLOCKS
-
     from nvllm import LLM
     return LLM(tiny, num_blocks=NUM_BLOCKS)

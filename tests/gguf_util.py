@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Dict, List
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from nvllm.model.loader import _safetensors_files, _Tensors
+from nvllm.model.weights.folder import _safetensors_files, _Tensors
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}   # tokenizer.ggml.pre of the tiny models
@@ -53,11 +52,11 @@ def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
                                 .swapaxes(1, 2).reshape(w.shape))
 
 
-def hf_tensors(folder: Path) -> Dict[str, np.ndarray]:
+def hf_tensors(folder: Path) -> dict[str, np.ndarray]:
     """Every tensor of the folder as float32 in HF orientation (the loader's own widening)."""
     t = _Tensors(_safetensors_files(folder), folder)
     try:
-        return {name: t.get(name, e.shape) for name, e in sorted(t.entries.items())}
+        return {name: t.array([(name, e.shape)]) for name, e in sorted(t.entries.items())}
     finally:
         t.close()
 
@@ -224,7 +223,7 @@ def write_random_gguf(out: Path, qtype: T, arch: str = "llama", *, hidden: int =
            "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
            "rms_norm_eps": 1e-6, "vocab_size": vocab, "rope_theta": rope_theta, "rope_scaling": rope_scaling}
     add_hparams(w, cfg, arch, qtype)
-    tokens: List[str] = [f"t{i}" for i in range(vocab)]
+    tokens: list[str] = [f"t{i}" for i in range(vocab)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(PRE[arch])
     w.add_token_list(tokens)
@@ -266,7 +265,7 @@ def write_random_gguf(out: Path, qtype: T, arch: str = "llama", *, hidden: int =
     return _finish(w, Path(out))
 
 
-def gguf_dequantized(path: Path) -> Dict[str, np.ndarray]:
+def gguf_dequantized(path: Path) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF as gguf.quants.dequantize gives it (NumPy order), read by gguf's reader."""
     reader = gguf.GGUFReader(str(path))
     return {t.name: np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)

@@ -1,5 +1,5 @@
 """The plain float tile of csrc/matmul.c (F32, F16, BF16 weights, and a folder's float32 arrays through
-matmul_kernels.float_matmul and linear.py), held to its NumPy twin QuantizedWeight.matmul in every variant
+kernels.matmul.float_matmul and matrix/dense.py), held to its NumPy twin QuantizedWeight.matmul in every variant
 this machine runs, for 1 .. 64 rows of x (a decode step) and more (prefill), odd sizes, any thread count.
 
 Tolerance as in test_matmul_kernels.py: |y - y_twin| <= 1e-5 * (|x| @ |W|.T); the order of the sums is
@@ -8,15 +8,19 @@ fixed, so rows of x and thread counts never change a bit within one variant.
 from __future__ import annotations
 
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from nvllm.model import linear as linear_mod
-from nvllm.model import matmul_kernels as mk
-from nvllm.model.linear import SMALL_T, SMALL_T_MIN, linear
-from nvllm.model.quants import FORMATS, QuantizedWeight
+from nvllm.model.kernels import matmul as mk
+from nvllm.model.kernels import threads
+from nvllm.model.matrix.dense import DenseWeight
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.matrix.weight import DECODE_ROWS as SMALL_T
+from nvllm.model.quant.formats import FORMATS
+
+SMALL_T_MIN = 2   # fewest rows of x the tile takes: one row goes to BLAS's sgemv
 
 # Also run under emulated aarch64 (deploy/aarch64-check.sh), where the variants are portable and neon.
 pytestmark = pytest.mark.aarch64
@@ -134,7 +138,7 @@ def test_nan_and_inf_stay_in_their_row(variant: str) -> None:
     assert np.isfinite(y[[0, 3]]).all() and np.isnan(y[1]).all() and not np.isfinite(y[2]).any()
 
 
-# ---------------------------------------------------------------- float_matmul and linear()
+# ---------------------------------------------------------------- float_matmul and DenseWeight
 
 @needs_lib
 def test_float_matmul_reads_the_array_in_place_as_an_f32_weight() -> None:
@@ -160,7 +164,7 @@ def test_float_matmul_refuses_what_it_cannot_read_in_place(w: object, message: s
 
 @pytest.fixture(params=["c-matmul", "numpy-matmul"])
 def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways linear() multiplies: the C tile, and the NumPy twin where the library is absent."""
+    """Both ways a DenseWeight multiplies: the C tile, and the NumPy twin where the library is absent."""
     if request.param == "numpy-matmul":
         monkeypatch.setattr(mk, "lib", None)
     elif mk.lib is None:
@@ -168,45 +172,45 @@ def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     return request.param
 
 
-def folder_weight(n_in: int, n_out: int, rng: np.random.Generator) -> np.ndarray:
-    """A float32 weight as the loader lays one out: [in, out], the view of a C-contiguous [out, in]."""
-    return np.ascontiguousarray(rng.standard_normal((n_out, n_in)).astype(np.float32)).T
+def folder_weight(n_in: int, n_out: int, rng: np.random.Generator) -> DenseWeight:
+    """A float32 weight as the loader lays one out: a DenseWeight of a C-contiguous [out, in]."""
+    return DenseWeight(np.ascontiguousarray(rng.standard_normal((n_out, n_in)).astype(np.float32)))
 
 
 @pytest.mark.parametrize("T", [SMALL_T_MIN, 3, 17, SMALL_T])
-def test_linear_sends_a_few_rows_to_the_tile_bit_for_bit(T: int, matmul_path: str) -> None:
+def test_a_dense_weight_sends_a_few_rows_to_the_tile_bit_for_bit(T: int, matmul_path: str) -> None:
     rng = rng_for("linear", T)
     w = folder_weight(96, 40, rng)
     x = rng.standard_normal((T, 96)).astype(np.float32)
-    y = linear(x, w)
+    y = w.apply(x)
     assert y.shape == (T, 40) and y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable
-    np.testing.assert_array_equal(y, mk.float_matmul(w.T, x, threads=1))   # the twin where lib is None
-    np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(y, mk.float_matmul(w.array, x, threads=1))   # the twin where lib is None
+    np.testing.assert_allclose(y, x @ w.array.T, rtol=1e-4, atol=1e-4)
     if mk.lib is not None:
         for t in range(T - SMALL_T_MIN + 1):   # a decode row gets the same bits in any batch of the range
-            np.testing.assert_array_equal(linear(x[t:t + SMALL_T_MIN], w), y[t:t + SMALL_T_MIN])
+            np.testing.assert_array_equal(w.apply(x[t:t + SMALL_T_MIN]), y[t:t + SMALL_T_MIN])
 
 
-def test_linear_sends_prefill_and_other_layouts_to_blas(matmul_path: str) -> None:
+def test_a_dense_weight_sends_prefill_and_other_layouts_to_blas(matmul_path: str) -> None:
     rng = rng_for("prefill")
     w = folder_weight(48, 24, rng)
     x = rng.standard_normal((SMALL_T + 1, 48)).astype(np.float32)
-    np.testing.assert_array_equal(linear(x, w), x @ w)
-    np.testing.assert_array_equal(linear(x[:SMALL_T_MIN - 1], w), x[:SMALL_T_MIN - 1] @ w)   # one row: sgemv
-    c_order = np.ascontiguousarray(w)                 # an [in, out] array of its own: BLAS as before
-    np.testing.assert_array_equal(linear(x[:3], c_order), x[:3] @ c_order)
-    as_blocks = QuantizedWeight(FORMAT["F32"], np.ascontiguousarray(w.T).view(np.uint8), (24, 48))
-    np.testing.assert_array_equal(linear(x, as_blocks), x @ w)
+    np.testing.assert_array_equal(w.apply(x), x @ w.array.T)
+    np.testing.assert_array_equal(w.apply(x[:SMALL_T_MIN - 1]), x[:SMALL_T_MIN - 1] @ w.array.T)   # one row: sgemv
+    f_order = DenseWeight(np.asfortranarray(w.array))   # not C-contiguous: BLAS as before
+    np.testing.assert_array_equal(f_order.apply(x[:3]), x[:3] @ f_order.array.T)
+    as_blocks = QuantizedWeight(FORMAT["F32"], w.array.view(np.uint8), (24, 48))
+    np.testing.assert_array_equal(as_blocks.apply(x), x @ w.array.T)
 
 
-def test_linear_uses_the_thread_count_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dense_weight_uses_the_thread_count_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = rng_for("threads")
     w = folder_weight(200, 33, rng)
     x = rng.standard_normal((5, 200)).astype(np.float32)   # in the tile's range
-    monkeypatch.setattr(linear_mod, "threads", 1)
-    one = linear(x, w)
-    monkeypatch.setattr(linear_mod, "threads", 3)
-    np.testing.assert_array_equal(linear(x, w), one)
+    monkeypatch.setattr(threads, "count", 1)
+    one = w.apply(x)
+    monkeypatch.setattr(threads, "count", 3)
+    np.testing.assert_array_equal(w.apply(x), one)
 
 
 @needs_lib

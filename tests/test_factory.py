@@ -161,7 +161,7 @@ class TestGGUF:
 class TestQuantizationAtLoad:
     @pytest.mark.parametrize("kind,fraction", [("q8_0", 0.3), ("q4_0", 0.2), ("q4_k", 0.3), ("bf16", 0.55), ("f16", 0.55)])
     def test_a_folder_is_served_in_the_format_asked_for(self, tiny_models, kind, fraction):
-        from nvllm.model.quants import QuantizedWeight
+        from nvllm.model.matrix.quantized import QuantizedWeight
 
         full = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization="f32")
         small = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization=kind)

@@ -25,13 +25,13 @@ import grpc
 import psutil
 import pytest
 
+from daemon_util import ROOT, DaemonProcess
+from nvllm.engine.memory import RUNTIME_OVERHEAD_BYTES, GiB, MiB, size_pool
 from nvllm.model import kv_cache
+from nvllm.model.config import load_config
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.loader import load_config
-from nvllm.engine.memory import GiB, MiB, RUNTIME_OVERHEAD_BYTES, size_pool
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
-from daemon_util import ROOT, DaemonProcess
 
 NUM_BLOCKS = 256
 IDLE_WINDOW_S = 10.0
@@ -120,7 +120,7 @@ def status(key):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     return 0
-import numpy, safetensors, nvllm.model.loader as L
+import numpy, safetensors, nvllm.model.weights.folder as L
 base = status("VmRSS")
 config, w = L.load_weights({str(model)!r})
 mapped = [l for l in open("/proc/self/maps") if ".safetensors" in l]

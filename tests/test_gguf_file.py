@@ -13,11 +13,18 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import gguf_util as gu
+from nvllm.model.config import ModelConfig, ModelLoadError, load_config
 from nvllm.model.decoder import ForwardBatch, Model
-from nvllm.model.gguf_file import (ARCHITECTURES, IN_PLACE_FORMATS, GGUFError, GGUFModel, hf_tensor_name,
-                                   load_gguf_weights, read_gguf, unpermute_rope_rows)
-from nvllm.model.loader import LayerWeights, ModelConfig, ModelLoadError, ModelWeights, load_config, load_weights
-from nvllm.model.quants import QuantizedWeight
+from nvllm.model.matrix.dense import DenseWeight
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.matrix.weight import Weight
+from nvllm.model.weights.folder import load_weights
+from nvllm.model.weights.gguf_config import ARCHITECTURES
+from nvllm.model.weights.gguf_file import GGUFModel, read_gguf
+from nvllm.model.weights.gguf_names import hf_tensor_name, unpermute_rope_rows
+from nvllm.model.weights.gguf_reader import GGUFError
+from nvllm.model.weights.gguf_weights import IN_PLACE_FORMATS, load_gguf_weights
+from nvllm.model.weights.layout import LayerWeights, ModelWeights
 
 FOLDERS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TYPES = (T.F16, T.BF16) + gu.QUANTIZABLE
@@ -53,12 +60,21 @@ def test_config_equals_the_folders(folder: Path, f32_gguf: Path):
     assert read_gguf(f32_gguf).config == load_config(folder)
 
 
+def _assert_same(y, x, name: str) -> None:
+    """A vector float32 and C-contiguous, a matrix a DenseWeight of a C-contiguous float32 [out, in] (the
+    folder's layout), holding the values of x."""
+    if isinstance(x, Weight):
+        assert isinstance(y, DenseWeight) and y.shape == x.shape, name
+        y, x = y.array, x.dequantize()
+    assert y.shape == x.shape and y.dtype == np.float32 and y.flags.c_contiguous, name
+    np.testing.assert_array_equal(y, x, err_msg=name)
+
+
 def _assert_weights_equal(ours: ModelWeights, ref: ModelWeights) -> None:
-    check = np.testing.assert_array_equal
-    check(ours.embed, ref.embed)
-    check(ours.norm, ref.norm)
-    check(ours.lm_head, ref.lm_head)
-    assert np.shares_memory(ours.lm_head, ours.embed) == np.shares_memory(ref.lm_head, ref.embed)
+    _assert_same(ours.embed, ref.embed, "embed")
+    _assert_same(ours.norm, ref.norm, "norm")
+    _assert_same(ours.lm_head, ref.lm_head, "lm_head")
+    assert ours.lm_head.shares_memory(ours.embed) == ref.lm_head.shares_memory(ref.embed)
     assert len(ours.layers) == len(ref.layers)
     for a, b in zip(ours.layers, ref.layers):
         for name, x in vars(b).items():
@@ -66,24 +82,19 @@ def _assert_weights_equal(ours: ModelWeights, ref: ModelWeights) -> None:
             if x is None:
                 assert y is None, name
             else:
-                assert y.shape == x.shape and y.dtype == np.float32, name
-                # the folder's layout: vectors C-contiguous, matrices [in, out] views of C-contiguous [out, in]
-                assert (y if y.ndim == 1 else y.T).flags.c_contiguous, name
-                check(y, x)
+                _assert_same(y, x, name)
 
 
 def _dense(w: ModelWeights) -> ModelWeights:
     """Weights kept in their format (load_gguf_weights in place) in the float32 layout: the values they
     multiply by, for comparing with a folder's or gguf's reference."""
-    def matrix(x):
-        if isinstance(x, tuple):
-            return np.concatenate([matrix(p) for p in x], axis=1)
-        return x.dequantize().T if isinstance(x, QuantizedWeight) else x   # [in, out] view, the loader's layout
+    def matrix(x: Weight) -> DenseWeight:
+        return DenseWeight(np.ascontiguousarray(x.dequantize()))
 
-    embed = w.embed.dequantize() if isinstance(w.embed, QuantizedWeight) else w.embed
-    lm_head = embed.T if w.lm_head is w.embed else matrix(w.lm_head)
+    embed = matrix(w.embed)
+    lm_head = embed if w.lm_head is w.embed else matrix(w.lm_head)
     layers = [LayerWeights(**{k: matrix(v) if k in ("qkv", "o", "gate_up", "down") else v
-                              for k, v in vars(l).items()}) for l in w.layers]
+                              for k, v in vars(layer).items()}) for layer in w.layers]
     return ModelWeights(embed=embed, layers=layers, norm=w.norm, lm_head=lm_head)
 
 
@@ -93,7 +104,8 @@ def test_f32_weights_equal_the_folders_exactly(folder: Path, f32_gguf: Path):
     ours = load_gguf_weights(m)
     _assert_weights_equal(ours, ref)
     mapped = np.frombuffer(m.mapping, np.uint8)
-    assert not any(np.shares_memory(a, mapped) for a in [ours.embed, ours.lm_head, ours.layers[0].qkv])
+    assert not any(np.shares_memory(b, mapped) for a in [ours.embed, ours.lm_head, ours.layers[0].qkv]
+                   for b in a.buffers())
 
 
 def _prompt_logits(model: Model, ids: np.ndarray) -> np.ndarray:
@@ -162,16 +174,16 @@ def _reference(path: Path, config: ModelConfig, arch: str) -> ModelWeights:
         bias = (np.concatenate([t[a + f"{x}_proj.bias"] for x in "qkv"]) if c.attention_bias else None)
         layers.append(LayerWeights(
             input_norm=t[p + "input_layernorm.weight"],
-            qkv=np.concatenate([t[a + f"{x}_proj.weight"] for x in "qkv"]).T,
+            qkv=DenseWeight(np.concatenate([t[a + f"{x}_proj.weight"] for x in "qkv"])),
             qkv_bias=bias,
-            o=t[a + "o_proj.weight"].T,
+            o=DenseWeight(t[a + "o_proj.weight"]),
             post_norm=t[p + "post_attention_layernorm.weight"],
-            gate_up=np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]).T,
-            down=t[p + "mlp.down_proj.weight"].T,
+            gate_up=DenseWeight(np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])),
+            down=DenseWeight(t[p + "mlp.down_proj.weight"]),
             q_norm=t.get(a + "q_norm.weight"), k_norm=t.get(a + "k_norm.weight"),
         ))
-    embed = t["model.embed_tokens.weight"]
-    lm_head = embed.T if c.tie_word_embeddings else t["lm_head.weight"].T
+    embed = DenseWeight(t["model.embed_tokens.weight"])
+    lm_head = embed if c.tie_word_embeddings else DenseWeight(t["lm_head.weight"])
     return ModelWeights(embed=embed, layers=layers, norm=t["model.norm.weight"], lm_head=lm_head)
 
 
@@ -188,7 +200,8 @@ def test_each_type_equals_ggufs_dequantize(folder: Path, qtype: T, tmp_path: Pat
     _assert_weights_equal(_dense(kept), want)
     if qtype in (T.F16, T.BF16, T.Q8_0):   # and it is still the folder's model, nearly
         _, ref = load_weights(folder, quantization="f32")
-        np.testing.assert_allclose(ours.layers[0].qkv, ref.layers[0].qkv, atol=0.02 * np.abs(ref.layers[0].qkv).max())
+        got, near = ours.layers[0].qkv.dequantize(), ref.layers[0].qkv.dequantize()
+        np.testing.assert_allclose(got, near, atol=0.02 * np.abs(near).max())
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -204,7 +217,7 @@ def test_random_blocks_equal_ggufs_dequantize(arch: str, qtype: T, tmp_path: Pat
     want = _reference(path, c, arch)
     ours = load_gguf_weights(m, in_place=False)
     _assert_weights_equal(ours, want)
-    assert all(np.isfinite(l.qkv).all() for l in ours.layers)
+    assert all(np.isfinite(layer.qkv.dequantize()).all() for layer in ours.layers)
     _assert_weights_equal(_dense(load_gguf_weights(m, in_place=True)), want)
 
 

@@ -16,7 +16,8 @@ from safetensors.numpy import load_file
 
 from nvllm import LLM, SamplingParams
 from nvllm.model.decoder import ForwardBatch, Model
-from nvllm.model.gguf_file import load_gguf_weights, read_gguf
+from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_weights import load_gguf_weights
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-3
@@ -35,7 +36,7 @@ def exact_float_matmuls():
     Q4_1 decoded to float, x kept float32. Their default, x quantized to 16 bits, moves SmolLM2's logits by
     up to ~0.007 and is held to its own rule (tests/test_qdot.py); the greedy continuations below run on
     the default path and must still be transformers' token for token."""
-    from nvllm.model import matmul_kernels as mk
+    from nvllm.model.kernels import matmul as mk
 
     if mk.lib is None:
         yield

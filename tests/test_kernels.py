@@ -1,4 +1,4 @@
-"""The C kernels (nvllm/model/csrc/kernels.c) against their NumPy twins, on shapes the models do not
+"""The C kernels (nvllm/model/kernels/csrc/ops.c) against their NumPy twins, on shapes the models do not
 have as well as those they do: odd head sizes, one-token pages, contexts of one token and of exactly
 full pages, padded block tables, extreme activations."""
 
@@ -11,10 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
-from nvllm.model import kernels
 from nvllm.model.attention import AttentionMetadata, _decode, _prefill
+from nvllm.model.config import ModelConfig
 from nvllm.model.decoder import ForwardBatch, Model, rms_norm, silu_mul
-from nvllm.model.loader import ModelConfig
+from nvllm.model.kernels import ops as kernels
 
 needs_kernels = pytest.mark.skipif(kernels.lib is None, reason="the C kernels were not built")
 # All of these also run on emulated aarch64 (deploy/aarch64-check.sh), where the kernels build for NEON.
@@ -30,7 +30,7 @@ def test_kernels_are_built_where_a_compiler_is():
         pytest.skip("no C compiler here, so pip could not build the kernels")
     if os.environ.get("NVLLM_KERNELS") == "0":
         pytest.skip(kernels.describe())
-    assert kernels.lib is not None, "a C compiler is present but nvllm/model/_kernels*.so was not built"
+    assert kernels.lib is not None, "a C compiler is present but nvllm/model/kernels/_ops*.so was not built"
 
 
 def random_decode_case(rng, S, nh, nkv, hd, bs):
@@ -71,7 +71,7 @@ def test_decode_attention_matches_numpy(S, nh, nkv, hd, bs, monkeypatch):
 def test_decode_attention_split_over_the_matmul_pool_changes_no_bit(parts):
     """The sequences shared out over the matmul kernels' threads (more parts than sequences too) give
     every sequence the bits of one call over all of them."""
-    from nvllm.model import matmul_kernels as mk
+    from nvllm.model.kernels import matmul as mk
 
     if mk.lib is None:
         pytest.skip("the C matmul library (its thread pool) was not built")

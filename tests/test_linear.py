@@ -1,7 +1,7 @@
-"""model/linear.py and the GGUF weights kept in their format: linear() multiplies by a float32 matrix, a
-QuantizedWeight or a tuple of them alike; embedding_rows dequantizes only the rows asked for; a GGUF
-loaded in place gives the layout, logits and greedy tokens of the same file dequantized to float32, and
-holds its weights at their size in the file."""
+"""model/matrix/ and the GGUF weights kept in their format: a DenseWeight, a QuantizedWeight and a
+FusedWeight of parts in different formats each multiply by apply(); rows() dequantizes only the rows
+asked for; a GGUF loaded in place gives the layout, logits and greedy tokens of the same file
+dequantized to float32, and holds its weights at their size in the file."""
 from __future__ import annotations
 
 import importlib
@@ -17,12 +17,16 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import gguf_util as gu
-from nvllm.model import gguf_file
 from nvllm.model.decoder import ForwardBatch, Model
-from nvllm.model.gguf_file import IN_PLACE_FORMATS, load_gguf_weights, read_gguf, resident_weight_bytes
-from nvllm.model.linear import embedding_rows, linear
-from nvllm.model.loader import ModelWeights
-from nvllm.model.quants import FORMATS, QuantizedWeight, raw_nbytes
+from nvllm.model.matrix.dense import DenseWeight
+from nvllm.model.matrix.fused import FusedWeight
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.matrix.weight import DECODE_ROWS
+from nvllm.model.quant.formats import FORMATS, raw_nbytes
+from nvllm.model.weights import gguf_weights
+from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_weights import IN_PLACE_FORMATS, load_gguf_weights, resident_weight_bytes
+from nvllm.model.weights.layout import ModelWeights
 
 FORMAT = {f.name: f for f in FORMATS.values()}
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
@@ -39,7 +43,7 @@ def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     in place to the dequantized ones; x quantized to 8 bits (the default) is held to its own rule in
     test_qdot.py."""
     try:
-        mk = importlib.import_module("nvllm.model.matmul_kernels")
+        mk = importlib.import_module("nvllm.model.kernels.matmul")
     except ImportError:
         mk = None
     if request.param == "numpy-matmul":
@@ -78,38 +82,49 @@ def bound(x: np.ndarray, w_out_in: np.ndarray) -> np.ndarray:
     return 64 * np.finfo(np.float32).eps * (np.abs(x).astype(np.float64) @ np.abs(w_out_in).T.astype(np.float64))
 
 
-# ---------------------------------------------------------------- linear and embedding_rows
+# ---------------------------------------------------------------- apply and rows
 
-def test_linear_of_a_float32_matrix_is_x_at_w():
+def test_a_float32_matrix_multiplies_as_x_at_w_transposed():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal((8, 5)).astype(np.float32)
-    np.testing.assert_array_equal(linear(x, w), x @ w)
+    np.testing.assert_array_equal(DenseWeight(w.T).apply(x), x @ w)   # [out, in] not C-contiguous: BLAS
 
 
 @pytest.mark.parametrize("name", sorted(IN_PLACE_FORMATS))
-def test_linear_of_a_quantized_weight_is_x_times_its_values(name: str, matmul_path: str):
+def test_a_quantized_weight_multiplies_as_x_times_its_values(name: str, matmul_path: str):
     w = random_weight(name, 40, 512, seed=len(name))
     dense = w.dequantize()                                      # [out, in]
     for rows in (1, 7):                                         # a decode token, a prefill chunk
         x = np.random.default_rng(rows).standard_normal((rows, 512)).astype(np.float32)
-        y = linear(x, w)
+        y = w.apply(x)
         assert y.dtype == np.float32 and y.shape == (rows, 40) and y.flags.c_contiguous and y.flags.writeable
         want = x.astype(np.float64) @ dense.T.astype(np.float64)
         assert np.all(np.abs(y - want) <= bound(x, dense)), name
 
 
-def test_linear_of_parts_lays_their_outputs_side_by_side(matmul_path: str):
+@pytest.mark.parametrize("rows", [1, 4, DECODE_ROWS + 1])   # decode, a batch, prefill
+def test_fused_parts_lay_their_outputs_side_by_side(matmul_path: str, rows: int):
     a, b = random_weight("Q4_K", 16, 256, 1), random_weight("Q6_K", 8, 256, 2)
-    x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
-    y = linear(x, (a, b))
-    assert y.shape == (4, 24)
-    np.testing.assert_array_equal(y[:, :16], linear(x, a))
-    np.testing.assert_array_equal(y[:, 16:], linear(x, b))
+    x = np.random.default_rng(3).standard_normal((rows, 256)).astype(np.float32)
+    fused = FusedWeight([a, b])
+    y = fused.apply(x)
+    assert fused.shape == (24, 256) and y.shape == (rows, 24) and y.flags.c_contiguous
+    np.testing.assert_array_equal(y[:, :16], a.apply(x))
+    np.testing.assert_array_equal(y[:, 16:], b.apply(x))
+    out = np.full((rows, 24), np.nan, np.float32)
+    assert fused.apply(x, out) is out                       # each part wrote its own columns of it
+    np.testing.assert_array_equal(out, y)
+    assert fused.formats == ("Q4_K", "Q6_K") and fused.nbytes == a.nbytes + b.nbytes
+    np.testing.assert_array_equal(fused.dequantize(), np.concatenate([a.dequantize(), b.dequantize()]))
 
 
-def test_linear_refuses_what_is_no_weight():
-    with pytest.raises(TypeError, match="linear: not a weight: list"):
-        linear(np.zeros((1, 4), np.float32), [np.zeros((4, 4), np.float32)])
+def test_weights_refuse_what_they_cannot_hold():
+    with pytest.raises(ValueError, match="a dense weight is a 2-D array"):
+        DenseWeight(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="fused parts need one input size"):
+        FusedWeight([random_weight("Q8_0", 4, 64, 1), random_weight("Q8_0", 4, 32, 2)])
+    with pytest.raises(ValueError, match="fused parts need one input size"):
+        FusedWeight([])
 
 
 @pytest.mark.parametrize("name", sorted(IN_PLACE_FORMATS | {"F32", "Q5_0", "Q5_1"}))
@@ -122,7 +137,6 @@ def test_rows_dequantize_only_the_rows_asked_for(name: str):
     assert got.dtype == np.float32 and got.shape == (5, 256)
     np.testing.assert_array_equal(got, w.dequantize()[ids])
     assert w.rows(np.array([], dtype=np.int64)).shape == (0, 256)
-    np.testing.assert_array_equal(embedding_rows(w, ids), got)
 
 
 def test_rows_refuse_ids_out_of_range_or_of_the_wrong_kind():
@@ -137,20 +151,13 @@ def test_rows_refuse_ids_out_of_range_or_of_the_wrong_kind():
         w.rows(np.array([1.0]))
 
 
-def test_embedding_rows_of_a_float32_table_index_it():
+def test_rows_of_a_float32_table_index_it():
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
-    np.testing.assert_array_equal(embedding_rows(table, np.array([2, 0])), table[[2, 0]])
+    np.testing.assert_array_equal(DenseWeight(table).rows(np.array([2, 0])), table[[2, 0]])
 
 
 # ---------------------------------------------------------------- a GGUF kept in place
 
-def dense(w) -> np.ndarray:
-    """A linear() weight as float32 [in, out] (a float32 one as it is)."""
-    if isinstance(w, np.ndarray):
-        return w
-    if isinstance(w, tuple):
-        return np.concatenate([dense(p) for p in w], axis=1)
-    return np.ascontiguousarray(w.dequantize().T)
 
 
 MATRICES = ("qkv", "o", "gate_up", "down")
@@ -158,9 +165,8 @@ MATRICES = ("qkv", "o", "gate_up", "down")
 
 def assert_same_layout(ours: ModelWeights, ref: ModelWeights) -> None:
     """The in-place weights hold exactly the float32 layout's values, each in its place."""
-    embed = ours.embed.dequantize() if isinstance(ours.embed, QuantizedWeight) else ours.embed
-    np.testing.assert_array_equal(embed, ref.embed)
-    np.testing.assert_array_equal(dense(ours.lm_head), ref.lm_head)
+    np.testing.assert_array_equal(ours.embed.dequantize(), ref.embed.dequantize())
+    np.testing.assert_array_equal(ours.lm_head.dequantize(), ref.lm_head.dequantize())
     np.testing.assert_array_equal(ours.norm, ref.norm)
     for a, b in zip(ours.layers, ref.layers):
         for name, x in vars(b).items():
@@ -168,7 +174,7 @@ def assert_same_layout(ours: ModelWeights, ref: ModelWeights) -> None:
             if x is None:
                 assert y is None, name
             elif name in MATRICES:
-                np.testing.assert_array_equal(dense(y), x, err_msg=name)
+                np.testing.assert_array_equal(y.dequantize(), x.dequantize(), err_msg=name)
             else:
                 assert isinstance(y, np.ndarray) and y.dtype == np.float32, name
                 np.testing.assert_array_equal(y, x, err_msg=name)
@@ -260,24 +266,24 @@ def test_resident_bytes_are_known_from_the_header(random_gguf: Path, tmp_path: P
 
 def test_a_format_without_an_in_place_kernel_is_float32_and_logged(tmp_path: Path, caplog):
     path = gu.write_random_gguf(tmp_path / "q5.gguf", T.Q5_0, "llama", layers=1, vocab=64)
-    with caplog.at_level(logging.INFO, logger="nvllm.model.gguf_file"):
+    with caplog.at_level(logging.INFO, logger="nvllm.model.weights.gguf_weights"):
         w = load_gguf_weights(read_gguf(path), in_place=True)
-    assert all(isinstance(getattr(w.layers[0], n), np.ndarray) for n in MATRICES)
-    assert isinstance(w.embed, np.ndarray) and np.shares_memory(w.lm_head, w.embed) is False
-    lines = [r.getMessage() for r in caplog.records if r.name == "nvllm.model.gguf_file"]
+    assert all(isinstance(getattr(w.layers[0], n), DenseWeight) for n in MATRICES)
+    assert isinstance(w.embed, DenseWeight) and not w.lm_head.shares_memory(w.embed)
+    lines = [r.getMessage() for r in caplog.records if r.name == "nvllm.model.weights.gguf_weights"]
     assert len(lines) == 1 and "9 matrices dequantized to float32" in lines[0], lines
     assert "blk.0.attn_q.weight (Q5_0)" in lines[0] and "Q4_K" in lines[0]
 
 
 def test_without_the_kernels_every_matrix_is_float32_and_logged(tmp_path: Path, caplog, monkeypatch):
     path = gu.write_random_gguf(tmp_path / "q4.gguf", T.Q4_0, "llama", layers=1, vocab=64)
-    monkeypatch.setattr(gguf_file, "in_place_kernels", lambda: False)
-    with caplog.at_level(logging.INFO, logger="nvllm.model.gguf_file"):
+    monkeypatch.setattr(gguf_weights, "in_place_kernels", lambda: False)
+    with caplog.at_level(logging.INFO, logger="nvllm.model.weights.gguf_weights"):
         w = load_gguf_weights(read_gguf(path))
-    assert all(isinstance(getattr(w.layers[0], n), np.ndarray) for n in MATRICES)
+    assert all(isinstance(getattr(w.layers[0], n), DenseWeight) for n in MATRICES)
     assert any("every matrix dequantized to float32" in r.getMessage() and "not built" in r.getMessage()
                for r in caplog.records)
-    monkeypatch.setattr(gguf_file, "in_place_kernels", lambda: True)
+    monkeypatch.setattr(gguf_weights, "in_place_kernels", lambda: True)
     assert isinstance(load_gguf_weights(read_gguf(path)).layers[0].qkv, QuantizedWeight)
 
 
@@ -305,7 +311,10 @@ def test_parts_in_different_formats_stay_in_their_formats(tmp_path: Path, matmul
     path = _mixed_gguf(tmp_path)
     w = load_gguf_weights(read_gguf(path), in_place=True)
     qkv = w.layers[0].qkv
-    assert isinstance(qkv, tuple) and [p.fmt.name for p in qkv] == ["Q4_K", "Q4_K", "Q6_K"]
+    # q|k stacked in their one format, v beside them in its own
+    assert isinstance(qkv, FusedWeight) and [p.formats for p in qkv.parts] == [("Q4_K",), ("Q6_K",)]
+    c = read_gguf(path).config
+    assert [p.shape[0] for p in qkv.parts] == [(c.num_heads + c.num_kv_heads) * c.head_dim, c.num_kv_heads * c.head_dim]
     assert isinstance(w.layers[0].gate_up, QuantizedWeight)
     ref = load_gguf_weights(read_gguf(path), in_place=False)
     assert_same_layout(w, ref)
@@ -317,7 +326,8 @@ def test_parts_in_different_formats_stay_in_their_formats(tmp_path: Path, matmul
 
 _RSS_SCRIPT = """
 import json, sys
-from nvllm.model.gguf_file import load_gguf_weights, read_gguf
+from nvllm.model.weights.gguf_weights import load_gguf_weights
+from nvllm.model.weights.gguf_file import read_gguf
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 m = read_gguf(sys.argv[1])
@@ -345,21 +355,20 @@ def test_smollm2_in_place_is_resident_at_its_file_size(smollm2_gguf: Path):
 
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
 def test_decode_sized_calls_take_the_integer_path_and_prefill_the_float_one(name: str):
-    """linear() lets x be quantized for up to SMALL_T rows (a decode step) and sends longer calls (prefill)
-    to BLAS on the dequantized blocks; each holds to its own twin."""
-    from nvllm.model import linear as linear_module
-    from nvllm.model import qdot
+    """apply() lets x be quantized for up to DECODE_ROWS rows (a decode step) and sends longer calls
+    (prefill) to BLAS on the dequantized blocks; each holds to its own twin."""
+    from nvllm.model.kernels import qdot
 
-    mk = importlib.import_module("nvllm.model.matmul_kernels")
+    mk = importlib.import_module("nvllm.model.kernels.matmul")
     if mk.lib is None or mk.int_variant() == "float":
         pytest.skip("no integer variant of the C matmul kernels runs here")
     w = random_weight(name, 8, 64, seed=5)
     bits = 16 if mk.int_variant().endswith("-i16") else 8
     rng = np.random.default_rng(3)
-    for rows in (1, linear_module.SMALL_T):
+    for rows in (1, DECODE_ROWS):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
-        np.testing.assert_array_equal(linear(x, w), qdot.matmul(w, x, bits))
-    x = rng.standard_normal((linear_module.SMALL_T + 1, 64)).astype(np.float32)
-    y = linear(x, w)
+        np.testing.assert_array_equal(w.apply(x), qdot.matmul(w, x, bits))
+    x = rng.standard_normal((DECODE_ROWS + 1, 64)).astype(np.float32)
+    y = w.apply(x)
     np.testing.assert_array_equal(y, w.matmul(x))
     assert not np.array_equal(y, qdot.matmul(w, x, bits))

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, load_weights
+from nvllm.model.config import ModelConfig, ModelLoadError, load_config
+from nvllm.model.matrix.dense import DenseWeight
+from nvllm.model.weights.folder import load_weights
 
 
 def copy_model(src: Path, tmp_path: Path) -> Path:
@@ -22,22 +24,23 @@ def copy_model(src: Path, tmp_path: Path) -> Path:
 def test_loads_every_tiny_model_in_float32(tiny_models):
     for name, path in tiny_models.items():
         config, w = load_weights(path, quantization="f32")
-        assert w.embed.dtype == np.float32 and w.layers[0].qkv.dtype == np.float32, name
+        assert isinstance(w.embed, DenseWeight) and isinstance(w.layers[0].qkv, DenseWeight), name
+        assert w.embed.array.dtype == np.float32 and w.layers[0].qkv.array.dtype == np.float32, name
         h, d = config.hidden_size, config.head_dim
-        assert w.layers[0].qkv.shape == (h, (config.num_heads + 2 * config.num_kv_heads) * d)
-        assert w.layers[0].gate_up.shape == (h, 2 * config.intermediate_size)
-        # [in, out] views of C-contiguous [out, in] arrays: the rows the C tile reads, one after the other
-        assert w.layers[0].qkv.T.flags.c_contiguous and w.layers[0].down.T.flags.c_contiguous
-        assert w.lm_head.T.flags.c_contiguous and w.embed.flags.c_contiguous
+        assert w.layers[0].qkv.shape == ((config.num_heads + 2 * config.num_kv_heads) * d, h)
+        assert w.layers[0].gate_up.shape == (2 * config.intermediate_size, h)
+        # C-contiguous [out, in] arrays: the rows the C tile reads, one after the other
+        assert w.layers[0].qkv.array.flags.c_contiguous and w.layers[0].down.array.flags.c_contiguous
+        assert w.lm_head.array.flags.c_contiguous and w.embed.array.flags.c_contiguous
 
 
 def test_tied_embeddings_share_memory_untied_do_not(tiny_models):
     _, tied = load_weights(tiny_models["tiny-qwen2"], quantization="f32")
     _, untied = load_weights(tiny_models["tiny-llama"])
-    assert np.shares_memory(tied.lm_head, tied.embed)
-    assert not np.shares_memory(untied.lm_head, untied.embed)
+    assert tied.lm_head.shares_memory(tied.embed)
+    assert not untied.lm_head.shares_memory(untied.embed)
     _, kept = load_weights(tiny_models["tiny-qwen2"])      # its bfloat16 embedding kept: the same object
-    assert kept.lm_head is kept.embed or np.shares_memory(kept.lm_head, kept.embed)
+    assert kept.lm_head is kept.embed
 
 
 def test_qwen2_reads_biases_and_newer_rope_form(tiny_models):
@@ -113,17 +116,15 @@ def test_weights_hold_the_files_values_in_their_final_layout(tiny_models, name):
     config, w = load_weights(tiny_models[name], quantization="f32")
     t = {k: v.astype(np.float32) for k, v in load_file(tiny_models[name] / "model.safetensors").items()}
     p = "model.layers.1."
-    qkv = np.concatenate([t[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]).T
-    gate_up = np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]).T
-    np.testing.assert_array_equal(w.layers[1].qkv, qkv)
-    np.testing.assert_array_equal(w.layers[1].gate_up, gate_up)
-    np.testing.assert_array_equal(w.layers[1].down, t[p + "mlp.down_proj.weight"].T)
-    np.testing.assert_array_equal(w.embed, t["model.embed_tokens.weight"])
-    # matrices are [in, out] views of their own C-contiguous [out, in] arrays (linear.py's layout)
-    for a in (w.embed, w.layers[1].qkv.T, w.layers[1].o.T, w.norm):
-        own = a if a.base is None else a.base
-        assert a.dtype == np.float32 and a.flags.c_contiguous and own.flags.owndata and own.flags.writeable
-        assert own.shape == a.shape
+    qkv = np.concatenate([t[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+    gate_up = np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])
+    np.testing.assert_array_equal(w.layers[1].qkv.array, qkv)
+    np.testing.assert_array_equal(w.layers[1].gate_up.array, gate_up)
+    np.testing.assert_array_equal(w.layers[1].down.array, t[p + "mlp.down_proj.weight"])
+    np.testing.assert_array_equal(w.embed.array, t["model.embed_tokens.weight"])
+    # matrices are their own C-contiguous [out, in] arrays (the layout matrix/dense.py multiplies)
+    for a in (w.embed.array, w.layers[1].qkv.array, w.layers[1].o.array, w.norm):
+        assert a.dtype == np.float32 and a.flags.c_contiguous and a.flags.owndata and a.flags.writeable
 
 
 def test_bf16_is_widened_exactly(tiny_models):
@@ -134,14 +135,14 @@ def test_bf16_is_widened_exactly(tiny_models):
         with safe_open(str(f), framework="numpy") as st:
             if name in st.keys():
                 assert st.get_slice(name).get_dtype() == "BF16"
-    raw = np.asarray(w.layers[0].o).view(np.uint32)
+    raw = w.layers[0].o.array.view(np.uint32)
     assert not (raw & 0xFFFF).any(), "a widened bf16 has zero low bits"
     assert config.weight_bytes == w.nbytes
 
 
 _PEAK_SCRIPT = """
 import json, resource, sys
-from nvllm.model.loader import load_weights
+from nvllm.model.weights.folder import load_weights
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 before = peak()
@@ -184,9 +185,9 @@ def test_as_stored_keeps_16_bit_matrices_in_16_bits_exactly(tiny_models, name):
     """model.quantization "" (the default): a matrix whose parts are all float16 (or all bfloat16) stays a
     QuantizedWeight of that format holding exactly the file's values; a matrix with a float32 part, the
     norms and the biases are float32; bytes and formats are what stored_weights plans from the headers."""
-    from nvllm.model import matmul_kernels
-    from nvllm.model.loader import stored_weights
-    from nvllm.model.quants import QuantizedWeight
+    from nvllm.model.kernels import matmul as matmul_kernels
+    from nvllm.model.matrix.quantized import QuantizedWeight
+    from nvllm.model.weights.folder import stored_weights
 
     if matmul_kernels.lib is None:
         pytest.skip("without the C kernels a folder is float32 (the NumPy twin would be slower)")
@@ -204,11 +205,11 @@ def test_as_stored_keeps_16_bit_matrices_in_16_bits_exactly(tiny_models, name):
         got, want = getattr(w.layers[1], field), getattr(f32.layers[1], field)
         if len(dtypes) == 1 and dtypes <= {"F16", "BF16"}:
             assert isinstance(got, QuantizedWeight) and got.fmt.name == dtypes.pop(), field
-            np.testing.assert_array_equal(got.dequantize(), want.T)
+            np.testing.assert_array_equal(got.dequantize(), want.array)
             kept += 1
         else:
-            assert isinstance(got, np.ndarray) and got.dtype == np.float32, field
-            np.testing.assert_array_equal(got, want)
+            assert isinstance(got, DenseWeight) and got.array.dtype == np.float32, field
+            np.testing.assert_array_equal(got.array, want.array)
     assert kept, f"{name} has no 16-bit matrix to keep"
     assert isinstance(w.norm, np.ndarray) and w.norm.dtype == np.float32
     held, formats = stored_weights(folder, config)

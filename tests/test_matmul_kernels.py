@@ -16,8 +16,9 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from gguf_util import random_blocks
-from nvllm.model import matmul_kernels as mk
-from nvllm.model.quants import FORMATS, QuantizedWeight
+from nvllm.model.kernels import matmul as mk
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.quant.formats import FORMATS
 
 # Also run under emulated aarch64 (deploy/aarch64-check.sh), where gcc builds the kernels for NEON.
 pytestmark = pytest.mark.aarch64
@@ -219,7 +220,7 @@ def test_bad_out_is_refused_naming_it() -> None:
 
 def test_bad_weights_are_refused_naming_them() -> None:
     x = np.zeros((1, 64), np.float32)
-    with pytest.raises(ValueError, match=r"^w: need a QuantizedWeight"):
+    with pytest.raises(ValueError, match=r"^w: need a BlockMatrix"):
         mk.quant_matmul(np.zeros((6, 64), np.float32), x, threads=1)  # type: ignore[arg-type]
     w = _weight()
     mk.quant_matmul(w, x, threads=1)                           # checked once, then kept on it...

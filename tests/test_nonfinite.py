@@ -9,6 +9,7 @@ import pytest
 
 from nvllm import LLM, SamplingParams
 from nvllm.model.decoder import ForwardBatch, NonFiniteLogits
+from nvllm.model.matrix.dense import DenseWeight
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -36,8 +37,8 @@ def test_a_nan_weight_fails_the_steps_requests_and_a_repaired_model_serves_again
     engine = llm.engine
     layer = engine.model.weights.layers[0]
     healthy = layer.down
-    poisoned = healthy.copy()
-    poisoned[0, 0] = np.nan                       # reaches every token of every sequence
+    poisoned = DenseWeight(healthy.dequantize().copy())
+    poisoned.array[0, 0] = np.nan                 # reaches every token of every sequence
     layer.down = poisoned
     try:
         for i, n in enumerate((60, 90, 40)):
@@ -86,8 +87,8 @@ def test_forward_names_the_rows_whose_logits_are_not_finite(tiny, kernel_path):
     llm = LLM(tiny, num_blocks=16)
     model = llm.engine.model
     cache = model.make_kv_cache(4, 16)
-    embed = model.weights.embed.copy()
-    embed[7] = np.nan                             # only token 7: only the sequence that holds it
+    embed = DenseWeight(model.weights.embed.dequantize().copy())
+    embed.array[7] = np.nan                       # only token 7: only the sequence that holds it
     # Three sequences of 3, 1 and 2 tokens on pages 0, 1 and 2; token 7 is in the second.
     batch = ForwardBatch.build(token_ids=[5, 6, 8, 7, 9, 10], positions=[0, 1, 2, 0, 0, 1],
                                slot_mapping=[0, 1, 2, 16, 32, 33], query_lens=[3, 1, 2], context_lens=[3, 1, 2],

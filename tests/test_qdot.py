@@ -19,9 +19,10 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from gguf_util import random_blocks
-from nvllm.model import matmul_kernels as mk
-from nvllm.model import qdot
-from nvllm.model.quants import FORMATS, QuantizedWeight
+from nvllm.model.kernels import matmul as mk
+from nvllm.model.kernels import qdot
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.quant.formats import FORMATS
 
 # Also run under emulated aarch64 (deploy/aarch64-check.sh): NEON, NEON with sdot, and the scalar code.
 pytestmark = pytest.mark.aarch64
@@ -77,7 +78,7 @@ def quantized_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) 
     and Q6_K, which neither writes, random blocks)."""
     data = (rng.standard_normal((rows, n_in)) * 0.05).astype(np.float32)
     if name == "Q4_K":
-        from nvllm.model.quantize import quantize
+        from nvllm.model.quant.quantize import quantize
         return QuantizedWeight(FORMAT[name], quantize(FORMAT[name], data), (rows, n_in))
     if name in ("Q5_K", "Q6_K"):
         return random_weight(name, rows, n_in, rng)
@@ -297,7 +298,8 @@ def test_smollm2_gguf_logits_keep_their_top_1_and_stay_near_transformers(smollm2
     from safetensors.numpy import load_file
 
     from nvllm.model.decoder import ForwardBatch, Model
-    from nvllm.model.gguf_file import load_gguf_weights, read_gguf
+    from nvllm.model.weights.gguf_file import read_gguf
+    from nvllm.model.weights.gguf_weights import load_gguf_weights
 
     golden = load_file(str(Path(__file__).parent / "golden" / "smollm2-135m-instruct.safetensors"))
     subset = golden.get("vocab_subset")

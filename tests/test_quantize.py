@@ -17,8 +17,11 @@ from gguf.quants import quantize as gguf_quantize
 
 from nvllm import cli
 from nvllm.config import ConfigError, load_settings
-from nvllm.model import quantize as qz
-from nvllm.model.quants import FORMATS, QuantizedWeight, dequantize
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.quant import quantize as qz
+from nvllm.model.quant.dequantize import dequantize
+from nvllm.model.quant.formats import FORMATS
+from nvllm.model.weights import conversion
 from nvllm.server.app import settings_from_args
 
 FMT = {f.name: f for f in FORMATS.values()}
@@ -242,7 +245,7 @@ def test_quantize_weight_multiplies_like_the_float_weight():
     w = random_rows(40, 512, seed=1)
     x = random_rows(3, 512, seed=2)
     for kind, tol in [("q8_0", 0.02), ("q4_0", 0.2), ("q4_k", 0.15), ("bf16", 0.01), ("f16", 0.002)]:
-        qw = qz.quantize_weight(w, kind)
+        qw = conversion.quantize_weight(w, kind)
         assert isinstance(qw, QuantizedWeight) and qw.fmt.name == qz.KINDS[kind] and qw.shape == (40, 512)
         want = x @ w.T
         got = qw.matmul(x)
@@ -251,8 +254,8 @@ def test_quantize_weight_multiplies_like_the_float_weight():
 
 def test_rows_not_whole_blocks_fall_back(caplog):
     w = random_rows(8, 576, seed=4)  # SmolLM2's hidden size: 18 blocks of 32, 2.25 of 256
-    with caplog.at_level(logging.INFO, logger="nvllm.model.quantize"):
-        qw = qz.quantize_weight(w, "q4_k", name="layers.0.qkv")
+    with caplog.at_level(logging.INFO, logger="nvllm.model.weights.conversion"):
+        qw = conversion.quantize_weight(w, "q4_k", name="layers.0.qkv")
     assert qw.fmt.name == "Q8_0"
     assert np.array_equal(qw.blocks, qz.quantize(FMT["Q8_0"], w))
     assert "layers.0.qkv" in caplog.text and "576" in caplog.text and "Q8_0" in caplog.text
@@ -260,7 +263,7 @@ def test_rows_not_whole_blocks_fall_back(caplog):
     for kind in ("q4_k", "q8_0", "q4_0"):
         fmt, reason = qz.choose_format(kind, 100)
         assert fmt.name == "F32" and "100" in reason
-    qw = qz.quantize_weight(odd, "q4_0")
+    qw = conversion.quantize_weight(odd, "q4_0")
     assert qw.fmt.name == "F32" and np.array_equal(qw.dequantize(), odd)
     assert qz.choose_format("bf16", 577) == (FMT["BF16"], "")
     assert qz.choose_format("q4_k", 1536) == (FMT["Q4_K"], "")
@@ -268,9 +271,9 @@ def test_rows_not_whole_blocks_fall_back(caplog):
 
 def test_bad_input_is_refused_clearly():
     with pytest.raises(ValueError, match="model.quantization must be one of"):
-        qz.quantize_weight(random_rows(2, 64), "q3_k")
+        conversion.quantize_weight(random_rows(2, 64), "q3_k")
     with pytest.raises(ValueError, match="2-D"):
-        qz.quantize_weight(np.zeros(64, F), "q8_0", name="norm")
+        conversion.quantize_weight(np.zeros(64, F), "q8_0", name="norm")
     with pytest.raises(ValueError, match="float32"):
         qz.quantize(FMT["Q8_0"], np.zeros((2, 64), np.float64))
     with pytest.raises(ValueError, match="multiple of its block"):

@@ -1,10 +1,9 @@
-"""The GGUF block formats (model/quants.py): sizes, dequantizers bitwise equal to gguf-py's reference, the
+"""The GGUF block formats (model/quant/: formats, dequantize, blocks): sizes, dequantizers bitwise equal to gguf-py's reference, the
 QuantizedWeight type's multiply, and the refusals (unsupported types, wrong shapes and sizes)."""
 from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Tuple
 
 import numpy as np
 import pytest
@@ -12,9 +11,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as reference_dequantize
 from gguf.quants import quantize as reference_quantize
 
-from nvllm.model import quants
-from nvllm.model.quants import (FORMATS, BlockFormat, QuantizedWeight, UnsupportedTensorType, block_format,
-                                dequantize, raw_nbytes)
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.quant import blocks
+from nvllm.model.quant import dequantize as dequantizers
+from nvllm.model.quant.dequantize import dequantize
+from nvllm.model.quant.formats import FORMATS, BlockFormat, UnsupportedTensorType, block_format, raw_nbytes
 
 ALL = sorted(f.name for f in FORMATS.values())
 FORMAT = {f.name: f for f in FORMATS.values()}
@@ -33,13 +34,13 @@ def seed(*what: object) -> int:
     return zlib.crc32(repr(what).encode())
 
 
-def shape_of(fmt: BlockFormat, layout: Tuple[int, ...]) -> Tuple[int, ...]:
+def shape_of(fmt: BlockFormat, layout: tuple[int, ...]) -> tuple[int, ...]:
     """The tensor shape of `layout` (rows..., blocks per row); the float types get 16 values a block."""
     *rows, blocks = layout
     return (*rows, blocks * fmt.block_elems * (16 if fmt.block_elems == 1 else 1))
 
 
-def random_raw(fmt: BlockFormat, shape: Tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def random_raw(fmt: BlockFormat, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """Random bytes for a tensor of `shape`, with finite scales; for the float types, finite values."""
     n = raw_nbytes(fmt, shape)
     if fmt.name == "F32":
@@ -56,7 +57,7 @@ def random_raw(fmt: BlockFormat, shape: Tuple[int, ...], rng: np.random.Generato
     return raw
 
 
-def reference(fmt: BlockFormat, raw: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
+def reference(fmt: BlockFormat, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """gguf-py's dequantization of the same bytes, as float32 [*shape]."""
     rows = raw.reshape(*shape[:-1], -1)
     return np.asarray(reference_dequantize(rows, GGMLQuantizationType(fmt.ggml_type)), np.float32).reshape(shape)
@@ -96,7 +97,7 @@ def test_raw_nbytes_is_the_files_size(name: str) -> None:
 
 @pytest.mark.parametrize("layout", SHAPES)
 @pytest.mark.parametrize("name", WRITABLE)
-def test_dequantize_equals_gguf_on_data_gguf_quantized(name: str, layout: Tuple[int, ...]) -> None:
+def test_dequantize_equals_gguf_on_data_gguf_quantized(name: str, layout: tuple[int, ...]) -> None:
     fmt = FORMAT[name]
     shape = shape_of(fmt, layout)
     rng = np.random.default_rng(seed(name, layout))
@@ -109,7 +110,7 @@ def test_dequantize_equals_gguf_on_data_gguf_quantized(name: str, layout: Tuple[
 
 @pytest.mark.parametrize("layout", SHAPES)
 @pytest.mark.parametrize("name", ALL)
-def test_dequantize_equals_gguf_on_random_blocks(name: str, layout: Tuple[int, ...]) -> None:
+def test_dequantize_equals_gguf_on_random_blocks(name: str, layout: tuple[int, ...]) -> None:
     # random bytes reach every bit pattern of the quants and scales (the K-quants' packed 6-bit ones too)
     fmt = FORMAT[name]
     shape = shape_of(fmt, layout)
@@ -120,7 +121,7 @@ def test_dequantize_equals_gguf_on_random_blocks(name: str, layout: Tuple[int, .
 @pytest.mark.parametrize("name", ALL)
 def test_dequantize_in_several_chunks_equals_gguf(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # large tensors go through the kernels a chunk of blocks at a time; here 2 blocks a chunk, 1 left over
-    monkeypatch.setattr(quants, "_CHUNK_BYTES", 2 * FORMAT[name].block_bytes + 1)
+    monkeypatch.setattr(dequantizers, "_CHUNK_BYTES", 2 * FORMAT[name].block_bytes + 1)
     fmt = FORMAT[name]
     shape = shape_of(fmt, (3, 7))
     raw = random_raw(fmt, shape, np.random.default_rng(seed(name, "chunks")))
@@ -182,7 +183,7 @@ def test_matmul_equals_x_times_the_dequantized_weight(name: str, monkeypatch: py
     x = np.random.default_rng(8).standard_normal((5, in_features)).astype(np.float32)
     want = x.astype(np.float64) @ dense.T.astype(np.float64)
     for chunk in (1 << 20, 3 * in_features, in_features):  # one chunk, chunks with a remainder, row by row
-        monkeypatch.setattr(quants, "_CHUNK_VALUES", chunk)
+        monkeypatch.setattr(blocks, "_CHUNK_VALUES", chunk)
         y = w.matmul(x)
         assert y.dtype == np.float32 and y.shape == (5, out_features)
         assert np.all(np.abs(y - want) <= matmul_bound(x, dense))

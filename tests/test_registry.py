@@ -14,7 +14,8 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from nvllm import cli, registry
-from nvllm.model.gguf_file import GGUFError, hf_tensor_name, unpermute_rope_rows
+from nvllm.model.weights.gguf_names import hf_tensor_name, unpermute_rope_rows
+from nvllm.model.weights.gguf_reader import GGUFError
 from nvllm.registry import KNOWN_MODELS, RegistryError
 
 NAME = "smollm2-135m-instruct"

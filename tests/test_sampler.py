@@ -15,8 +15,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from nvllm.model.sampler import SamplingBatch, make_generator, sample
 from nvllm.model.sampling import draws, truncation
+from nvllm.model.sampling.batch import SamplingBatch
+from nvllm.model.sampling.sampler import make_generator, sample
 
 NUM_DRAWS = 20_000
 Z_ALPHA_1E3 = 3.090232306167813  # upper 0.1% point of the standard normal

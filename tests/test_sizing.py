@@ -15,9 +15,9 @@ import pytest
 from nvllm.config import load_settings
 from nvllm.engine import factory
 from nvllm.engine.memory import GiB, MiB
+from nvllm.model.config import ModelConfig, load_config
 from nvllm.model.decoder import Model
-from nvllm.model.loader import ModelConfig, load_config
-from nvllm.model.quantize import quantized_weight_bytes
+from nvllm.model.weights.conversion import quantized_weight_bytes
 from nvllm.server import app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -82,8 +82,8 @@ def test_max_tokens_gives_length(llm):
 def test_eos_stops_unless_ignored(tiny_models):
     engine = LLM(tiny_models["tiny-llama"], num_blocks=64).engine
     eos = min(engine.eos_token_ids)
-    # Make EOS the greedy choice early: scale up its lm_head column (untied, so only the output changes).
-    engine.model.weights.lm_head[:, eos] *= 100
+    # Make EOS the greedy choice early: scale up its lm_head row (untied, so only the output changes).
+    engine.model.weights.lm_head.array[eos] *= 100
     llm = LLM.from_engine(engine)
     first = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=10))[0]
     if first.token_ids[-1] != eos:

@@ -23,8 +23,20 @@ import grpc
 import psutil
 import pytest
 
-from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, ROOT, DaemonProcess, assert_sound, collect,
-                         config_with, health, joined, offline_result, request, run_bounded)
+from daemon_util import (
+    BASE_CONFIG,
+    MAX_MESSAGE_BYTES,
+    ROOT,
+    DaemonProcess,
+    assert_sound,
+    collect,
+    config_with,
+    health,
+    joined,
+    offline_result,
+    request,
+    run_bounded,
+)
 from nvllm.config import Settings, load_settings
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
@@ -320,7 +332,7 @@ TEMPLATE_SYNTAX = ["{{ 7*7 }}", "{% for x in range(3) %}x{% endfor %}", "{{ rais
 
 
 def test_chat_content_and_roles_reach_the_prompt_literally(tiny: Path, tmp_path: Path, offline) -> None:
-    from nvllm.tokenizer import Tokenizer
+    from nvllm.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(tiny)
     d = DaemonProcess(tmp_path, tiny)
     try:
@@ -367,9 +379,8 @@ def test_request_fields_never_reach_a_shell_or_a_path(tiny: Path, tmp_path: Path
 
 
 # The modules a request passes through: none may run a shell, load pickles, eval, or build a jinja
-# environment other than the sandboxed one in chat_template.py.
-REQUEST_PATH = ["server", "engine", "model", "tokenizer.py", "chat_template.py", "detokenizer.py",
-                "sampling_params.py", "v1"]
+# environment other than the sandboxed one in text/chat_template.py.
+REQUEST_PATH = ["server", "engine", "model", "text", "sampling_params.py", "v1"]
 FORBIDDEN_MODULES = {"subprocess", "pickle", "shelve", "marshal", "dill", "cloudpickle"}
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "system", "popen", "spawnl", "spawnv", "execv",
                    "execvp", "load", "Environment", "Template", "from_string"}
@@ -394,7 +405,7 @@ def test_no_shell_pickle_eval_or_unsandboxed_template_on_the_request_path() -> N
                         and not (name == "compile" and base == "re"):
                     found.append(f"{f.name}:{node.lineno} calls {base + '.' if base else ''}{name}")
     # The one jinja environment: the sandboxed one, whose templates come from the model folder only.
-    chat_template = (package / "chat_template.py").read_text()
+    chat_template = (package / "text" / "chat_template.py").read_text()
     assert "ImmutableSandboxedEnvironment(" in chat_template
     allowed = {f for f in found if f.startswith("chat_template.py") and "from_string" in f}
     assert set(found) - allowed == set(), found

@@ -22,10 +22,11 @@ import pytest
 from daemon_util import DaemonProcess, joined, request, run_bounded
 from nvllm.engine.structured import StructuredCompiler
 from nvllm.llm import LLM
-from nvllm.model.sampler import SamplingBatch, make_generator, sample
 from nvllm.model.sampling import mask
+from nvllm.model.sampling.batch import SamplingBatch
+from nvllm.model.sampling.sampler import make_generator, sample
 from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
-from nvllm.tokenizer import Tokenizer
+from nvllm.text.tokenizer import Tokenizer
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 

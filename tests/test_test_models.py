@@ -154,7 +154,7 @@ def test_tiny_qwen3_has_head_norms_and_a_head_dim_of_its_own(made: dict):
 
 
 def test_the_loader_reads_tiny_qwen3(made: dict):
-    from nvllm.model.loader import load_weights
+    from nvllm.model.weights.folder import load_weights
 
     config, lw = load_weights(made["tiny-qwen3"], quantization="f32")
     assert config.qk_norm and not config.attention_bias and config.head_dim == 24
@@ -163,7 +163,7 @@ def test_the_loader_reads_tiny_qwen3(made: dict):
         a = f"model.layers.{i}.self_attn."
         np.testing.assert_array_equal(layer.q_norm, w[a + "q_norm.weight"])
         np.testing.assert_array_equal(layer.k_norm, w[a + "k_norm.weight"])
-        assert layer.qkv.shape == (64, (4 + 2 * 2) * 24) and layer.o.shape == (96, 64) and layer.qkv_bias is None
+        assert layer.qkv.shape == ((4 + 2 * 2) * 24, 64) and layer.o.shape == (64, 96) and layer.qkv_bias is None
     # The plan made from config.json alone counts the norms: every stored value, once.
     assert config.num_params == sum(a.size for a in w.values())
     assert config.weight_bytes == lw.nbytes
@@ -172,7 +172,8 @@ def test_the_loader_reads_tiny_qwen3(made: dict):
 def test_a_missing_head_norm_is_named(made: dict, tmp_path: Path):
     from safetensors.numpy import save_file
 
-    from nvllm.model.loader import ModelLoadError, load_weights
+    from nvllm.model.config import ModelLoadError
+    from nvllm.model.weights.folder import load_weights
 
     folder = tmp_path / "tiny-qwen3"
     folder.mkdir()
@@ -186,7 +187,7 @@ def test_a_missing_head_norm_is_named(made: dict, tmp_path: Path):
 
 
 def test_qwen3_config_reads_as_transformers_reads_it():
-    from nvllm.model.loader import ModelConfig, ModelLoadError
+    from nvllm.model.config import ModelConfig, ModelLoadError
 
     base = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
             "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 10}

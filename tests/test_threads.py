@@ -119,8 +119,8 @@ def test_the_default_thread_count_follows_the_affinity_mask() -> None:
     """model.threads = 0 in a process pinned to one core: one thread (never zero), for BLAS and the
     in-place kernels alike."""
     code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
-            "from nvllm.model import linear; from nvllm.cgroup import usable_cpus; "
-            "print(usable_cpus().count, linear.default_threads(), linear.threads)")
+            "from nvllm.model.kernels import threads; from nvllm.cgroup import usable_cpus; "
+            "print(usable_cpus().count, threads.default(), threads.count)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1", "1"]
@@ -130,11 +130,11 @@ def test_model_threads_sets_blas_and_the_in_place_kernels_together(tiny_models) 
     from threadpoolctl import threadpool_info
 
     from nvllm import LLM
-    from nvllm.model import linear
+    from nvllm.model.kernels import threads
 
     llm = LLM(tiny_models["tiny-llama"], num_blocks=16, max_model_len=64, threads=1)
-    assert llm.engine.threads == 1 and linear.threads == 1
+    assert llm.engine.threads == 1 and threads.count == 1
     assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
     llm = LLM(tiny_models["tiny-llama"], num_blocks=16, max_model_len=64)     # 0: the default
-    assert llm.engine.threads == linear.default_threads()
-    assert linear.threads == min(linear.default_threads(), linear.MAX_THREADS)
+    assert llm.engine.threads == threads.default()
+    assert threads.count == min(threads.default(), threads.MAX)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import unicodedata
 import os
 import shutil
+import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Sequence, Tuple
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -19,9 +19,9 @@ from tokenizers import Tokenizer as Backend  # noqa: E402
 from tokenizers import models as tk_models  # noqa: E402
 from tokenizers import normalizers, trainers  # noqa: E402
 
-from nvllm.chat_template import validate_messages  # noqa: E402
-from nvllm.detokenizer import IncrementalDetokenizer  # noqa: E402
-from nvllm.tokenizer import Tokenizer  # noqa: E402
+from nvllm.text.chat_template import validate_messages  # noqa: E402
+from nvllm.text.detokenizer import IncrementalDetokenizer  # noqa: E402
+from nvllm.text.tokenizer import Tokenizer  # noqa: E402
 
 FFFD = "\ufffd"
 # NVLLM_HYPOTHESIS_EXAMPLES=5000 for a deeper search than the default run.
@@ -106,7 +106,7 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data), encoding="utf-8")
 
 
-def stream(tok: Tokenizer, prompt: Sequence[int], output: Sequence[int], skip: bool = True) -> Tuple[List[str], str]:
+def stream(tok: Tokenizer, prompt: Sequence[int], output: Sequence[int], skip: bool = True) -> tuple[list[str], str]:
     """Every add() result, and the flush() at the end."""
     detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
     deltas = [detok.add(t) for t in output]
@@ -356,7 +356,7 @@ class TestTemplateEnvironment:
         assert templated(src).render_chat([USER], add_generation_prompt=False) == "<s>|</s>|False|True|False"
 
     def test_template_is_compiled_once(self, llama, monkeypatch):
-        import nvllm.chat_template as module
+        import nvllm.text.chat_template as module
 
         def fail(source):
             raise AssertionError("recompiled")

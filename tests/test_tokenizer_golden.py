@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 
-from nvllm.tokenizer import Tokenizer
+from nvllm.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN_FILES = sorted((REPO / "tests" / "golden").glob("tokenizer_*.json"))
@@ -27,7 +26,7 @@ def model_name(path: Path) -> str:
     return load_golden(path).get("model") or path.stem[len("tokenizer_"):]
 
 
-_cache: Dict[str, Tokenizer] = {}
+_cache: dict[str, Tokenizer] = {}
 
 
 @pytest.fixture
@@ -62,7 +61,7 @@ HINT = (
 )
 
 
-def mismatches(pairs: List[tuple]) -> str:
+def mismatches(pairs: list[tuple]) -> str:
     lines = (f"  {what!r}:\n    transformers {want}\n    nvllm        {got}" for what, want, got in pairs)
     return "\n".join(lines) + HINT
 

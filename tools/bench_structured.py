@@ -25,7 +25,8 @@ import numpy as np
 from nvllm.config import load_settings
 from nvllm.engine.factory import build_engine
 from nvllm.engine.structured import StructuredCompiler
-from nvllm.model.sampler import SamplingBatch, make_generator, sample
+from nvllm.model.sampling.batch import SamplingBatch
+from nvllm.model.sampling.sampler import make_generator, sample
 from nvllm.sampling_params import SamplingParams, StructuredSpec
 
 ROOT = Path(__file__).resolve().parent.parent

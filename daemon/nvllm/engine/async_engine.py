@@ -17,9 +17,9 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.sequence import RequestOutput, Sequence
@@ -47,13 +47,13 @@ class _Command:
 class RequestStream:
     """One request's outputs, as an async iterator; a context manager that aborts on early exit."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, stream: _Stream) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream) -> None:
         self.request_id = request_id
         self._engine = engine
         self._stream = stream
         self._done = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
@@ -76,13 +76,13 @@ class RequestStream:
             self._done = True
             self._engine._abandon(self.request_id, self._stream)
 
-    def __enter__(self) -> "RequestStream":
+    def __enter__(self) -> RequestStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    async def __aenter__(self) -> "RequestStream":
+    async def __aenter__(self) -> RequestStream:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -143,12 +143,12 @@ class AsyncEngine:
         """
         self.stop_thread(timeout)
         try:
-            on_loop = asyncio.get_running_loop() is self._loop
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
-            on_loop = False
-        if on_loop:
+            running = None
+        if running is not None and running is self._loop:
             # Outputs the thread posted are queued on the loop already: fail the rest after them.
-            self._loop.call_soon(self.abort_leftovers)
+            running.call_soon(self.abort_leftovers)
         else:
             self.abort_leftovers()
 
@@ -190,7 +190,7 @@ class AsyncEngine:
         """Validate and tokenize (InvalidParameter on a bad request); safe off the engine thread."""
         return self.engine.make_sequence(request_id, prompt, params)
 
-    def add(self, seq: Sequence) -> "RequestStream":
+    def add(self, seq: Sequence) -> RequestStream:
         """Queue `seq` now and return its stream of outputs (iterate it with `async for`).
 
         Closing the stream before its final output (leaving its `with` block, cancellation, a

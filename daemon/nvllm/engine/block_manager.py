@@ -237,7 +237,8 @@ class BlockManager:
         if any(r < 0 for r in self.ref_counts):
             fail("a negative reference count")
         for b in cached:
-            if self.block_hashes[b] is None or self.hash_to_block.get(self.block_hashes[b]) != b:
+            block_hash = self.block_hashes[b]
+            if block_hash is None or self.hash_to_block.get(block_hash) != b:
                 fail(f"cached page {b} is not reachable through its hash")
         for b in free:
             if self.block_hashes[b] is not None:

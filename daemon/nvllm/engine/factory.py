@@ -17,21 +17,23 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from nvllm.config import Settings
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.engine.memory import (GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes,
-                                 size_pool)
-from nvllm.model import kernels
+from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
-from nvllm.model.gguf_file import load_gguf_weights, read_gguf, resident_weight_bytes
+from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.loader import ModelConfig, ModelLoadError, load_config, read_json, stored_weights
-from nvllm.model.quantize import matrix_shapes, quantized_weight_bytes
-from nvllm.tokenizer import Tokenizer
+from nvllm.model.weights.conversion import matrix_shapes, quantized_weight_bytes
+from nvllm.model.weights.folder import stored_weights
+from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_weights import load_gguf_weights, resident_weight_bytes
+from nvllm.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine.factory")
 
@@ -59,7 +61,7 @@ class ModelInfo:
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
-           weight_format: str = "float32", load_peak_bytes: int = 0) -> "ModelInfo":
+           weight_format: str = "float32", load_peak_bytes: int = 0) -> ModelInfo:
         per_token = KVCache.bytes_per_block(c.num_layers, 1, c.num_kv_heads, c.head_dim)
         weights = c.weight_bytes if weight_bytes is None else weight_bytes
         return cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
@@ -237,4 +239,4 @@ def build_engine(settings: Settings,
 
 def compute_description() -> str:
     """Which compute path runs: the C kernels, or the NumPy twins and why."""
-    return kernels.describe()
+    return ops.describe()

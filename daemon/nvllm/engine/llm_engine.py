@@ -6,22 +6,25 @@ import logging
 import secrets
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, List, Mapping, Union
+from typing import Any
 
 import numpy as np
 
 from nvllm.config import Settings
-from nvllm.detokenizer import IncrementalDetokenizer
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob
 from nvllm.engine.structured import StructuredCompiler
-from nvllm.model.decoder import ForwardBatch, Model, set_blas_threads
+from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.model.kernels import threads
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.sampler import SamplingBatch, sample
+from nvllm.model.sampling.batch import SamplingBatch
+from nvllm.model.sampling.sampler import SamplerOutput, sample
 from nvllm.sampling_params import InvalidParameter, SamplingParams
-from nvllm.tokenizer import Tokenizer
+from nvllm.text.detokenizer import IncrementalDetokenizer
+from nvllm.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine")
 
@@ -29,7 +32,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 # What a request may give as its prompt: text, token ids, or {"prompt": text},
 # {"prompt_token_ids": [...]}, {"messages": [...]} (rendered here with the model's chat template).
-Prompt = Union[str, List[int], Mapping[str, Any]]
+Prompt = str | list[int] | Mapping[str, Any]
 
 
 class LLMEngine:
@@ -43,7 +46,7 @@ class LLMEngine:
         self.kv_cache = kv_cache
         self.settings = settings
         self.max_model_len = max_model_len
-        self.threads = set_blas_threads(settings.model.threads)   # BLAS's and the in-place kernels'
+        self.threads = threads.configure(settings.model.threads)   # BLAS's and the in-place kernels'
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
                                           settings.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
@@ -214,6 +217,7 @@ class LLMEngine:
                 self.num_prompt_tokens_computed += min(seq.num_prompt_tokens, seq.num_computed_tokens) - before
             self.block_manager.mark_computed(seq, before)
         for row, seq in enumerate(sampled):
+            assert result is not None     # _run samples whenever a sequence is due a token
             token = int(result.token_ids[row])
             lp = None
             if seq.params.logprobs is not None:
@@ -232,7 +236,7 @@ class LLMEngine:
         return (self.tokenizer.id_to_token(token_id) or "",
                 self.tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def _run(self, batch: ScheduledBatch):
+    def _run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
         """Pack the batch, run the model, sample the sequences whose last token was computed."""
         bs = self.kv_cache.block_size
         ids, pos, slots, qlens, clens, tables, logit_rows, sampled = [], [], [], [], [], [], [], []
@@ -255,20 +259,22 @@ class LLMEngine:
         block_tables = np.zeros((len(tables), width), dtype=np.int32)       # [S, max_blocks]
         for r, tb in enumerate(tables):
             block_tables[r, :len(tb)] = tb
+        i64 = lambda vals: np.asarray(vals, dtype=np.int64)  # noqa: E731
         fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
-                                np.concatenate(pos), np.concatenate(slots), qlens, clens, block_tables,
-                                logit_rows)
+                                np.concatenate(pos), np.concatenate(slots), i64(qlens), i64(clens), block_tables,
+                                i64(logit_rows))
         constrained = [r for r, s in enumerate(sampled) if s.structured is not None]
-        bits: np.ndarray | Future | None = None
+        bits: np.ndarray | None = None
+        filling: Future | None = None
         if constrained and self.structured_overlap:
             if self._mask_pool is None:
                 self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="nvllm-mask")
-            bits = self._mask_pool.submit(self.structured.fill, [sampled[r].structured for r in constrained])
+            filling = self._mask_pool.submit(self.structured.fill, [sampled[r].structured for r in constrained])
         try:
             logits = self.model.forward(fb, self.kv_cache)
         finally:
-            if isinstance(bits, Future):   # never leave a fill running past the step
-                bits = bits.result()
+            if filling is not None:   # never leave a fill running past the step
+                bits = filling.result()
         if not sampled:
             return sampled, None
         if constrained and bits is None:
@@ -347,6 +353,7 @@ class LLMEngine:
         if matcher is not None and matcher.is_stopped():   # the grammar is complete: nothing may follow
             self._finish(seq, "stop")
             return
+        assert p.max_tokens is not None     # make_sequence set it
         if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, "length")
 

@@ -14,7 +14,6 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import psutil
 
@@ -66,9 +65,9 @@ def _read_stat(path: Path, *keys: str) -> int:
     return 0
 
 
-def _headroom(found: list[tuple[str, Path]], version: str) -> Optional[tuple[int, str]]:
+def _headroom(found: list[tuple[str, Path]], version: str) -> tuple[int, str] | None:
     """The smallest (limit - usage) over the levels that have a limit, and where it is."""
-    best: Optional[tuple[int, str]] = None
+    best: tuple[int, str] | None = None
     for name, directory in found:
         if version == "v2":
             bounds = [read_int(directory / "memory.max"), read_int(directory / "memory.high")]
@@ -94,7 +93,7 @@ def _headroom(found: list[tuple[str, Path]], version: str) -> Optional[tuple[int
     return best
 
 
-def cgroup_headroom(root: str | os.PathLike = "/") -> Optional[tuple[int, str]]:
+def cgroup_headroom(root: str | os.PathLike = "/") -> tuple[int, str] | None:
     """Bytes the daemon's cgroup (and its parents) still allow, and where the bound is; None
     when no cgroup limits memory. All paths are under root so tests can use a fake tree."""
     root = Path(root)
@@ -107,7 +106,7 @@ def cgroup_headroom(root: str | os.PathLike = "/") -> Optional[tuple[int, str]]:
 
 
 def available_memory(root: str | os.PathLike = "/",
-                     host_available: Optional[int] = None) -> MemoryReading:
+                     host_available: int | None = None) -> MemoryReading:
     """Host available memory (psutil, unless given), capped by the cgroup's headroom."""
     host = psutil.virtual_memory().available if host_available is None else host_available
     bound = cgroup_headroom(root)
@@ -205,9 +204,9 @@ def pool_budget(available_bytes: int, memory_fraction: float, reserve_bytes: int
 
 
 def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float,
-              reserve_bytes: int, max_pool_bytes: int, num_blocks_override: Optional[int],
+              reserve_bytes: int, max_pool_bytes: int, num_blocks_override: int | None,
               min_blocks_needed: int, *, block_size: int, source: str = "",
-              max_model_len: Optional[int] = None, max_num_seqs: Optional[int] = None) -> PoolSizing:
+              max_model_len: int | None = None, max_num_seqs: int | None = None) -> PoolSizing:
     """Pages for the KV pool from one memory reading.
 
     min_blocks_needed: what one max_model_len sequence needs, ceil(max_model_len / block_size).
@@ -223,7 +222,7 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
     budget = pool_budget(available_bytes, memory_fraction, reserve_bytes, max_pool_bytes)
     demand = max_num_seqs * min_blocks_needed if max_num_seqs is not None else 0
     overridden = num_blocks_override is not None
-    if overridden:
+    if num_blocks_override is not None:
         num_blocks = num_blocks_override
     else:
         # Pages past the demand would never be used: they only cost start-up time and memory.

@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from nvllm.detokenizer import IncrementalDetokenizer
 from nvllm.sampling_params import SamplingParams
+from nvllm.text.detokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):

@@ -28,25 +28,30 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Iterable, Sequence as Seq
+from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
 from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
 from nvllm.sampling_params import InvalidParameter, StructuredSpec
-from nvllm.tokenizer import Tokenizer
+from nvllm.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
 
 CACHE_SIZE = 64             # compiled grammars kept, by text
 COMPILE_TIMEOUT_S = 5.0     # a request waits this long for its grammar at most
 COMPILE_THREADS = 2
 PARALLEL_MIN_ROWS = 4       # below this many constrained rows, filling them one by one is faster
 # llguidance's defaults but for the lexer's state count: ~1-2 kB each, so 250k could take 500 MB.
-LIMITS = dict(max_lexer_states=50_000)
+MAX_LEXER_STATES = 50_000
 # Compact JSON: no optional whitespace at all (and so no run of it until max_tokens).
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 _ERROR_CHARS = 200          # llguidance's message, cut to its first line and this many characters
 
 
@@ -118,7 +123,8 @@ class StructuredCompiler:
             grammar = self._grammar(spec)
         except Exception as e:   # noqa: BLE001 - the GBNF converter is Python and may fail in any way
             return None, _short(str(e) or type(e).__name__)
-        m = LLMatcher(self.lltokenizer(), grammar, log_level=0, limits=LLParserLimits(**LIMITS))
+        limits = LLParserLimits(max_lexer_states=MAX_LEXER_STATES)
+        m = LLMatcher(self.lltokenizer(), grammar, log_level=0, limits=limits)
         if not m.is_error():
             m.compute_bitmask()   # the first mask builds the lexer's start: an error may only show here
         if m.is_error():
@@ -127,17 +133,20 @@ class StructuredCompiler:
 
     @staticmethod
     def _grammar(spec: StructuredSpec) -> str:
-        if spec.kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(spec.value, defaults=JSON_OPTIONS)
+        value = spec.value   # its shape for the kind is StructuredSpec.validate()'s, already passed
         if spec.kind == "json_object":
             return LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
-        if spec.kind == "regex":
-            return LLMatcher.grammar_from_regex(spec.value)
         if spec.kind == "choice":
+            assert isinstance(value, tuple)
             # Lark string literals take JSON's escapes.
-            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.value)
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
             return LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
-        return llguidance.grammar_from("grammar", spec.value)   # Lark, or GBNF turned into Lark
+        assert isinstance(value, str)
+        if spec.kind == "json_schema":
+            return LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS)
+        if spec.kind == "regex":
+            return LLMatcher.grammar_from_regex(value)
+        return llguidance.grammar_from("grammar", value)   # Lark, or GBNF turned into Lark
 
     # -- each step ----------------------------------------------------------------------------------
     def fill(self, matchers: Seq[LLMatcher]) -> np.ndarray:

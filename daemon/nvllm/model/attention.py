@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nvllm.model import kernels, linear, matmul_kernels
+from nvllm.model.kernels import matmul, ops, threads
 
 # Query rows per tile in a prefill chunk: tiles skip the keys their causal mask would hide, and a
 # tile's scores stay small enough to remain in cache.
@@ -38,9 +38,9 @@ class AttentionMetadata:
             # Decode tokens that sit side by side in the batch (all of them, in a pure decode step) are
             # read and written in place; others go through a gathered copy.
             self.decode_span = (int(tok[0]), int(tok[-1]) + 1) if tok[-1] - tok[0] == tok.size - 1 else None
-            self.paged_decode = (kernels.PagedDecode(np.ascontiguousarray(self.block_tables[self.decode_rows]),
+            self.paged_decode = (ops.PagedDecode(np.ascontiguousarray(self.block_tables[self.decode_rows]),
                                                      np.ascontiguousarray(ctx))
-                                 if kernels.lib is not None else None)
+                                 if ops.lib is not None else None)
             self.decode_width = int(ctx.max())
 
     @functools.cached_property
@@ -71,9 +71,9 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     """Every single-token sequence at once: the C kernel reads each page in place; the NumPy path
     gathers the pages, pads to the longest context and masks."""
     rows, tok = meta.decode_rows, meta.decode_tokens
-    if kernels.lib is not None and meta.paged_decode is not None:
+    if ops.lib is not None and meta.paged_decode is not None:
         # the sequences shared out over the matmul kernels' threads, when there are several
-        pool = (linear.threads, matmul_kernels.pool_run) if matmul_kernels.lib is not None else (1, None)
+        pool = (threads.count, matmul.pool_run) if matmul.lib is not None else (1, None)
         if meta.decode_span is not None:
             t0, t1 = meta.decode_span
             meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1], *pool)
@@ -95,11 +95,13 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
         kv[:, np.arange(nblk * bs) >= ctx[:, None]] = 0
     k, v = kv[0, :, :c], kv[1, :, :c]                              # [Sd, C, nkv, hd] each
     qd = q[tok].reshape(rows.size, nkv, nh // nkv, hd)             # [Sd, nkv, g, hd]
-    scores = qd @ k.transpose(0, 2, 3, 1)                          # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
+    # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
+    scores = qd @ k.transpose(0, 2, 3, 1)
     scores += meta.decode_bias
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    o = scores @ v.transpose(0, 2, 1, 3)                           # [Sd, nkv, g, C] @ [Sd, nkv, C, hd] -> [Sd, nkv, g, hd]
+    # [Sd, nkv, g, C] @ [Sd, nkv, C, hd] -> [Sd, nkv, g, hd]
+    o = scores @ v.transpose(0, 2, 1, 3)
     o /= scores.sum(axis=-1, keepdims=True)                        # normalise the [g, hd] result, not the [g, C] scores
     out[tok] = o.reshape(rows.size, nh, hd)
 
@@ -130,9 +132,9 @@ def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarra
     t = rows // g
     width = int(pos[-1]) + 1                                        # keys this tile can see at all
     s = qt @ kt[:, :, :width]                                       # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
-    if kernels.lib is not None:
+    if ops.lib is not None:
         # Row i of the tile sees keys [0, pos[i]]; the kernel exponentiates up to there and zeroes the rest.
-        sums = kernels.softmax_causal_rows(s, np.repeat(pos + 1, g))
+        sums = ops.softmax_causal_rows(s, np.repeat(pos + 1, g))
     else:
         first = int(pos[0]) + 1                                     # keys before this are visible to every row
         if first < width:

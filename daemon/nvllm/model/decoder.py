@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from nvllm.model import kernels
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
+from nvllm.model.config import ModelConfig, rope_inv_freq
+from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.linear import default_threads, embedding_rows, linear, set_threads
-from nvllm.model.loader import ModelConfig, ModelWeights, load_weights, rope_inv_freq
+from nvllm.model.weights.folder import load_weights
+from nvllm.model.weights.layout import ModelWeights
 
 
 class NonFiniteLogits(RuntimeError):
@@ -38,7 +39,7 @@ class ForwardBatch:
     @classmethod
     def build(cls, token_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
               query_lens: np.ndarray, context_lens: np.ndarray, block_tables: np.ndarray,
-              logits_indices: np.ndarray) -> "ForwardBatch":
+              logits_indices: np.ndarray) -> ForwardBatch:
         positions = np.asarray(positions, dtype=np.int64)
         meta = AttentionMetadata(
             slot_mapping=np.asarray(slot_mapping, dtype=np.int64),
@@ -51,28 +52,17 @@ class ForwardBatch:
                    np.asarray(logits_indices, dtype=np.int64))
 
 
-def set_blas_threads(n: int = 0) -> int:
-    """Set the BLAS thread count for the process (0: one per usable core but one); returns it."""
-    from threadpoolctl import threadpool_limits
-
-    if n <= 0:
-        n = default_threads()
-    threadpool_limits(n, user_api="blas")
-    set_threads(n)   # the in-place matmul kernels of quantized weights run as many
-    return n
-
-
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    if kernels.lib is not None:
-        return kernels.rms_norm(x, weight, eps)
+    if ops.lib is not None:
+        return ops.rms_norm(x, weight, eps)
     var = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[-1])  # [T, 1]
     return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
 
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     """SwiGLU's silu(gate) * up for gate_up [T, 2I] -> [T, I]."""
-    if kernels.lib is not None:
-        return kernels.silu_mul(gate_up)
+    if ops.lib is not None:
+        return ops.silu_mul(gate_up)
     gate, up = np.split(gate_up, 2, axis=1)
     return gate / (1.0 + np.exp(-gate)) * up
 
@@ -88,7 +78,7 @@ class Model:
         self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, quantization: str = "") -> "Model":
+    def from_dir(cls, model_dir: str | Path, quantization: str = "") -> Model:
         """A Hugging Face folder's model; quantization as load_weights takes it (model.quantization)."""
         config, weights = load_weights(model_dir, quantization=quantization)
         return cls(config, weights)
@@ -132,15 +122,16 @@ class Model:
         cos, sin = self._rope_tables(batch.positions)                           # [T, hd/2] each
         qk_size = self.q_size + self.kv_size
         # With the C kernels, rope and the KV writes are one call per layer, set up once per step.
-        rope_write = (kernels.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
-                      if kernels.lib is not None else None)
-        x = embedding_rows(w.embed, batch.token_ids)                            # [T, H]
+        rope_write = (ops.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+                      if ops.lib is not None else None)
+        x = w.embed.rows(batch.token_ids)                                       # [T, H]
         for i, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = linear(h, layer.qkv)                                          # [T, H] @ [H, (nh+2nkv)*hd]
+            qkv = layer.qkv.apply(h)                                            # [T, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             if layer.q_norm is not None:
+                assert layer.k_norm is not None  # laid out together (weights/layout.py)
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
@@ -151,12 +142,12 @@ class Model:
                 q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
-            x = x + linear(attn.reshape(T, nh * hd), layer.o)                   # [T, nh*hd] @ [nh*hd, H]
+            x = x + layer.o.apply(attn.reshape(T, nh * hd))                     # [T, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gu = linear(h, layer.gate_up)                                       # [T, H] @ [H, 2I]
-            x = x + linear(silu_mul(gu), layer.down)                            # [T, I] @ [I, H]
+            gu = layer.gate_up.apply(h)                                         # [T, 2I]
+            x = x + layer.down.apply(silu_mul(gu))                              # [T, H]
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
-        logits = linear(last, w.lm_head)                                        # [R, H] @ [H, V]
+        logits = w.lm_head.apply(last)                                          # [R, V]
         # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
         if not np.isfinite(logits).all():
             raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])

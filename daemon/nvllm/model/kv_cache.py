@@ -10,6 +10,7 @@ import math
 import mmap
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 # Linux mmap flags; Python's mmap module lacks them on other systems (MAP_POPULATE: Linux only).
 _MAP_ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", None)
@@ -21,7 +22,7 @@ def _touch_each_page(flat: np.ndarray) -> None:
     flat[::mmap.PAGESIZE] = 0
 
 
-def resident_zeros(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, str]:
+def resident_zeros(shape: tuple[int, ...], dtype: DTypeLike) -> tuple[np.ndarray, str]:
     """A zero-filled array whose pages are all resident now, and how they were made resident.
 
     Where the mmap flags exist the kernel maps fresh zeroed pages and, with MAP_POPULATE, backs them
@@ -57,7 +58,7 @@ def resident_zeros(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray,
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: np.dtype = np.float32) -> None:
+                 head_dim: int, dtype: DTypeLike = np.float32) -> None:
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -1,1 +1,1 @@
-"""The steps of nvllm.model.sampler.sample(), one module each: penalties, truncation, draws, logprobs."""
+"""The steps of sampler.sample(), one module each: penalties, truncation, draws, logprobs."""

@@ -50,7 +50,7 @@ def _uniform_below(u: np.ndarray, total: np.ndarray) -> np.ndarray:
     return np.minimum(target, np.nextafter(total, _F32(0)))
 
 
-def packed(vals: np.ndarray, ids: np.ndarray, mx: np.ndarray, u: np.ndarray):
+def packed(vals: np.ndarray, ids: np.ndarray, mx: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Inverse-CDF draw over packed kept logits [M, C] (token-id order, -inf padding).
 
     Returns the tokens and each row's log-normaliser (max + log kept mass; NaN if no mass)."""
@@ -65,7 +65,7 @@ def packed(vals: np.ndarray, ids: np.ndarray, mx: np.ndarray, u: np.ndarray):
     return tok, shift
 
 
-def full(x: np.ndarray, mx: np.ndarray, thr: np.ndarray, u: np.ndarray):
+def full(x: np.ndarray, mx: np.ndarray, thr: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Inverse-CDF draw over whole rows (tokens with logit >= thr): find the block by block sums,
     then the token inside it, instead of a vocab-long sequential cumsum."""
     m, vocab = x.shape

@@ -9,7 +9,7 @@ from nvllm.model.sampling import draws
 _F32 = np.float32
 
 
-def _best(v: np.ndarray, ids: np.ndarray | None, floor: np.ndarray, nmax: int):
+def _best(v: np.ndarray, ids: np.ndarray | None, floor: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's entries that can be among its nmax best with v >= floor: values and ids [W, c],
     sorted by value descending, then lower id first (-inf padding)."""
     w, width = v.shape

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from nvllm.model.sampler import SamplingBatch
+from nvllm.model.sampling.batch import SamplingBatch
 
 _F32 = np.float32
 
 
-def _flat_index(rows: np.ndarray, per_row, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+def _flat_index(rows: np.ndarray, per_row: Sequence[np.ndarray | None] | Mapping[int, np.ndarray],
+                vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions row*V + token of every token listed for the given rows, and each one's row."""
     arrays = [np.asarray(per_row[i], dtype=np.int64).reshape(-1) for i in rows]
     lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))

@@ -9,9 +9,10 @@ in the system message (describe_tools), the one place that text is written.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -21,7 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 Message = Mapping[str, Any]
 
 
-def select_chat_template(folder: Path, config: dict) -> Optional[str]:
+def select_chat_template(folder: Path, config: dict) -> str | None:
     """The template source of a model folder given its tokenizer_config.json; None when it has none."""
     # Like transformers: chat_template.jinja beside tokenizer_config.json wins over the config's entry.
     jinja_file = folder / "chat_template.jinja"
@@ -120,7 +121,7 @@ def load_chat_template(source: str, where: str) -> jinja2.Template:
 
 
 def render_chat_template(template: jinja2.Template, messages: Sequence[Message], add_generation_prompt: bool,
-                         special_tokens: Mapping[str, str], tools: Optional[Sequence[Any]] = None,
+                         special_tokens: Mapping[str, str], tools: Sequence[Any] | None = None,
                          takes_tools: bool = True) -> str:
     """The template's text for messages, with the named special tokens as variables (as transformers does).
 
@@ -145,7 +146,7 @@ def render_chat_template(template: jinja2.Template, messages: Sequence[Message],
         raise ValueError(f"chat template error: {type(e).__name__}: {e}") from e
 
 
-def validate_messages(messages: Any) -> List[Dict[str, Any]]:
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
     """Check chat messages and return plain {"role", "content"} dicts; text parts are joined with newlines.
 
     An assistant message may carry OpenAI's tool_calls (then its content may be null), kept with each
@@ -174,7 +175,7 @@ def validate_messages(messages: Any) -> List[Dict[str, Any]]:
             clean.append({"role": role, "content": text,
                           "tool_calls": _message_tool_calls(calls, f"{where}.tool_calls")})
             continue
-        entry: Dict[str, Any] = {"role": role, "content": _message_text(message.get("content"), f"{where}.content")}
+        entry: dict[str, Any] = {"role": role, "content": _message_text(message.get("content"), f"{where}.content")}
         if role == "tool":
             for key in ("tool_call_id", "name"):
                 if message.get(key) is not None:
@@ -185,7 +186,7 @@ def validate_messages(messages: Any) -> List[Dict[str, Any]]:
     return clean
 
 
-def _message_tool_calls(calls: Any, where: str) -> List[Dict[str, Any]]:
+def _message_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(calls, (list, tuple)):
         raise ValueError(f"{where} must be a list, got {type(calls).__name__}")
     clean = []
@@ -234,7 +235,7 @@ def _message_text(content: Any, where: str) -> str:
 # ------------------------------------------------------------------------------------------ tools
 
 
-def template_takes_tools(source: Optional[str]) -> bool:
+def template_takes_tools(source: str | None) -> bool:
     """Whether a chat template reads the `tools` variable (then tools go to it; else describe_tools)."""
     if not source:
         return False
@@ -244,7 +245,7 @@ def template_takes_tools(source: Optional[str]) -> bool:
         return False
 
 
-def validate_tools(tools: Any) -> List[Dict[str, Any]]:
+def validate_tools(tools: Any) -> list[dict[str, Any]]:
     """Check OpenAI's tools list: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
 
     Returns plain dicts; raises ValueError naming the field, e.g. "tools[1].function.name must be ...".
@@ -295,7 +296,7 @@ def describe_tools(tools: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _describe_in_messages(messages: List[Dict[str, Any]], tools: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+def _describe_in_messages(messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """messages with past calls written as their JSON text (with or without tools in this request) and the
     tools, if any, described in the system message."""
     out = []

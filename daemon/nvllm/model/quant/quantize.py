@@ -1,33 +1,29 @@
 """Quantizers: float32 weights [rows, in] -> the GGUF block bytes of Q8_0, Q4_0, Q4_K, BF16 and F16.
 
-The inverse of model/quants.py's dequantizers, in vectorised NumPy. Each follows llama.cpp's reference
+The inverse of dequantize.py's dequantizers, in vectorised NumPy. Each follows llama.cpp's reference
 quantizer (quantize_row_*_ref in ggml-quants.c, the one its tools use without an importance matrix) in
 float32 and in the same order of operations, so the blocks are those llama.cpp would write: Q8_0, Q4_0,
 BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; Q4_K, which gguf does not write, bit for
-bit as a plain scalar transcription of the reference (tests/test_quantize.py holds one).
+bit as a plain scalar transcription of the reference (tests/model/test_quantize.py holds one).
 
-quantize_weight() is what the loader calls with model.quantization, matrix by matrix as it lays them
-out: a matrix whose row length is not a whole number of the format's blocks falls back as llama.cpp
-does, to a type it fits of no lower quality (Q4_K -> Q8_0 -> F32), and says so in its log line.
+choose_format() picks a matrix's format for model.quantization (model/weights/conversion.py applies it
+as the loader lays the matrices out): a matrix whose row length is not a whole number of the format's
+blocks falls back as llama.cpp does, to a type it fits of no lower quality (Q4_K -> Q8_0 -> F32).
 """
 from __future__ import annotations
 
-import logging
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.loader import ModelConfig
-from nvllm.model.quants import FORMATS, QK, QK_K, BlockFormat, QuantizedWeight
-
-log = logging.getLogger(__name__)
+from nvllm.model.quant.formats import FORMATS, QK, QK_K, BlockFormat
 
 # model.quantization's values -> llama.cpp's type names
-KINDS: Dict[str, str] = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "bf16": "BF16", "f16": "F16"}
+KINDS: dict[str, str] = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "bf16": "BF16", "f16": "F16"}
 # where a matrix goes when its rows do not split into the asked format's blocks (llama.cpp's rule:
 # the next type that fits, of no lower quality)
-FALLBACK: Dict[str, str] = {"Q4_K": "Q8_0", "Q4_0": "F32", "Q8_0": "F32"}
-_BY_NAME: Dict[str, BlockFormat] = {f.name: f for f in FORMATS.values()}
+FALLBACK: dict[str, str] = {"Q4_K": "Q8_0", "Q4_0": "F32", "Q8_0": "F32"}
+_BY_NAME: dict[str, BlockFormat] = {f.name: f for f in FORMATS.values()}
 
 _CHUNK_VALUES = 1 << 20  # values quantized at a time: the temporaries stay a few MB
 
@@ -112,7 +108,7 @@ def _f32(x: np.ndarray) -> np.ndarray:
 _Q4K_STEPS = np.arange(21, dtype=np.float32)  # make_qkx2_quants(nmax 15, rmin -1, rdelta 0.1, nstep 20)
 
 
-def _fit_sub_blocks(x: np.ndarray, w: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _fit_sub_blocks(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """make_qkx2_quants for every sub-block at once: x, w [32, s] (a column per sub-block of 32 values)
     -> (quants L [32, s] in 0..15, scale [s], min [s] >= 0) with x ~ scale * L - min.
 
@@ -164,7 +160,7 @@ def _six_bits(values: np.ndarray, top: np.ndarray) -> np.ndarray:
 
 
 def _pack_k4_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
-    """Six-bit scales and mins [m, 8] -> the 12 scale bytes (the layout quants._k4_scales reads)."""
+    """Six-bit scales and mins [m, 8] -> the 12 scale bytes (the layout dequantize._k4_scales reads)."""
     out = np.empty((len(ls), 12), np.uint8)
     out[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
     out[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
@@ -198,7 +194,7 @@ def _q4_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([head, _pack_k4_scales(ls, lm), qs.reshape(m, QK_K // 2)], axis=1)
 
 
-_QUANTIZERS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
+_QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k,
 }
 WRITES = tuple(_QUANTIZERS)  # the formats this module writes
@@ -233,7 +229,7 @@ def quantize(fmt: BlockFormat, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def choose_format(kind: str, row_len: int) -> Tuple[BlockFormat, str]:
+def choose_format(kind: str, row_len: int) -> tuple[BlockFormat, str]:
     """The format a matrix with rows of `row_len` gets for model.quantization `kind`, and why it is not
     the one asked for ("" when it is)."""
     if kind not in KINDS:
@@ -246,41 +242,3 @@ def choose_format(kind: str, row_len: int) -> Tuple[BlockFormat, str]:
                   f"stored as {nxt}")
         name = nxt
     return _BY_NAME[name], reason
-
-
-def quantize_weight(w_out_in: np.ndarray, kind: str, name: str = "weight") -> QuantizedWeight:
-    """A linear layer's float32 weight [out, in] (Hugging Face's layout: each row is one output's
-    weights, quantized along `in` as llama.cpp does) as a QuantizedWeight of model.quantization `kind`
-    (q8_0, q4_0, q4_k, bf16, f16), falling back per choose_format with a log line naming `name`."""
-    w = np.asarray(w_out_in)
-    if w.ndim != 2:
-        raise ValueError(f"{name}: a weight to quantize is 2-D [out, in], got shape {w.shape}")
-    fmt, reason = choose_format(kind, int(w.shape[1]))
-    if reason:
-        log.info("%s %s: %s", name, list(w.shape), reason)
-    blocks = quantize(fmt, np.ascontiguousarray(w, dtype=np.float32))
-    return QuantizedWeight(fmt, blocks, (int(w.shape[0]), int(w.shape[1])))
-
-
-def matrix_shapes(config: ModelConfig) -> List[Tuple[str, int, int]]:
-    """(name, rows, row length) of every matrix model.quantization quantizes (load_weights), as it lays them out: each
-    linear layer as [out, in], the embedding [V, H], an untied lm_head [V, H]."""
-    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
-    per_layer = [("qkv", (config.num_heads + 2 * config.num_kv_heads) * d, h), ("o", h, config.num_heads * d),
-                 ("gate_up", 2 * i, h), ("down", h, i)]
-    shapes = [(f"layers.{n}.{field}", rows, cols) for n in range(config.num_layers) for field, rows, cols in per_layer]
-    shapes.append(("embed", config.vocab_size, h))
-    if not config.tie_word_embeddings:
-        shapes.append(("lm_head", config.vocab_size, h))
-    return shapes
-
-
-def quantized_weight_bytes(config: ModelConfig, kind: str) -> int:
-    """Bytes a folder's weights hold when loaded with quantization `kind`, from the shapes alone (`nvllm
-    serve --dry-run --memory-gb` plans with it): each matrix in the format choose_format gives its rows,
-    the norms and biases float32 as before."""
-    total = config.weight_bytes
-    for _, rows, cols in matrix_shapes(config):
-        fmt, _ = choose_format(kind, cols)
-        total += rows * (cols // fmt.block_elems * fmt.block_bytes) - 4 * rows * cols
-    return total

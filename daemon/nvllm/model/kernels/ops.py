@@ -1,7 +1,8 @@
-"""The C kernels of csrc/kernels.c, built with the package as nvllm.model._kernels and called through
-ctypes; `lib` is None where no C compiler was at hand when nvllm was installed, and the NumPy paths in
-attention.py and decoder.py are used instead. Each function here has such a NumPy twin, which the tests
-hold it to.
+"""The C kernels of the forward pass's other layers (csrc/ops.c: paged decode attention, the causal
+softmax, RMSNorm, SwiGLU, rope with the KV write), built with the package as nvllm.model.kernels._ops and
+called through ctypes; `lib` is None where no C compiler was at hand when nvllm was installed, and the
+NumPy paths in model/attention.py and model/decoder.py are used instead. Each function here has such a
+NumPy twin, which the tests hold it to.
 
 NVLLM_KERNELS=0 in the environment turns the kernels off (to compare, or to rule them out).
 """
@@ -9,41 +10,22 @@ NVLLM_KERNELS=0 in the environment turns the kernels off (to compare, or to rule
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
-import os
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
+from nvllm.model.kernels.library import load_library
+
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 3  # must equal kernels_abi() in csrc/kernels.c
+ABI = 3  # must equal kernels_abi() in csrc/ops.c
 
 _why_not = ""
 
 
-def load_library(stem: str, abi_function: str, abi: int, what: str) -> tuple[ctypes.CDLL | None, str]:
-    """The extension nvllm.model.<stem> built with the package, or None and why not: turned off by
-    NVLLM_KERNELS=0, not built, or built from another version (its ABI number differs)."""
-    if os.environ.get("NVLLM_KERNELS", "1") == "0":
-        return None, "C kernels turned off by NVLLM_KERNELS=0"
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"{stem}{suffix}"
-        if path.exists():
-            found = ctypes.CDLL(str(path))
-            got = getattr(found, abi_function)() if hasattr(found, abi_function) else 0
-            if got != abi:
-                return None, (f"{what} in {path.name} are from another version (ABI {got}, need {abi}): "
-                              f"reinstall nvllm (pip install -e .) to rebuild them")
-            return found, ""
-    return None, f"{what} not built: no C compiler when nvllm was installed; slower"
-
-
 def _load() -> ctypes.CDLL | None:
     global _why_not
-    lib, _why_not = load_library("_kernels", "kernels_abi", ABI, "C kernels")
+    lib, _why_not = load_library("_ops", "kernels_abi", ABI, "C kernels")
     if lib is not None:
         lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64]
         lib.paged_decode_part.argtypes = [_P, ctypes.c_int]
@@ -72,7 +54,7 @@ def _ptr(a: np.ndarray) -> int:
     # from_buffer is the cheapest way to an address (about 0.8 us against 2 us for .ctypes.data), but
     # only for writable contiguous memory; read-only weights and strided views take the long way.
     if a.flags.writeable and a.flags.c_contiguous and a.size:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # stubs lack ndarray's buffer
     return a.ctypes.data
 
 
@@ -105,7 +87,7 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
 
 
 class _DecodeJob(ctypes.Structure):
-    """csrc/kernels.c's decode_job_t: paged_decode_attention's arguments, and each part's sequences."""
+    """csrc/ops.c's decode_job_t: paged_decode_attention's arguments, and each part's sequences."""
     _fields_ = [("q", _P), ("q_stride", _I64), ("k_pool", _P), ("v_pool", _P), ("block_tables", _P),
                 ("table_stride", _I64), ("context_lens", _P), ("out", _P), ("nh", _I64), ("nkv", _I64),
                 ("hd", _I64), ("bs", _I64), ("bounds", _P), ("failed", ctypes.c_int)]
@@ -164,7 +146,7 @@ class PagedDecode:
 
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
                  pool_run: Callable[[int, int, int], None] | None = None) -> None:
-        """With pool_run (matmul_kernels.pool_run) and parts > 1, the sequences are split into `parts` runs
+        """With pool_run (matmul.pool_run) and parts > 1, the sequences are split into `parts` runs
         of about equal work, run on that pool's threads: the same bits as one call."""
         nb, bs, nkv, hd = _check_pool(kv_pool, written=False)
         _check(out, np.float32, "out", ndim=3, written=True)
@@ -182,6 +164,7 @@ class PagedDecode:
         k = _ptr(kv_pool)
         parts = min(int(parts), S)
         if pool_run is None or parts < 2:
+            assert lib is not None  # callers run this only with the library loaded
             rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, tables, width, ctx,
                                             _ptr(out), S, nh, nkv, hd, bs)
         else:
@@ -199,7 +182,8 @@ class PagedDecode:
             raise MemoryError("paged_decode_attention: could not allocate its scratch")
 
 
-_PART = ctypes.cast(lib.paged_decode_part, ctypes.c_void_p).value if lib is not None else 0
+# paged_decode_part's address (a loaded symbol's is never NULL, so `or 0` only types it)
+_PART: int = (ctypes.cast(lib.paged_decode_part, ctypes.c_void_p).value or 0) if lib is not None else 0
 
 
 def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
@@ -218,6 +202,7 @@ def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
         r = int(np.argmax((limits < 1) | (limits > width)))
         raise ValueError(f"limits: each must be in [1, {width}], row {r} is {int(limits[r])}")
     sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)
+    assert lib is not None  # callers run this only with the library loaded
     lib.softmax_causal_rows(_ptr(scores), rows, width, _ptr(limits), limits.size, _ptr(sums))
     return sums
 
@@ -229,6 +214,7 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     if two_i % 2:
         raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
     out = np.empty((T, two_i // 2), dtype=np.float32)
+    assert lib is not None  # callers run this only with the library loaded
     lib.silu_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
     return out
 
@@ -240,6 +226,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     if weight.shape != (x.shape[1],):
         raise ValueError(f"weight: need [{x.shape[1]}] to match x's rows, got {list(weight.shape)}")
     out = np.empty_like(x)
+    assert lib is not None  # callers run this only with the library loaded
     lib.rms_norm(_ptr(x), _ptr(weight), _ptr(out), x.shape[0], x.shape[1], eps)
     return out
 
@@ -291,5 +278,6 @@ class RopeWriteKV:
                              f"[0, {nb * bs})")
         cos, sin, slots = self._ptrs
         k = _ptr(kv_pool)
+        assert lib is not None  # callers run this only with the library loaded
         lib.rope_write_kv(_ptr(qkv), T, qkv.shape[1], nq, nkv, hd, cos, sin, self._scale, slots, k,
                           k + kv_pool[0].nbytes)

@@ -1,4 +1,4 @@
-/* The few loops NumPy cannot do at memory speed, called through ctypes (nvllm/model/kernels.py).
+/* The few loops NumPy cannot do at memory speed, called through ctypes (nvllm/model/kernels/ops.py).
  *
  * - paged_decode_attention: one query token per sequence against its pages, read in place through the
  *   block table. NumPy would gather every page into a copy and then run one tiny gemm per (sequence,
@@ -18,7 +18,7 @@
  * index depends on a float, and nothing converts a float to an integer. Clamps and selects are
  * ternaries, not fmaxf: its NaN rule (return the other operand) would hide a NaN, and without
  * -ffinite-math-only it is a library call that stops the loops vectorising. Array bounds are checked
- * by the callers in kernels.py; these functions trust their sizes.
+ * by the callers in ops.py; these functions trust their sizes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,7 +33,7 @@
 #define ENTRY
 #endif
 
-/* Bumped with every change to an entry point's arguments or meaning: kernels.py refuses a library
+/* Bumped with every change to an entry point's arguments or meaning: ops.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
 int kernels_abi(void) { return 3; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part */
 
@@ -265,7 +265,7 @@ ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, 
 }
 
 /* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
- * matmul_pool_run, which kernels.py hands this function's address): part p takes sequences bounds[p] ..
+ * matmul_pool_run, which ops.py hands this function's address): part p takes sequences bounds[p] ..
  * bounds[p+1]. Each sequence is computed exactly as alone, so the split changes no bit. failed is set
  * when a part could not allocate its scratch. */
 typedef struct {

@@ -1,15 +1,15 @@
-/* y = x @ W.T with W kept in its GGUF block format, called through ctypes (nvllm/model/matmul_kernels.py).
+/* y = x @ W.T with W kept in its GGUF block format, called through ctypes (nvllm/model/kernels/matmul.py).
  *
- * x is float32 [T, in] (rows may be strided), W is [rows, in] stored as rows of blocks (model/quants.py's
- * QuantizedWeight), y is float32 [T, rows]. The work is cut into tiles of RT output rows: a tile's
+ * x is float32 [T, in] (rows may be strided), W is [rows, in] stored as rows of blocks (quant/blocks.py's
+ * BlockMatrix), y is float32 [T, rows]. The work is cut into tiles of RT output rows: a tile's
  * blocks are decoded, KC values at a time, into a small float buffer that stays in L1, and multiplied
  * there by every row of x, three rows of x by four rows of W per pass of the micro-kernel (TT rows of x
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
  * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
- * Here activations are never quantized: a decoded weight is exactly what quants.py's NumPy
+ * Here activations are never quantized: a decoded weight is exactly what dequantize.py's NumPy
  * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0, Q4_1 and the
  * K-quants go to qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products)
- * unless qdot_variant is 0. The caller sends only decode-sized x here (linear.py: up to 64 rows); prefill goes
+ * unless qdot_variant is 0. The caller sends only decode-sized x here (QuantizedWeight.apply: up to 64 rows); prefill goes
  * to BLAS on rows that quant_dequantize decodes (the same decoders, on the same pool).
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
@@ -26,7 +26,7 @@
  *
  * Plain C99 with GCC vector extensions (one vector type, lowered to SSE2, AVX2 or NEON by the compiler)
  * and POSIX threads; no Python headers. Built without -ffinite-math-only: NaN and inf in x or W come out
- * as NaN or inf. Sizes are checked by the caller (matmul_kernels.py); the entry point checks only that
+ * as NaN or inf. Sizes are checked by the caller (matmul.py); the entry point checks only that
  * the format is known and the row stride fits it.
  */
 #include <pthread.h>
@@ -37,27 +37,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "GGUF blocks are little-endian; this file reads them as the host's integers"
-#endif
+#include "blocks.h"
 
-/* As in kernels.c: on x86-64 the entry points are also built for AVX2+FMA and picked at load time. */
+/* As in ops.c: on x86-64 the entry points are also built for AVX2+FMA and picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ENTRY __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define ENTRY
 #endif
-#define INLINE static inline __attribute__((always_inline))
-/* The helpers that take or return vectors are always inlined: no call crosses the ABI GCC warns of. */
-#pragma GCC diagnostic ignored "-Wpsabi"
 /* The products' multiply-adds are fused where the target has FMA (the AVX2 clone, aarch64): faster
- * and no less exact. Only there: the decoders keep quants.py's separate roundings (d * q, then + m). */
+ * and no less exact. Only there: the decoders keep dequantize.py's separate roundings (d * q, then + m). */
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
-/* Bumped with every change to the entry point's arguments or meaning (matmul_kernels.py checks it). */
+/* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
 int matmul_abi(void) { return 6; }
-
-enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
@@ -67,36 +60,17 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_
 
 typedef float v8 __attribute__((vector_size(VL * sizeof(float))));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
-typedef int32_t i32x8 __attribute__((vector_size(32)));
 
 #define LOAD8(v, p) memcpy(&(v), (p), sizeof(v8))   /* unaligned load */
 
 /* ---------------------------------------------------------------- decoding */
 
-/* IEEE half -> float, exactly (subnormals, inf and NaN included), branch-free so loops vectorise:
- * the half's exponent and mantissa shifted into a float's place are the value times 2^-112. */
-INLINE float half_to_float(uint16_t h) {
-    uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    float f;
-    memcpy(&f, &mag, sizeof f);
-    f *= 0x1p112f;
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits = (h & 0x7c00u) == 0x7c00u ? (0x7f800000u | mag) : bits;   /* inf, NaN (payload kept) */
-    bits |= sign;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-INLINE float le_half(const uint8_t *p) { return half_to_float((uint16_t)(p[0] | (p[1] << 8))); }
-
-/* Each decoder writes the values of one block in quants.py's float order (d * q, then + m or - dmin * m). */
+/* Each decoder writes the values of one block in dequantize.py's float order (d * q, then + m or - dmin * m). */
 
 INLINE void dec_q8_0(const uint8_t *b, float *out) {
     const float d = le_half(b);
-    const int8_t *qs = (const int8_t *)(b + 2);
-    for (int j = 0; j < 32; j++) out[j] = (float)qs[j] * d;
+    const int8_t *qs = (const int8_t *)(b + Q8_0_QS);
+    for (int j = 0; j < QK; j++) out[j] = (float)qs[j] * d;
 }
 
 /* Bytes are decoded eight at a time, each moved into a 32-bit lane by a per-lane shift, then handled as
@@ -128,7 +102,7 @@ INLINE void dec_q4_0(const uint8_t *b, float *out) {
     const float d = le_half(b);
     for (int h = 0; h < 16; h += 8) {
         v8 lo, hi;
-        nibbles8(b + 2 + h, &lo, &hi);
+        nibbles8(b + Q4_0_QS + h, &lo, &hi);
         lo = (lo - 8.0f) * d, hi = (hi - 8.0f) * d;
         memcpy(out + h, &lo, sizeof lo);
         memcpy(out + 16 + h, &hi, sizeof hi);
@@ -136,41 +110,30 @@ INLINE void dec_q4_0(const uint8_t *b, float *out) {
 }
 
 INLINE void dec_q4_1(const uint8_t *b, float *out) {
-    const float d = le_half(b), m = le_half(b + 2);
+    const float d = le_half(b), m = le_half(b + Q4_1_M);
     for (int h = 0; h < 16; h += 8) {
         v8 lo, hi;
-        nibbles8(b + 4 + h, &lo, &hi);
-        lo = lo * d + m, hi = hi * d + m;   /* two roundings, as quants.py: no FMA outside FUSED */
+        nibbles8(b + Q4_1_QS + h, &lo, &hi);
+        lo = lo * d + m, hi = hi * d + m;   /* two roundings, as dequantize.py: no FMA outside FUSED */
         memcpy(out + h, &lo, sizeof lo);
         memcpy(out + 16 + h, &hi, sizeof hi);
-    }
-}
-
-/* The j-th 6-bit scale and min of a Q4_K/Q5_K block's 12 scale bytes (llama.cpp's get_scale_min_k4). */
-INLINE void scale_min_k4(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
 }
 
 /* Q4_K (qh == NULL) and Q5_K: 8 sub-blocks of 32; sub-block 2i is the low nibbles of qs[32i:32i+32],
  * 2i+1 the high ones; Q5_K's fifth bit of value l of sub-block s is bit s of qh[l]. */
 INLINE void dec_k4(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *out) {
-    const float d = le_half(b), dmin = le_half(b + 2);
+    const float d = le_half(b), dmin = le_half(b + K_DMIN);
     for (int s = 0; s < 8; s++) {
         int sc, mn;
-        scale_min_k4(b + 4, s, &sc, &mn);
+        scale_min_k4(b + K_SCALES, s, &sc, &mn);
         const float ds = d * (float)sc, dm = dmin * (float)mn;
         const uint8_t *q = qs + 32 * (s / 2);
         const int shift = 4 * (s & 1);
         for (int l = 0; l < 32; l += 8) {
             u32x8 v = (bytes8(q + l) >> shift) & 15u;
             if (qh) v |= ((bytes8(qh + l) >> s) & 1u) << 4;
-            const v8 f = TO_FLOAT(v) * ds - dm;   /* two roundings, as quants.py */
+            const v8 f = TO_FLOAT(v) * ds - dm;   /* two roundings, as dequantize.py */
             memcpy(out + 32 * s + l, &f, sizeof f);
         }
     }
@@ -179,9 +142,9 @@ INLINE void dec_k4(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float
 /* Q6_K: two halves of 128; in half h, value 32k + l is nibble k/2 of ql[64h + l + 32(k%2)] with bits
  * 2k, 2k+1 of qh[32h + l] above it, less 32; int8 scale i covers values 16i .. 16i+15. */
 INLINE void dec_q6_k(const uint8_t *b, float *out) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    const float d = le_half(b + 208);
+    const uint8_t *ql = b, *qh = b + Q6_K_QH;
+    const int8_t *sc = (const int8_t *)(b + Q6_K_SCALES);
+    const float d = le_half(b + Q6_K_D);
     for (int h = 0; h < 2; h++) {
         for (int k = 0; k < 4; k++) {
             const uint8_t *q = ql + 64 * h + 32 * (k & 1);
@@ -229,52 +192,28 @@ INLINE void dec_bf16(const uint8_t *p, int64_t n, float *out) {
     }
 }
 
-/* Values per block and bytes per block of a format; 0 for an unknown one. */
-static int block_elems(int fmt) {
-    switch (fmt) {
-    case F32: case F16: case BF16: return 1;
-    case Q4_0: case Q4_1: case Q8_0: return 32;
-    case Q4_K: case Q5_K: case Q6_K: return 256;
-    default: return 0;
-    }
-}
-
-static int block_bytes(int fmt) {
-    switch (fmt) {
-    case F32: return 4;
-    case F16: case BF16: return 2;
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q8_0: return 34;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-    default: return 0;
-    }
-}
-
 /* Values k0 .. k0+n of one row (k0 and n whole blocks, but for the last chunk of the plain floats). */
 INLINE void decode_span(int fmt, const uint8_t *row, int64_t k0, int64_t n, float *out) {
     switch (fmt) {
     case F32: memcpy(out, row + 4 * k0, (size_t)n * 4); break;
     case F16: dec_f16(row + 2 * k0, n, out); break;
     case BF16: dec_bf16(row + 2 * k0, n, out); break;
-    case Q8_0: for (int64_t j = 0; j < n; j += 32) dec_q8_0(row + (k0 + j) / 32 * 34, out + j); break;
-    case Q4_0: for (int64_t j = 0; j < n; j += 32) dec_q4_0(row + (k0 + j) / 32 * 18, out + j); break;
-    case Q4_1: for (int64_t j = 0; j < n; j += 32) dec_q4_1(row + (k0 + j) / 32 * 20, out + j); break;
+    case Q8_0: for (int64_t j = 0; j < n; j += QK) dec_q8_0(row + (k0 + j) / QK * Q8_0_BYTES, out + j); break;
+    case Q4_0: for (int64_t j = 0; j < n; j += QK) dec_q4_0(row + (k0 + j) / QK * Q4_0_BYTES, out + j); break;
+    case Q4_1: for (int64_t j = 0; j < n; j += QK) dec_q4_1(row + (k0 + j) / QK * Q4_1_BYTES, out + j); break;
     case Q4_K:
-        for (int64_t j = 0; j < n; j += 256) {
-            const uint8_t *b = row + (k0 + j) / 256 * 144;
-            dec_k4(b, NULL, b + 16, out + j);
+        for (int64_t j = 0; j < n; j += QK_K) {
+            const uint8_t *b = row + (k0 + j) / QK_K * Q4_K_BYTES;
+            dec_k4(b, NULL, b + Q4_K_QS, out + j);
         }
         break;
     case Q5_K:
-        for (int64_t j = 0; j < n; j += 256) {
-            const uint8_t *b = row + (k0 + j) / 256 * 176;
-            dec_k4(b, b + 16, b + 48, out + j);
+        for (int64_t j = 0; j < n; j += QK_K) {
+            const uint8_t *b = row + (k0 + j) / QK_K * Q5_K_BYTES;
+            dec_k4(b, b + Q5_K_QH, b + Q5_K_QS, out + j);
         }
         break;
-    case Q6_K: for (int64_t j = 0; j < n; j += 256) dec_q6_k(row + (k0 + j) / 256 * 210, out + j); break;
+    case Q6_K: for (int64_t j = 0; j < n; j += QK_K) dec_q6_k(row + (k0 + j) / QK_K * Q6_K_BYTES, out + j); break;
     default: break;
     }
 }
@@ -439,9 +378,7 @@ enum { FV_PORTABLE = 0, FV_AVX2 = 1, FV_AVX512 = 2, FV_NEON = 3, FV_COUNT = 4 };
 /* An accumulator is FL floats in memory (acc[]); in registers it is FL / W vectors of the variant's
  * native width W (16 for AVX-512, 8 for AVX2, 4 for SSE2 and NEON), lane j of the accumulator being lane
  * j % W of vector j / W: the same lanes, so the same order, whatever the width. */
-typedef float vf4 __attribute__((vector_size(16)));
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf16 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));   /* f32x4 and f32x8: blocks.h */
 
 /* acc[(t * R + r) * FL ...] += lanes of x_t . w_r over n values, for M rows of x (stride xs) and R rows
  * of w (stride ws), in vectors of type VT: one pass over the values per vector of the accumulators
@@ -486,12 +423,12 @@ typedef float vf16 __attribute__((vector_size(64)));
         }                                                                                                  \
     }
 
-DEFINE_FMICRO(fmicro4, vf4)
+DEFINE_FMICRO(fmicro4, f32x4)
 #if FL >= 8
-DEFINE_FMICRO(fmicro8, vf8)
+DEFINE_FMICRO(fmicro8, f32x8)
 #endif
 #if FL >= 16
-DEFINE_FMICRO(fmicro16, vf16)
+DEFINE_FMICRO(fmicro16, f32x16)
 #endif
 
 /* The micro-kernel of native width W (a constant where inlined: the others are never called). */
@@ -821,8 +758,8 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
 }
 
 /* Rows r0 .. r1 of W (as quant_matmul's) decoded to float32 into out [r1 - r0, in] (row stride in),
- * each value exactly what quants.py's dequantizer gives, on `threads` threads: for BLAS to multiply by
- * (matmul_kernels.py, for prefill-sized x). Returns 0, or quant_matmul's -1 / -2. */
+ * each value exactly what dequantize.py gives, on `threads` threads: for BLAS to multiply by
+ * (matmul.py, for prefill-sized x). Returns 0, or quant_matmul's -1 / -2. */
 int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t in, float *out,
                      int threads) {
     const int be = block_elems(fmt);
@@ -842,7 +779,7 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, i
 
 /* Runs fn(arg, p) for p = 0 .. parts - 1 on the pool's threads and the caller's, one part per thread
  * (several on one if the pool could not grow): for another library's kernels to share these threads
- * rather than start their own (kernels.c's paged_decode_part, through kernels.py). Returns 0. */
+ * rather than start their own (ops.c's paged_decode_part, through ops.py). Returns 0. */
 int matmul_pool_run(void (*fn)(void *, int), void *arg, int parts) {
     if (parts < 1) return 0;
     job_t j = {0};

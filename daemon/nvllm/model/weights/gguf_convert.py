@@ -1,20 +1,23 @@
 """A llama.cpp GGUF file -> a Hugging Face folder: config.json, model.safetensors (float32), tokenizer.json,
 tokenizer_config.json (with the GGUF's chat template) and generation_config.json.
 
-Llama architecture and byte-level BPE tokenizers only; model/gguf_file.py reads, checks and dequantizes
+Llama architecture and byte-level BPE tokenizers only; weights/gguf_file.py reads and checks, gguf_weights.py dequantizes
 the file, as it does for a GGUF served directly.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Protocol
+from typing import Protocol
 
 import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
 
-from nvllm.model.gguf_file import GGUFError, hf_tensors, read_gguf
-from nvllm.model.loader import ModelConfig
-from nvllm.tokenizer import Tokenizer
+from nvllm.model.config import ModelConfig
+from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_reader import GGUFError
+from nvllm.model.weights.gguf_weights import hf_tensors
+from nvllm.text.tokenizer import Tokenizer
 
 
 class Progress(Protocol):
@@ -25,7 +28,7 @@ class Progress(Protocol):
 
 # ---------------------------------------------------------------- tokenizer
 
-def check_tokenizer(tok) -> None:
+def check_tokenizer(tok: HFTokenizer) -> None:
     """Fail the pull now rather than serve a tokenizer that mangles text."""
     enc = tok.encode("What is 123?", add_special_tokens=False)
     digits = [t for t in enc.tokens if any(c.isdigit() for c in t)]
@@ -103,7 +106,7 @@ def build_folder(gguf_path: Path, out: Path, prog: Progress) -> None:
     c = g.config
     if c.architecture != "LlamaForCausalLM":
         raise GGUFError(f"{gguf_path}: the converter writes Llama folders; this is {c.architecture}")
-    tensors: Dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray] = {}
     n = len(g.tensors)
     for i, (name, w) in enumerate(hf_tensors(g), 1):
         tensors[name] = w

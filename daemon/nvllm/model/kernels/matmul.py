@@ -1,20 +1,20 @@
 """x @ W.T with W read in its GGUF block format: the C kernels of csrc/matmul.c, built with the package as
-nvllm.model._matmul and called through ctypes (which lets go of the GIL for the call).
+nvllm.model.kernels._matmul and called through ctypes (which lets go of the GIL for the call).
 
 `quant_matmul` checks its arguments, then runs the C kernel for the formats it reads (FORMATS) on
-`threads` threads, or the NumPy twin `QuantizedWeight.matmul` where the library was not built
-(`lib` is None) or the format has no kernel. The kernel decodes each weight exactly as quants.py
+`threads` threads, or the NumPy twin `BlockMatrix.matmul` where the library was not built
+(`lib` is None) or the format has no kernel. The kernel decodes each weight exactly as quant/dequantize.py
 does and sums in float32 in a fixed order per output, so its result is the twin's within float32
 rounding, and it does not depend on the thread count nor on the other rows of x.
 
 The plain float formats (F32, F16, BF16) have a tile of their own, built for the few rows of x of a
 decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARIANTS: the best one is
 used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
-float32 array [out, in] in the same way, with no QuantizedWeight around it (a folder's weights).
+float32 array [out, in] in the same way, with no BlockMatrix around it (a folder's weights).
 
 Q8_0, Q4_0, Q4_1 and the K-quants (INT_FORMATS) quantize each row of x to 16 bits (blocks of 32, one
 float scale each) and multiply by the weights' quants with integer dot products (csrc/qdot.c; its NumPy
-twin, bit for bit, is model/qdot.py): 3-6 times faster for a one-row decode step than decoding the
+twin, bit for bit, is qdot.py beside this file): 3-6 times faster for a one-row decode step than decoding the
 weights to float. Their results then differ from the exact float product by the rounding of x
 to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
 alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: ~10% faster
@@ -25,7 +25,7 @@ runs: the portable C is slower than it); `set_int_variant` picks another, for te
 For prefill-sized x, `dequantized_matmul` hands BLAS the weights' rows decoded a chunk at a time by the
 same C decoders (`dequantize_rows`): BLAS's packed GEMM is 1.3-2x the tiles there.
 
-NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (kernels.py).
+NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (library.py).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ import threading
 
 import numpy as np
 
-from nvllm.model.kernels import load_library
-from nvllm.model.quants import FORMATS as _BLOCK_FORMATS
-from nvllm.model.quants import QuantizedWeight
+from nvllm.model.kernels.library import load_library
+from nvllm.model.kernels.threads import MAX as MAX_THREADS
+from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 
 ABI = 6  # must equal matmul_abi() in csrc/matmul.c
-MAX_THREADS = 64  # the C pool's limit
 # The formats with a C kernel, by name; the others (Q5_0, Q5_1) go to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 # The plain float tile's variants, by their number in csrc/matmul.c (portable: the build's baseline target).
@@ -113,6 +113,7 @@ def set_float_variant(name: str) -> None:
     """Makes the plain float tile use variant `name` (one of float_variants()) from the next call on."""
     if name not in float_variants():
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(float_variants()) or 'none'})")
+    assert lib is not None  # float_variants() is empty without it
     lib.matmul_float_variant(FLOAT_VARIANTS[name])
 
 
@@ -137,6 +138,7 @@ def set_int_variant(name: str) -> None:
     take the float path under the 8-bit ones."""
     if name not in int_variants():
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
+    assert lib is not None  # int_variants() is empty without it
     lib.qdot_variant(INT_VARIANTS[name])
 
 
@@ -144,20 +146,21 @@ def pool_run(fn: int, arg: int, parts: int) -> None:
     """Runs the C function at address fn, void fn(void *arg, int part), for part = 0 .. parts - 1 on the
     matmul pool's threads (the caller's among them): other kernels' way to share these threads
     (kernels.PagedDecode). fn must not call back into this library."""
+    assert lib is not None  # passed as pool_run only with the library loaded
     lib.matmul_pool_run(fn, arg, int(parts))
 
 
 def _ptr(a: np.ndarray) -> int:
     # as kernels._ptr: from_buffer is the cheap way to an address, for writable contiguous memory only
     if a.flags.writeable and a.flags.c_contiguous and a.size:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # stubs lack ndarray's buffer
     return a.ctypes.data
 
 
-def _check_weight(w: QuantizedWeight) -> None:
+def _check_weight(w: BlockMatrix) -> None:
     # The kernel walks the blocks by their row length alone: anything else would read past them.
-    if not isinstance(w, QuantizedWeight):
-        raise ValueError(f"w: need a QuantizedWeight, got {type(w).__name__}")
+    if not isinstance(w, BlockMatrix):
+        raise ValueError(f"w: need a BlockMatrix, got {type(w).__name__}")
     b, fmt = w.blocks, w.fmt
     rows, n_in = w.shape
     row_bytes = n_in // fmt.block_elems * fmt.block_bytes
@@ -171,11 +174,11 @@ def _check_weight(w: QuantizedWeight) -> None:
                          f"got strides {b.strides}")
 
 
-def _weight_args(w: QuantizedWeight) -> tuple:
+def _weight_args(w: BlockMatrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
     """(blocks, shape, GGUF type id, blocks' address, row bytes) of a checked weight, kept on it: a decode
     step multiplies by each weight again and again, and checking it and taking its address cost as much as
     the product by a small matrix. Checked again if its blocks or shape are replaced."""
-    if not isinstance(w, QuantizedWeight):
+    if not isinstance(w, BlockMatrix):
         _check_weight(w)
     c = w.__dict__.get("_c_args")
     if c is None or c[0] is not w.blocks or c[1] is not w.shape:
@@ -199,9 +202,12 @@ def _check_x(x: np.ndarray, n_in: int) -> None:
 def _check_out(out: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> None:
     if not isinstance(out, np.ndarray):
         raise ValueError(f"out: need a NumPy array, got {type(out).__name__}")
-    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
-        raise ValueError(f"out: need a C-contiguous float32 {list(shape)}, got {out.dtype} {list(out.shape)} "
-                         f"{'contiguous' if out.flags.c_contiguous else 'strided'}")
+    # rows may be spaced wider (the columns of a wider array: a fused weight's parts), each row contiguous
+    rows_ok = out.size == 0 or (out.strides[1] == 4 and out.strides[0] % 4 == 0
+                                and (shape[0] == 1 or out.strides[0] >= 4 * shape[1]))
+    if out.dtype != np.float32 or out.shape != shape or not rows_ok:
+        raise ValueError(f"out: need a float32 {list(shape)} with contiguous rows, got {out.dtype} "
+                         f"{list(out.shape)} strides {out.strides}")
     if not out.flags.writeable:
         raise ValueError("out: is written, but is read-only")
     if np.may_share_memory(out, x):
@@ -215,7 +221,7 @@ def _check_threads(threads: int) -> None:
 
 def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ w.T [T, out] float32 for a C-contiguous float32 w [out, in], by the plain
-    float tile (as a QuantizedWeight of format F32 over the same memory, never a copy); into `out` when
+    float tile (as a BlockMatrix of format F32 over the same memory, never a copy); into `out` when
     given."""
     if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim != 2:
         got = f"{w.dtype} {list(w.shape)}" if isinstance(w, np.ndarray) else type(w).__name__
@@ -224,12 +230,12 @@ def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | N
         raise ValueError(f"w: need rows of {w.shape[1]} values one after the other (C-contiguous), "
                          f"got strides {w.strides}")
     blocks = w.view(np.uint8) if w.size else np.zeros((w.shape[0], 4 * w.shape[1]), np.uint8)
-    return quant_matmul(QuantizedWeight(_F32, blocks, w.shape), x, threads, out)
+    return quant_matmul(BlockMatrix(_F32, blocks, w.shape), x, threads, out)
 
 
-def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+def quant_matmul(w: BlockMatrix, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given. Built for
-    decode-sized x (linear.py sends it up to SMALL_T rows; dequantized_matmul takes longer ones)."""
+    decode-sized x (QuantizedWeight.apply sends it up to DECODE_ROWS rows; dequantized_matmul takes longer ones)."""
     _, _, ggml_type, blocks, row_bytes = _weight_args(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
@@ -244,8 +250,8 @@ def quant_matmul(w: QuantizedWeight, x: np.ndarray, threads: int, out: np.ndarra
         return out
     if out.size == 0:
         return out
-    rc = lib.quant_matmul(ggml_type, blocks, row_bytes, n_out, n_in, _ptr(x), x.strides[0] // 4, T, _ptr(out), n_out,
-                          int(threads))
+    rc = lib.quant_matmul(ggml_type, blocks, row_bytes, n_out, n_in, _ptr(x), x.strides[0] // 4, T, _ptr(out),
+                          out.strides[0] // 4 if T > 1 else n_out, int(threads))
     if rc == -3:
         raise MemoryError(f"x: no memory for {T} rows of {n_in} values quantized to integers")
     if rc != 0:  # the checks above make this unreachable; kept so a mismatch cannot pass silently
@@ -259,9 +265,9 @@ DEQUANT_CHUNK_VALUES = 1 << 21
 _scratch = threading.local()
 
 
-def dequantize_rows(w: QuantizedWeight, start: int, stop: int, threads: int = 1,
+def dequantize_rows(w: BlockMatrix, start: int, stop: int, threads: int = 1,
                     out: np.ndarray | None = None) -> np.ndarray:
-    """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quants.py's),
+    """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quant/dequantize.py's),
     on `threads` threads, into `out` when given; NumPy's where the library was not built or the format
     has no kernel."""
     _, _, ggml_type, blocks, row_bytes = _weight_args(w)
@@ -281,19 +287,22 @@ def dequantize_rows(w: QuantizedWeight, start: int, stop: int, threads: int = 1,
     return out
 
 
-def dequantized_matmul(w: QuantizedWeight, x: np.ndarray) -> np.ndarray:
+def dequantized_matmul(w: BlockMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32 by BLAS on W's rows dequantized a chunk at a time (by
-    the C decoders, each value exactly quants.py's): for many rows of x (prefill), where BLAS's packed
-    GEMM beats the tiles of quant_matmul. The NumPy twin is QuantizedWeight.matmul itself, with NumPy's
-    decoder. The decoding (7 G values/s, 2-3% of the GEMM at 512 rows) stays on the calling thread: the
-    pool's threads would compete with BLAS's, which spin a while after each GEMM (measured: up to 2x
-    slower on 2 cores)."""
+    the C decoders, each value exactly quant/dequantize.py's): for many rows of x (prefill), where BLAS's packed
+    GEMM beats the tiles of quant_matmul. The NumPy twin is BlockMatrix.matmul itself, with NumPy's
+    decoder. Into `out` when given (as quant_matmul takes it). The decoding (7 G values/s, 2-3% of the GEMM
+    at 512 rows) stays on the calling thread: the pool's threads would compete with BLAS's, which spin a
+    while after each GEMM (measured: up to 2x slower on 2 cores)."""
     _check_weight(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
+    if out is not None:
+        _check_out(out, (x.shape[0], n_out), x)
     if lib is None or w.fmt.name not in FORMATS:
-        return w.matmul(x)
+        return w.matmul(x, out=out)
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.size != DEQUANT_CHUNK_VALUES:
         buf = _scratch.buf = np.empty(DEQUANT_CHUNK_VALUES, np.float32)
-    return w.matmul(x, decode=lambda start, stop, out: dequantize_rows(w, start, stop, 1, out), scratch=buf)
+    return w.matmul(x, decode=lambda start, stop, out: dequantize_rows(w, start, stop, 1, out), scratch=buf,
+                    out=out)

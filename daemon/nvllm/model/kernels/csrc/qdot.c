@@ -13,7 +13,7 @@
  * it 258 times less and changes none there, at a small cost in speed (the weights, not x, are what a
  * decode step reads). The 8-bit variants stay, for measurements and for models that tolerate them.
  *
- * The arithmetic, which model/qdot.py repeats in NumPy bit for bit (Q = 32767 for 16 bits, 127 for 8):
+ * The arithmetic, which kernels/qdot.py repeats in NumPy bit for bit (Q = 32767 for 16 bits, 127 for 8):
  *   x block (32 values v):  amax = max |v|; d = amax / Q; id = d ? 1 / d : 0;
  *                           q = v * id rounded to nearest (ties to even), in -Q .. Q;
  *                           s = d * (float)sum(q). A block holding NaN or inf gets d = s = NaN, q = 0,
@@ -42,6 +42,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "blocks.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define QDOT_X86 1
 #include <immintrin.h>
@@ -54,17 +56,8 @@
 #endif
 #endif
 
-#define QINLINE static inline __attribute__((always_inline))
-#pragma GCC diagnostic ignored "-Wpsabi"
-
-enum { Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q8_0 = 8, Q_Q4_K = 12, Q_Q5_K = 13, Q_Q6_K = 14 };   /* GGUF type ids, as matmul.c's */
 enum { V_SCALAR = 1, V_SIMD = 2, V_DOT = 3,              /* the variants (0: none, x stays float); x in 8 bits */
        V_SCALAR16 = 4, V_SIMD16 = 5, V_DOT16 = 6 };   /* x in 16 bits (no V_DOT16 on aarch64) */
-
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef int32_t i32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef int32_t i32x4 __attribute__((vector_size(16)));
 
 /* One block of a quantized row of x: 40 bytes. */
 typedef struct {
@@ -81,7 +74,7 @@ typedef struct {
 /* ---------------------------------------------------------------- quantizing x */
 
 /* Round to nearest, ties to even, for |v| < 2^22: adding and taking away 1.5 * 2^23 leaves the integer. */
-QINLINE float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+INLINE float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
 /* A block of x to int8 (q in -127 .. 127, d = amax / 127) or int16 (q in -32767 .. 32767, d = amax / 32767;
  * |sum| < 2^20: exact in float), as the header says. */
@@ -114,7 +107,7 @@ QUANTIZE_BLOCK(quantize_block, xblock_t, int8_t, 127.0f)
 QUANTIZE_BLOCK(quantize_block16, xblock16_t, int16_t, 32767.0f)
 
 /* The first `live` of four results to y (a whole vector when all four are). */
-QINLINE void qdot_store(float *y, const void *v, int live) {
+INLINE void qdot_store(float *y, const void *v, int live) {
     if (live == 4) memcpy(y, v, 16);
     else memcpy(y, v, (size_t)live * sizeof(float));
 }
@@ -127,7 +120,7 @@ QINLINE void qdot_store(float *y, const void *v, int live) {
 
 /* The four rows of W a tile from row r reads into wr (those past r1 read as row r1 - 1, never stored);
  * returns how many are real. */
-QINLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1, const uint8_t **wr) {
+INLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1, const uint8_t **wr) {
     const int live = r1 - r < 4 ? (int)(r1 - r) : 4;
     for (int i = 0; i < 4; i++) wr[i] = w + (i < live ? r + i : r1 - 1) * row_bytes;
     return live;
@@ -150,36 +143,37 @@ QINLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1
  * the blocks of a row taken in order. Rows of W past r1 are read as row r1 - 1 and not stored.
  */
 #define QDOT_KERNEL(V, ATTR, XB)                                                                                       \
-    ATTR QINLINE void V##_wblocks(const int fmt, const uint8_t *const *blk, V##_bv *wv) {                              \
+    ATTR INLINE void V##_wblocks(const int fmt, const uint8_t *const *blk, V##_bv *wv) {                               \
         for (int i = 0; i < 4; i++) {                                                                                  \
-            if (fmt == Q_Q8_0) wv[i] = V##_load((const int8_t *)(blk[i] + 2));                                         \
-            else if (fmt == Q_Q4_0) wv[i] = V##_sub8(V##_nibbles(blk[i] + 2));                                         \
-            else wv[i] = V##_nibbles(blk[i] + 4);                                                                      \
+            if (fmt == Q8_0) wv[i] = V##_load((const int8_t *)(blk[i] + Q8_0_QS));                                     \
+            else if (fmt == Q4_0) wv[i] = V##_sub8(V##_nibbles(blk[i] + Q4_0_QS));                                     \
+            else wv[i] = V##_nibbles(blk[i] + Q4_1_QS);                                                                \
         }                                                                                                              \
     }                                                                                                                  \
     /* 4 rows of W by 1 row of x */                                                                                    \
-    ATTR QINLINE f32x4 V##_tile1(const int fmt, const uint8_t *const *wr, int64_t ahead, int64_t nb,                   \
-                                 const XB *x) {                                                                        \
+    ATTR INLINE f32x4 V##_tile1(const int fmt, const uint8_t *const *wr, int64_t ahead, int64_t nb,                    \
+                                const XB *x) {                                                                         \
         f32x4 acc = {0};                                                                                               \
-        const int bb = fmt == Q_Q8_0 ? 34 : fmt == Q_Q4_0 ? 18 : 20;                                                   \
+        const int bb = block_bytes(fmt);                                                                               \
         for (int64_t b = 0; b < nb; b++) {                                                                             \
             const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
             for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead, 0, 1);   /* to L2: see PREFETCH_TILES */    \
             V##_bv wv[4];                                                                                              \
             V##_wblocks(fmt, blk, wv);                                                                                 \
             const V##_bv xv = V##_loadx(x[b].q);                                                                       \
-            const i32x4 s = fmt == Q_Q4_1 ? V##_sums_us(wv, xv) : V##_sums_ss(wv, xv);                                 \
+            const i32x4 s = fmt == Q4_1 ? V##_sums_us(wv, xv) : V##_sums_ss(wv, xv);                                   \
             const f32x4 dd = V##_halves(blk[0], blk[1], blk[2], blk[3]) * x[b].d;                                      \
             acc = acc + dd * __builtin_convertvector(s, f32x4);                                                        \
-            if (fmt == Q_Q4_1) acc = acc + V##_halves(blk[0] + 2, blk[1] + 2, blk[2] + 2, blk[3] + 2) * x[b].s;        \
+            if (fmt == Q4_1)                                                                                           \
+                acc = acc + V##_halves(blk[0] + Q4_1_M, blk[1] + Q4_1_M, blk[2] + Q4_1_M, blk[3] + Q4_1_M) * x[b].s;   \
         }                                                                                                              \
         return acc;                                                                                                    \
     }                                                                                                                  \
     /* 4 rows of W by NT = 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of acc[t / 2] */                \
-    ATTR QINLINE void V##_tile24(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nb,     \
-                                 const XB *x, int64_t xs, f32x8 *out) {                                                \
+    ATTR INLINE void V##_tile24(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nb,      \
+                                const XB *x, int64_t xs, f32x8 *out) {                                                 \
         f32x8 acc[2] = {{0}, {0}};                                                                                     \
-        const int bb = fmt == Q_Q8_0 ? 34 : fmt == Q_Q4_0 ? 18 : 20;                                                   \
+        const int bb = block_bytes(fmt);                                                                               \
         for (int64_t b = 0; b < nb; b++) {                                                                             \
             const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
             for (int i = 0; i < 4; i++) __builtin_prefetch(blk[i] + ahead, 0, 1);   /* to L2: see PREFETCH_TILES */    \
@@ -188,17 +182,17 @@ QINLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1
             const f32x4 dw = V##_halves(blk[0], blk[1], blk[2], blk[3]);                                               \
             const f32x8 dw8 = {dw[0], dw[1], dw[2], dw[3], dw[0], dw[1], dw[2], dw[3]};                                \
             f32x8 mw8 = {0};                                                                                           \
-            if (fmt == Q_Q4_1) {                                                                                       \
-                const f32x4 mw = V##_halves(blk[0] + 2, blk[1] + 2, blk[2] + 2, blk[3] + 2);                           \
+            if (fmt == Q4_1) {                                                                                         \
+                const f32x4 mw = V##_halves(blk[0] + Q4_1_M, blk[1] + Q4_1_M, blk[2] + Q4_1_M, blk[3] + Q4_1_M);       \
                 mw8 = (f32x8){mw[0], mw[1], mw[2], mw[3], mw[0], mw[1], mw[2], mw[3]};                                 \
             }                                                                                                          \
             for (int h = 0; h < NT / 2; h++) {                                                                         \
                 const XB *x0 = x + 2 * h * xs + b, *x1 = x0 + xs;                                                      \
                 const V##_bv xv0 = V##_loadx(x0->q), xv1 = V##_loadx(x1->q);                                           \
-                const i32x8 s = fmt == Q_Q4_1 ? V##_sums8_us(wv, xv0, xv1) : V##_sums8_ss(wv, xv0, xv1);               \
+                const i32x8 s = fmt == Q4_1 ? V##_sums8_us(wv, xv0, xv1) : V##_sums8_ss(wv, xv0, xv1);                 \
                 const f32x8 dx8 = {x0->d, x0->d, x0->d, x0->d, x1->d, x1->d, x1->d, x1->d};                            \
                 acc[h] = acc[h] + (dw8 * dx8) * __builtin_convertvector(s, f32x8);                                     \
-                if (fmt == Q_Q4_1) {                                                                                   \
+                if (fmt == Q4_1) {                                                                                     \
                     const f32x8 sx8 = {x0->s, x0->s, x0->s, x0->s, x1->s, x1->s, x1->s, x1->s};                        \
                     acc[h] = acc[h] + mw8 * sx8;                                                                       \
                 }                                                                                                      \
@@ -206,8 +200,8 @@ QINLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1
         }                                                                                                              \
         for (int h = 0; h < NT / 2; h++) out[h] = acc[h];                                                              \
     }                                                                                                                  \
-    ATTR QINLINE void V##_fmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,         \
-                                   int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {            \
+    ATTR INLINE void V##_fmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,          \
+                                  int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {             \
         const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                          \
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
             const uint8_t *wr[4];                                                                                      \
@@ -235,29 +229,14 @@ QINLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1
                                                         int64_t r0, int64_t r1, const XB *x, int64_t t0,               \
                                                         int64_t tn, float *y, int64_t ys) {                            \
         switch (fmt) {                                                                                                 \
-        case Q_Q8_0: V##_fmt_rows(Q_Q8_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
-        case Q_Q4_0: V##_fmt_rows(Q_Q4_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
-        case Q_Q4_1: V##_fmt_rows(Q_Q4_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
+        case Q8_0: V##_fmt_rows(Q8_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
+        case Q4_0: V##_fmt_rows(Q4_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
+        case Q4_1: V##_fmt_rows(Q4_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         default: break;                                                                                                \
         }                                                                                                              \
     }
 
 /* ---------------------------------------------------------------- portable C */
-
-QINLINE float qdot_half(const uint8_t *p) {
-    const uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-    /* exact for every half: the exponent and mantissa moved into a float's place are the value * 2^-112 */
-    uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
-    float f;
-    memcpy(&f, &mag, sizeof f);
-    f *= 0x1p112f;
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((h & 0x7c00u) == 0x7c00u) bits = 0x7f800000u | mag;   /* inf, NaN */
-    bits |= (uint32_t)(h & 0x8000u) << 16;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* ---------------------------------------------------------------- Q4_K and Q5_K, for 16-bit x
  *
@@ -276,32 +255,21 @@ QINLINE float qdot_half(const uint8_t *p) {
  *   V_sums_halves(w, x, lo, hi)     the four rows' sums over values 0..15 and over 16..31, apart.
  */
 
-/* The j-th 6-bit scale and min of a Q4_K/Q5_K super-block's 12 scale bytes (as matmul.c's decoder). */
-QINLINE void kscale_min(const uint8_t *q, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* Q6_K's 16 scales of the super-blocks at sb[0..3]: dw[g] = d * sc_g, lane i for row i. */
-QINLINE void k6scales(const uint8_t *const *sb, f32x4 *dw) {
+INLINE void k6scales(const uint8_t *const *sb, f32x4 *dw) {
     for (int i = 0; i < 4; i++) {
-        const float d = qdot_half(sb[i] + 208);
-        for (int g = 0; g < 16; g++) dw[g][i] = d * (float)(int8_t)sb[i][192 + g];
+        const float d = le_half(sb[i] + Q6_K_D);
+        for (int g = 0; g < 16; g++) dw[g][i] = d * (float)(int8_t)sb[i][Q6_K_SCALES + g];
     }
 }
 
 /* dw[s] and mw[s] of the super-blocks at sb[0..3] (four rows), lane i for row i. */
-QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
+INLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
     for (int i = 0; i < 4; i++) {
-        const float d = qdot_half(sb[i]), dmin = qdot_half(sb[i] + 2);
+        const float d = le_half(sb[i]), dmin = le_half(sb[i] + K_DMIN);
         for (int s = 0; s < 8; s++) {
             int sc, m;
-            kscale_min(sb[i] + 4, s, &sc, &m);
+            scale_min_k4(sb[i] + K_SCALES, s, &sc, &m);
             dw[s][i] = d * (float)sc;
             mw[s][i] = -(dmin * (float)m);
         }
@@ -309,34 +277,34 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
 }
 
 #define QDOT_KTILES(V, ATTR, XB)                                                                                       \
-    ATTR QINLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                       \
+    ATTR INLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                        \
         for (int i = 0; i < 4; i++) {                                                                                  \
-            if (fmt == Q_Q6_K)   /* half s / 4, sub-block s % 4 of it */                                               \
-                wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + 128 + 32 * (s / 4),                   \
+            if (fmt == Q6_K)   /* half s / 4, sub-block s % 4 of it */                                                 \
+                wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + Q6_K_QH + 32 * (s / 4),               \
                                     4 * ((s / 2) & 1), 2 * (s & 3), 2);                                                \
             else                                                                                                       \
-                wv[i] = V##_kquants(sb[i] + (fmt == Q_Q4_K ? 16 : 48) + 32 * (s / 2),                                  \
-                                    fmt == Q_Q5_K ? sb[i] + 16 : NULL, 4 * (s & 1), s, 1);                             \
+                wv[i] = V##_kquants(sb[i] + (fmt == Q4_K ? Q4_K_QS : Q5_K_QS) + 32 * (s / 2),                          \
+                                    fmt == Q5_K ? sb[i] + Q5_K_QH : NULL, 4 * (s & 1), s, 1);                          \
         }                                                                                                              \
     }                                                                                                                  \
     /* 4 rows of W by NT = 1, 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of out */                    \
-    ATTR QINLINE void V##_ktile(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nsb,     \
-                                const XB *x, int64_t xs, f32x4 *out) {                                                 \
+    ATTR INLINE void V##_ktile(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nsb,      \
+                               const XB *x, int64_t xs, f32x4 *out) {                                                  \
         f32x4 acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
-        const int bb = fmt == Q_Q4_K ? 144 : fmt == Q_Q5_K ? 176 : 210;                                                \
+        const int bb = block_bytes(fmt);                                                                               \
         for (int64_t b = 0; b < nsb; b++) {                                                                            \
             const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
             for (int i = 0; i < 4; i++)   /* every line of the super-block, to L2: see PREFETCH_TILES */               \
                 for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o, 0, 1);                          \
             f32x4 dw[16], mw[8];                                                                                       \
-            if (fmt == Q_Q6_K) k6scales(sb, dw);                                                                       \
+            if (fmt == Q6_K) k6scales(sb, dw);                                                                         \
             else kscales(sb, dw, mw);                                                                                  \
             for (int s = 0; s < 8; s++) {                                                                              \
                 V##_bv wv[4];                                                                                          \
                 V##_kwblocks(fmt, sb, s, wv);                                                                          \
                 for (int t = 0; t < NT; t++) {                                                                         \
                     const XB *xb = x + t * xs + 8 * b + s;                                                             \
-                    if (fmt == Q_Q6_K) {                                                                               \
+                    if (fmt == Q6_K) {                                                                                 \
                         i32x4 lo, hi;                                                                                  \
                         V##_sums_halves(wv, V##_loadx(xb->q), &lo, &hi);                                               \
                         acc[t] = acc[t] + (dw[2 * s] * xb->d) * __builtin_convertvector(lo, f32x4);                    \
@@ -351,8 +319,8 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
         }                                                                                                              \
         for (int t = 0; t < NT; t++) out[t] = acc[t];                                                                  \
     }                                                                                                                  \
-    ATTR QINLINE void V##_kfmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,        \
-                                    int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {           \
+    ATTR INLINE void V##_kfmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,         \
+                                   int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {            \
         const int64_t ahead = PREFETCH_TILES * 4 * row_bytes;                                                          \
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
             const uint8_t *wr[4];                                                                                      \
@@ -372,9 +340,9 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
     ATTR __attribute__((noinline)) static void V##_krows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb,     \
                                                          int64_t r0, int64_t r1, const XB *x, int64_t t0,              \
                                                          int64_t tn, float *y, int64_t ys) {                           \
-        if (fmt == Q_Q4_K) V##_kfmt_rows(Q_Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                          \
-        else if (fmt == Q_Q5_K) V##_kfmt_rows(Q_Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                     \
-        else V##_kfmt_rows(Q_Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                        \
+        if (fmt == Q4_K) V##_kfmt_rows(Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                              \
+        else if (fmt == Q5_K) V##_kfmt_rows(Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                         \
+        else V##_kfmt_rows(Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                          \
     }
 
 /* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
@@ -384,21 +352,21 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
     typedef struct {                                                                                                   \
         lane_t b[32];                                                                                                  \
     } P##_bv;                                                                                                          \
-    QINLINE P##_bv P##_load(const int8_t *p) {                                                                         \
+    INLINE P##_bv P##_load(const int8_t *p) {                                                                          \
         P##_bv v;                                                                                                      \
         for (int j = 0; j < 32; j++) v.b[j] = p[j];                                                                    \
         return v;                                                                                                      \
     }                                                                                                                  \
-    QINLINE P##_bv P##_nibbles(const uint8_t *p) {                                                                     \
+    INLINE P##_bv P##_nibbles(const uint8_t *p) {                                                                      \
         P##_bv v;                                                                                                      \
         for (int j = 0; j < 16; j++) v.b[j] = (lane_t)(p[j] & 15), v.b[j + 16] = (lane_t)(p[j] >> 4);                  \
         return v;                                                                                                      \
     }                                                                                                                  \
-    QINLINE P##_bv P##_sub8(P##_bv v) {                                                                                \
+    INLINE P##_bv P##_sub8(P##_bv v) {                                                                                 \
         for (int j = 0; j < 32; j++) v.b[j] = (lane_t)(v.b[j] - 8);                                                    \
         return v;                                                                                                      \
     }                                                                                                                  \
-    QINLINE i32x4 P##_sums_ss(const P##_bv *w, P##_bv x) {                                                             \
+    INLINE i32x4 P##_sums_ss(const P##_bv *w, P##_bv x) {                                                              \
         i32x4 s = {0};                                                                                                 \
         for (int i = 0; i < 4; i++) {                                                                                  \
             int32_t sum = 0;                                                                                           \
@@ -407,7 +375,7 @@ QINLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
         }                                                                                                              \
         return s;                                                                                                      \
     }                                                                                                                  \
-    QINLINE i32x8 P##_sums8_ss(const P##_bv *w, P##_bv x0, P##_bv x1) {                                                \
+    INLINE i32x8 P##_sums8_ss(const P##_bv *w, P##_bv x0, P##_bv x1) {                                                 \
         const i32x4 a = P##_sums_ss(w, x0), b = P##_sums_ss(w, x1);                                                    \
         return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};                                                \
     }
@@ -419,13 +387,13 @@ SCALAR_LANES(s16, int16_t)
 #define s16_sums_us s16_sums_ss
 #define s16_sums8_us s16_sums8_ss
 
-QINLINE f32x4 sc_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    return (f32x4){qdot_half(p0), qdot_half(p1), qdot_half(p2), qdot_half(p3)};
+INLINE f32x4 sc_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    return (f32x4){le_half(p0), le_half(p1), le_half(p2), le_half(p3)};
 }
 #define s16_halves sc_halves
 
 #define sc_loadx sc_load
-QINLINE s16_bv s16_loadx(const int16_t *p) {
+INLINE s16_bv s16_loadx(const int16_t *p) {
     s16_bv v;
     memcpy(v.b, p, sizeof v.b);
     return v;
@@ -434,14 +402,14 @@ QINLINE s16_bv s16_loadx(const int16_t *p) {
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
-QINLINE s16_bv s16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
+INLINE s16_bv s16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
     s16_bv v;
     const int m = (1 << hbits) - 1, zero = hbits == 2 ? 32 : 0;
     for (int j = 0; j < 32; j++)
         v.b[j] = (int16_t)((((qs[j] >> shift) & 15) | (qh ? ((qh[j] >> bit) & m) << 4 : 0)) - zero);
     return v;
 }
-QINLINE void s16_sums_halves(const s16_bv *w, s16_bv x, i32x4 *lo, i32x4 *hi) {
+INLINE void s16_sums_halves(const s16_bv *w, s16_bv x, i32x4 *lo, i32x4 *hi) {
     for (int i = 0; i < 4; i++) {
         int32_t a = 0, b = 0;
         for (int j = 0; j < 16; j++) a += (int32_t)w[i].b[j] * (int32_t)x.b[j];
@@ -459,25 +427,25 @@ QDOT_KTILES(s16, , xblock16_t)
 typedef __m256i av_bv;
 typedef __m256i vn_bv;
 #define X86_PRIMITIVES(V, ATTR)                                                                                        \
-    ATTR QINLINE __m256i V##_load(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }                  \
-    ATTR QINLINE __m256i V##_nibbles(const uint8_t *p) {                                                               \
+    ATTR INLINE __m256i V##_load(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }                   \
+    ATTR INLINE __m256i V##_nibbles(const uint8_t *p) {                                                                \
         const __m128i b = _mm_loadu_si128((const __m128i *)p);                                                         \
         const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);                                                \
         return _mm256_and_si256(both, _mm256_set1_epi8(15));                                                           \
     }                                                                                                                  \
-    ATTR QINLINE __m256i V##_sub8(__m256i v) { return _mm256_sub_epi8(v, _mm256_set1_epi8(8)); }                       \
-    ATTR QINLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {        \
+    ATTR INLINE __m256i V##_sub8(__m256i v) { return _mm256_sub_epi8(v, _mm256_set1_epi8(8)); }                        \
+    ATTR INLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {         \
         uint16_t h0, h1, h2, h3;                                                                                       \
         memcpy(&h0, p0, 2), memcpy(&h1, p1, 2), memcpy(&h2, p2, 2), memcpy(&h3, p3, 2);                                \
         return (f32x4)_mm_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0));            \
     }                                                                                                                  \
     /* eight lanes of four-byte sums each, for four rows -> the four totals */                                         \
-    ATTR QINLINE i32x4 V##_total4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {                                    \
+    ATTR INLINE i32x4 V##_total4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {                                     \
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));                     \
         return (i32x4)_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));                        \
     }                                                                                                                  \
     /* the same for two rows of x at once: x0's four totals, then x1's */                                              \
-    ATTR QINLINE i32x8 V##_total8(const __m256i *p, const __m256i *q) {                                                \
+    ATTR INLINE i32x8 V##_total8(const __m256i *p, const __m256i *q) {                                                 \
         const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));             \
         const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));             \
         return (i32x8)_mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));  \
@@ -488,21 +456,21 @@ X86_PRIMITIVES(vn, VNNI_ATTR)
 /* The four rows' sums from a variant's one-vector dot product V_dot_us (unsigned w by signed x); the
  * signed form moves w's sign onto x (|w| <= 128, |x| <= 127: nothing saturates). */
 #define X86_SUMS(V, ATTR)                                                                                              \
-    ATTR QINLINE __m256i V##_dot_ss(__m256i w, __m256i x) {                                                            \
+    ATTR INLINE __m256i V##_dot_ss(__m256i w, __m256i x) {                                                             \
         return V##_dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));                                             \
     }                                                                                                                  \
-    ATTR QINLINE i32x4 V##_sums_us(const __m256i *w, __m256i x) {                                                      \
+    ATTR INLINE i32x4 V##_sums_us(const __m256i *w, __m256i x) {                                                       \
         return V##_total4(V##_dot_us(w[0], x), V##_dot_us(w[1], x), V##_dot_us(w[2], x), V##_dot_us(w[3], x));         \
     }                                                                                                                  \
-    ATTR QINLINE i32x4 V##_sums_ss(const __m256i *w, __m256i x) {                                                      \
+    ATTR INLINE i32x4 V##_sums_ss(const __m256i *w, __m256i x) {                                                       \
         return V##_total4(V##_dot_ss(w[0], x), V##_dot_ss(w[1], x), V##_dot_ss(w[2], x), V##_dot_ss(w[3], x));         \
     }                                                                                                                  \
-    ATTR QINLINE i32x8 V##_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {                                        \
+    ATTR INLINE i32x8 V##_sums8_us(const __m256i *w, __m256i x0, __m256i x1) {                                         \
         __m256i p[4], q[4];                                                                                            \
         for (int i = 0; i < 4; i++) p[i] = V##_dot_us(w[i], x0), q[i] = V##_dot_us(w[i], x1);                          \
         return V##_total8(p, q);                                                                                       \
     }                                                                                                                  \
-    ATTR QINLINE i32x8 V##_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {                                        \
+    ATTR INLINE i32x8 V##_sums8_ss(const __m256i *w, __m256i x0, __m256i x1) {                                         \
         __m256i a[4], p[4], q[4];                                                                                      \
         for (int i = 0; i < 4; i++) a[i] = _mm256_sign_epi8(w[i], w[i]);   /* |w| once for both rows of x */         \
         for (int i = 0; i < 4; i++) p[i] = V##_dot_us(a[i], _mm256_sign_epi8(x0, w[i]));                               \
@@ -511,10 +479,10 @@ X86_PRIMITIVES(vn, VNNI_ATTR)
     }
 
 /* maddubs multiplies unsigned by signed bytes into pair sums, madd adds those pairs into int32 lanes. */
-AVX2_ATTR QINLINE __m256i av_dot_us(__m256i w, __m256i x) {
+AVX2_ATTR INLINE __m256i av_dot_us(__m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
 }
-VNNI_ATTR QINLINE __m256i vn_dot_us(__m256i w, __m256i x) {
+VNNI_ATTR INLINE __m256i vn_dot_us(__m256i w, __m256i x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
 }
 X86_SUMS(av, AVX2_ATTR)
@@ -534,49 +502,49 @@ typedef struct {
     __m256i lo, hi;
 } av16_bv;
 typedef av16_bv vn16_bv;
-AVX2_ATTR QINLINE __m256i av16_pairs(__m256i acc, __m256i w, __m256i x) {
+AVX2_ATTR INLINE __m256i av16_pairs(__m256i acc, __m256i w, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
 }
-VNNI_ATTR QINLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
+VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
 
 /* Bytes shifted within 16-bit lanes in V_kquants: the bits that cross from the upper byte are masked off. */
 #define X86_16(V, B, ATTR)                                                                                             \
-    ATTR QINLINE av16_bv V##_load(const int8_t *p) {                                                                   \
+    ATTR INLINE av16_bv V##_load(const int8_t *p) {                                                                    \
         return (av16_bv){_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),                                    \
                          _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};                            \
     }                                                                                                                  \
-    ATTR QINLINE av16_bv V##_loadx(const int16_t *p) {                                                                 \
+    ATTR INLINE av16_bv V##_loadx(const int16_t *p) {                                                                  \
         return (av16_bv){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 16))};       \
     }                                                                                                                  \
-    ATTR QINLINE av16_bv V##_nibbles(const uint8_t *p) {                                                               \
+    ATTR INLINE av16_bv V##_nibbles(const uint8_t *p) {                                                                \
         const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);                                  \
         return (av16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),                                                    \
                          _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};                                \
     }                                                                                                                  \
-    ATTR QINLINE av16_bv V##_sub8(av16_bv v) {                                                                         \
+    ATTR INLINE av16_bv V##_sub8(av16_bv v) {                                                                          \
         const __m256i e = _mm256_set1_epi16(8);                                                                        \
         return (av16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};                                        \
     }                                                                                                                  \
-    ATTR QINLINE __m256i V##_dot(av16_bv w, av16_bv x) {                                                               \
+    ATTR INLINE __m256i V##_dot(av16_bv w, av16_bv x) {                                                                \
         return V##_pairs(V##_pairs(_mm256_setzero_si256(), w.lo, x.lo), w.hi, x.hi);                                   \
     }                                                                                                                  \
-    ATTR QINLINE i32x4 V##_sums_ss(const av16_bv *w, av16_bv x) {                                                      \
+    ATTR INLINE i32x4 V##_sums_ss(const av16_bv *w, av16_bv x) {                                                       \
         return B##_total4(V##_dot(w[0], x), V##_dot(w[1], x), V##_dot(w[2], x), V##_dot(w[3], x));                     \
     }                                                                                                                  \
-    ATTR QINLINE i32x8 V##_sums8_ss(const av16_bv *w, av16_bv x0, av16_bv x1) {                                        \
+    ATTR INLINE i32x8 V##_sums8_ss(const av16_bv *w, av16_bv x0, av16_bv x1) {                                         \
         __m256i p[4], q[4];                                                                                            \
         for (int i = 0; i < 4; i++) p[i] = V##_dot(w[i], x0), q[i] = V##_dot(w[i], x1);                                \
         return B##_total8(p, q);                                                                                       \
     }                                                                                                                  \
     /* Q6_K: the sums over values 0..15 and over 16..31 apart */                                                      \
-    ATTR QINLINE void V##_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {                             \
+    ATTR INLINE void V##_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {                              \
         const __m256i z = _mm256_setzero_si256();                                                                      \
         *lo = B##_total4(V##_pairs(z, w[0].lo, x.lo), V##_pairs(z, w[1].lo, x.lo), V##_pairs(z, w[2].lo, x.lo),        \
                          V##_pairs(z, w[3].lo, x.lo));                                                                 \
         *hi = B##_total4(V##_pairs(z, w[0].hi, x.hi), V##_pairs(z, w[1].hi, x.hi), V##_pairs(z, w[2].hi, x.hi),        \
                          V##_pairs(z, w[3].hi, x.hi));                                                                 \
     }                                                                                                                  \
-    ATTR QINLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {            \
+    ATTR INLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {             \
         const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
         __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));             \
         if (qh) {                                                                                                      \
@@ -618,15 +586,15 @@ typedef struct {
 typedef ne_bv sd_bv;
 
 #define ARM_PRIMITIVES(V, ATTR)                                                                                        \
-    ATTR QINLINE ne_bv V##_load(const int8_t *p) { return (ne_bv){vld1q_s8(p), vld1q_s8(p + 16)}; }                    \
-    ATTR QINLINE ne_bv V##_nibbles(const uint8_t *p) {                                                                 \
+    ATTR INLINE ne_bv V##_load(const int8_t *p) { return (ne_bv){vld1q_s8(p), vld1q_s8(p + 16)}; }                     \
+    ATTR INLINE ne_bv V##_nibbles(const uint8_t *p) {                                                                  \
         const uint8x16_t b = vld1q_u8(p);                                                                              \
         return (ne_bv){vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15))), vreinterpretq_s8_u8(vshrq_n_u8(b, 4))};       \
     }                                                                                                                  \
-    ATTR QINLINE ne_bv V##_sub8(ne_bv v) {                                                                             \
+    ATTR INLINE ne_bv V##_sub8(ne_bv v) {                                                                              \
         return (ne_bv){vsubq_s8(v.lo, vdupq_n_s8(8)), vsubq_s8(v.hi, vdupq_n_s8(8))};                                  \
     }                                                                                                                  \
-    ATTR QINLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {        \
+    ATTR INLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {         \
         uint16_t h[4];                                                                                                 \
         memcpy(&h[0], p0, 2), memcpy(&h[1], p1, 2), memcpy(&h[2], p2, 2), memcpy(&h[3], p3, 2);                        \
         const float32x4_t f = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));                                         \
@@ -635,7 +603,7 @@ typedef ne_bv sd_bv;
         return out;                                                                                                    \
     }                                                                                                                  \
     /* four lanes of partial sums each, for four rows -> the four totals */                                            \
-    ATTR QINLINE i32x4 V##_total4(int32x4_t p0, int32x4_t p1, int32x4_t p2, int32x4_t p3) {                            \
+    ATTR INLINE i32x4 V##_total4(int32x4_t p0, int32x4_t p1, int32x4_t p2, int32x4_t p3) {                             \
         const int32x4_t s = vpaddq_s32(vpaddq_s32(p0, p1), vpaddq_s32(p2, p3));                                        \
         i32x4 out;                                                                                                     \
         memcpy(&out, &s, sizeof out);                                                                                  \
@@ -645,29 +613,29 @@ ARM_PRIMITIVES(ne, NEON_ATTR)
 ARM_PRIMITIVES(sd, SDOT_ATTR)
 
 /* smull to 16-bit products, pairwise adds to 16 bits (|pair| <= 2 * 128 * 127 fits), then to 32 bits. */
-QINLINE int32x4_t ne_dot(ne_bv w, ne_bv x) {
+INLINE int32x4_t ne_dot(ne_bv w, ne_bv x) {
     const int16x8_t a = vpaddq_s16(vmull_s8(vget_low_s8(w.lo), vget_low_s8(x.lo)), vmull_high_s8(w.lo, x.lo));
     const int16x8_t b = vpaddq_s16(vmull_s8(vget_low_s8(w.hi), vget_low_s8(x.hi)), vmull_high_s8(w.hi, x.hi));
     return vaddq_s32(vpaddlq_s16(a), vpaddlq_s16(b));
 }
-QINLINE i32x4 ne_sums_ss(const ne_bv *w, ne_bv x) {
+INLINE i32x4 ne_sums_ss(const ne_bv *w, ne_bv x) {
     return ne_total4(ne_dot(w[0], x), ne_dot(w[1], x), ne_dot(w[2], x), ne_dot(w[3], x));
 }
 #define ne_sums_us ne_sums_ss
-QINLINE i32x8 ne_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
+INLINE i32x8 ne_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
     const i32x4 a = ne_sums_ss(w, x0), b = ne_sums_ss(w, x1);
     return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
 }
 #define ne_sums8_us ne_sums8_ss
 
-SDOT_ATTR QINLINE int32x4_t sd_dot(ne_bv w, ne_bv x) {
+SDOT_ATTR INLINE int32x4_t sd_dot(ne_bv w, ne_bv x) {
     return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.lo, x.lo), w.hi, x.hi);
 }
-SDOT_ATTR QINLINE i32x4 sd_sums_ss(const ne_bv *w, ne_bv x) {
+SDOT_ATTR INLINE i32x4 sd_sums_ss(const ne_bv *w, ne_bv x) {
     return sd_total4(sd_dot(w[0], x), sd_dot(w[1], x), sd_dot(w[2], x), sd_dot(w[3], x));
 }
 #define sd_sums_us sd_sums_ss
-SDOT_ATTR QINLINE i32x8 sd_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
+SDOT_ATTR INLINE i32x8 sd_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
     const i32x4 a = sd_sums_ss(w, x0), b = sd_sums_ss(w, x1);
     return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
 }
@@ -683,24 +651,24 @@ QDOT_KERNEL(sd, SDOT_ATTR, xblock_t)
 typedef struct {
     int16x8_t v[4];
 } n16_bv;
-QINLINE n16_bv n16_load(const int8_t *p) {
+INLINE n16_bv n16_load(const int8_t *p) {
     const int8x16_t a = vld1q_s8(p), b = vld1q_s8(p + 16);
     return (n16_bv){{vmovl_s8(vget_low_s8(a)), vmovl_high_s8(a), vmovl_s8(vget_low_s8(b)), vmovl_high_s8(b)}};
 }
-QINLINE n16_bv n16_loadx(const int16_t *p) {
+INLINE n16_bv n16_loadx(const int16_t *p) {
     return (n16_bv){{vld1q_s16(p), vld1q_s16(p + 8), vld1q_s16(p + 16), vld1q_s16(p + 24)}};
 }
-QINLINE n16_bv n16_nibbles(const uint8_t *p) {
+INLINE n16_bv n16_nibbles(const uint8_t *p) {
     const uint8x16_t b = vld1q_u8(p);
     const uint8x16_t lo = vandq_u8(b, vdupq_n_u8(15)), hi = vshrq_n_u8(b, 4);
     return (n16_bv){{vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(lo))), vreinterpretq_s16_u16(vmovl_high_u8(lo)),
                      vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(hi))), vreinterpretq_s16_u16(vmovl_high_u8(hi))}};
 }
-QINLINE n16_bv n16_sub8(n16_bv v) {
+INLINE n16_bv n16_sub8(n16_bv v) {
     for (int i = 0; i < 4; i++) v.v[i] = vsubq_s16(v.v[i], vdupq_n_s16(8));
     return v;
 }
-QINLINE int32x4_t n16_dot(n16_bv w, n16_bv x) {
+INLINE int32x4_t n16_dot(n16_bv w, n16_bv x) {
     int32x4_t a = vmull_s16(vget_low_s16(w.v[0]), vget_low_s16(x.v[0]));
     a = vmlal_high_s16(a, w.v[0], x.v[0]);
     for (int i = 1; i < 4; i++) {
@@ -709,10 +677,10 @@ QINLINE int32x4_t n16_dot(n16_bv w, n16_bv x) {
     }
     return a;
 }
-QINLINE i32x4 n16_sums_ss(const n16_bv *w, n16_bv x) {
+INLINE i32x4 n16_sums_ss(const n16_bv *w, n16_bv x) {
     return ne_total4(n16_dot(w[0], x), n16_dot(w[1], x), n16_dot(w[2], x), n16_dot(w[3], x));
 }
-QINLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
+INLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
     const i32x4 a = n16_sums_ss(w, x0), b = n16_sums_ss(w, x1);
     return (i32x8){a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
 }
@@ -722,7 +690,7 @@ QINLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
 
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
-QINLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
+INLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
     uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
     uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
     if (qh) {
@@ -738,13 +706,13 @@ QINLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int 
     return v;
 }
 /* values 0..15 are v[0], v[1]; 16..31 are v[2], v[3] */
-QINLINE int32x4_t n16_half_dot(n16_bv w, n16_bv x, int h) {
+INLINE int32x4_t n16_half_dot(n16_bv w, n16_bv x, int h) {
     int32x4_t a = vmull_s16(vget_low_s16(w.v[2 * h]), vget_low_s16(x.v[2 * h]));
     a = vmlal_high_s16(a, w.v[2 * h], x.v[2 * h]);
     a = vmlal_s16(a, vget_low_s16(w.v[2 * h + 1]), vget_low_s16(x.v[2 * h + 1]));
     return vmlal_high_s16(a, w.v[2 * h + 1], x.v[2 * h + 1]);
 }
-QINLINE void n16_sums_halves(const n16_bv *w, n16_bv x, i32x4 *lo, i32x4 *hi) {
+INLINE void n16_sums_halves(const n16_bv *w, n16_bv x, i32x4 *lo, i32x4 *hi) {
     *lo = ne_total4(n16_half_dot(w[0], x, 0), n16_half_dot(w[1], x, 0), n16_half_dot(w[2], x, 0),
                     n16_half_dot(w[3], x, 0));
     *hi = ne_total4(n16_half_dot(w[0], x, 1), n16_half_dot(w[1], x, 1), n16_half_dot(w[2], x, 1),
@@ -818,12 +786,12 @@ int qdot_variant(int v) {
     return c;
 }
 
-QINLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
+INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
 
 /* 1 if variant v has an integer kernel for fmt (the K-quants: the 16-bit variants only). */
 int qdot_format(int fmt, int v) {
-    const int k_quant = fmt == Q_Q4_K || fmt == Q_Q5_K || fmt == Q_Q6_K;
-    return fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1 || (k_quant && wide(v));
+    const int k_quant = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
+    return fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || (k_quant && wide(v));
 }
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
@@ -853,7 +821,7 @@ void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, 
     const int64_t nb = in / 32;
     for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
         const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
-        if (fmt == Q_Q4_K || fmt == Q_Q5_K || fmt == Q_Q6_K) {   /* only the 16-bit variants get here */
+        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K) {   /* only the 16-bit variants get here */
             switch (v) {
 #ifdef QDOT_X86
             case V_DOT16: vn16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;

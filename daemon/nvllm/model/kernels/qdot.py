@@ -6,23 +6,24 @@ scaled by its own d * sc) the C kernels quantize each row of x, 32 values at a t
 "-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
 one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
 module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
-kernels' bit for bit; the tests hold every C variant to it. It is a reference, not a fast path: QuantizedWeight.matmul (weights decoded to
-float32, x kept float32) is the exact product the quantized one is compared with.
+kernels' bit for bit; the tests hold every C variant to it. It is a reference, not a fast path:
+BlockMatrix.matmul (weights decoded to float32, x kept float32) is the exact product the quantized one is
+compared with.
 """
 from __future__ import annotations
 
-from typing import Tuple
-
 import numpy as np
 
-from nvllm.model.quants import QK, QK_K, QuantizedWeight, k4_parts, q6_parts
+from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.dequantize import k4_parts, q6_parts
+from nvllm.model.quant.formats import QK, QK_K
 
 FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")  # those with integer kernels (K: 16-bit x only)
 BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
 
-def quantize_rows(x: np.ndarray, bits: int = 8) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_rows(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x float32 [T, in] (in a multiple of 32) -> (d [T, nb] float32, q [T, nb, 32] int8 or int16 for bits 8
     or 16, s [T, nb] float32): each block of 32 values is d * q with d = amax / 127 (or / 32767), and
     s = d * sum(q). A block with NaN or inf gets d = s = NaN, q = 0."""
@@ -49,7 +50,7 @@ def quantize_rows(x: np.ndarray, bits: int = 8) -> Tuple[np.ndarray, np.ndarray,
     return d, q, s
 
 
-def weight_quants(w: QuantizedWeight) -> Tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(dw [out, nb] float32, quants [out, nb, 32] int8 as the dot products take them, mw [out, nb] or None);
     for Q6_K dw is [out, nb, 2], a scale for each half of 16 values."""
     name = w.fmt.name
@@ -79,7 +80,7 @@ def weight_quants(w: QuantizedWeight) -> Tuple[np.ndarray, np.ndarray, np.ndarra
     return dw, np.ascontiguousarray(q), mw
 
 
-def matmul(w: QuantizedWeight, x: np.ndarray, bits: int = 8) -> np.ndarray:
+def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8) -> np.ndarray:
     """x [T, in] float32 -> [T, out] float32 as csrc/qdot.c computes it with x in `bits` (8 or 16), bit for
     bit. Each block's 32 products sum exactly in int32 (at most 32 * 128 * 32767 < 2^27)."""
     x = np.asarray(x, dtype=np.float32)

@@ -27,70 +27,23 @@ Rules, exactly:
   lower id (also across the N-th place).
 - A row whose logits leave no probability mass (all -inf, or NaN) falls back to its argmax.
 
-Everything stays float32. The steps live in nvllm.model.sampling (penalties, truncation, draws,
-logprobs); `python -m nvllm.bench sampler` times the sampler.
+Everything stays float32. The steps live beside this file (penalties, truncation, draws, logprobs; the
+batch's arrays in batch.py); `python -m nvllm.bench sampler` times the sampler.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from nvllm.model.sampling import draws, mask, penalties, truncation
+from nvllm.model.sampling.batch import SamplingBatch
 from nvllm.model.sampling.logprobs import fill_top
 
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
 
 _F32 = np.float32
-
-
-@dataclass
-class SamplingBatch:
-    """One row per sequence being sampled; built by the engine."""
-
-    temperature: np.ndarray  # [N] float32, < 1e-5 = greedy
-    top_p: np.ndarray  # [N] float32, >= 1 = off
-    top_k: np.ndarray  # [N] int32, <= 0 = off
-    min_p: np.ndarray  # [N] float32, <= 0 = off
-    presence_penalty: np.ndarray  # [N] float32
-    frequency_penalty: np.ndarray  # [N] float32
-    repetition_penalty: np.ndarray  # [N] float32, 1 = off
-    output_token_ids: list[np.ndarray]  # per row, int64, tokens generated so far
-    prompt_token_ids: list[np.ndarray]  # per row, int64
-    generators: list[np.random.Generator]
-    banned_token_ids: list[np.ndarray | None] = field(default_factory=list)  # e.g. EOS under min_tokens
-    num_logprobs: np.ndarray | None = None  # [N] int32, -1 = none; None = none for every row
-    # Structured output: packed allowed-token bits (int32, bit t%32 of word t//32) for the rows listed.
-    allowed_tokens: np.ndarray | None = None  # [C, ceil(V/32)] int32; None = no row is constrained
-    allowed_rows: np.ndarray | None = None  # [C] int64 row indices, the rows allowed_tokens applies to
-    # logit_bias of every row, flattened: (row, token id, bias) triples, each (row, token) at most once.
-    bias_rows: np.ndarray | None = None  # [B] int64; None = no row is biased
-    bias_ids: np.ndarray | None = None  # [B] int64
-    bias_values: np.ndarray | None = None  # [B] float32
-
-    def __post_init__(self) -> None:
-        n = len(self.temperature)
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
-            setattr(self, name, np.asarray(getattr(self, name), dtype=_F32).reshape(n))
-        self.top_k = np.asarray(self.top_k, dtype=np.int32).reshape(n)
-        if self.num_logprobs is None:
-            self.num_logprobs = np.full(n, -1, dtype=np.int32)
-        self.num_logprobs = np.asarray(self.num_logprobs, dtype=np.int32).reshape(n)
-        if not self.banned_token_ids:
-            self.banned_token_ids = [None] * n
-        if self.allowed_tokens is not None:
-            self.allowed_rows = np.asarray(self.allowed_rows, dtype=np.int64).reshape(-1)
-            if self.allowed_tokens.ndim != 2 or len(self.allowed_tokens) != len(self.allowed_rows):
-                raise ValueError("SamplingBatch.allowed_tokens needs one row per entry of allowed_rows")
-        for name in ("output_token_ids", "prompt_token_ids", "generators", "banned_token_ids"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"SamplingBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.temperature)
 
 
 @dataclass
@@ -116,8 +69,10 @@ def sample(logits: np.ndarray, batch: SamplingBatch) -> SamplerOutput:
     top: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         owned = False
-        if batch.allowed_tokens is not None and len(batch.allowed_rows):
-            logits, owned = mask.masked(logits, batch.allowed_rows, batch.allowed_tokens), True
+        if batch.allowed_tokens is not None:
+            assert batch.allowed_rows is not None  # __post_init__ sets it with allowed_tokens
+            if len(batch.allowed_rows):
+                logits, owned = mask.masked(logits, batch.allowed_rows, batch.allowed_tokens), True
         if batch.bias_rows is not None and len(batch.bias_rows):
             logits = logits if owned else logits.copy()
             logits[batch.bias_rows, batch.bias_ids] += batch.bias_values   # pairs are unique: no add.at
@@ -140,7 +95,9 @@ def _greedy(x: np.ndarray, rows: np.ndarray, batch: SamplingBatch, tokens: np.nd
     """x: [G, V] penalised logits of the greedy rows."""
     tok = np.argmax(x, axis=1)
     tokens[rows] = tok
-    want = np.flatnonzero(batch.num_logprobs[rows] >= 0)
+    num_logprobs = batch.num_logprobs
+    assert num_logprobs is not None  # __post_init__ fills it
+    want = np.flatnonzero(num_logprobs[rows] >= 0)
     if not want.size:
         return
     xw = x[want] if want.size < len(rows) else x
@@ -150,7 +107,7 @@ def _greedy(x: np.ndarray, rows: np.ndarray, batch: SamplingBatch, tokens: np.nd
     chosen = xw[np.arange(want.size), tok[want]]
     logprobs[rows[want]] = np.minimum(chosen - lse, 0)
     floor = np.full(want.size, -np.inf, dtype=_F32)
-    fill_top(xw, None, floor, lse, rows[want], batch.num_logprobs, top)
+    fill_top(xw, None, floor, lse, rows[want], num_logprobs, top)
 
 
 # ---------------------------------------------------------------- sampled rows
@@ -159,6 +116,8 @@ def _greedy(x: np.ndarray, rows: np.ndarray, batch: SamplingBatch, tokens: np.nd
 def _random(x: np.ndarray, owned: bool, rows: np.ndarray, batch: SamplingBatch, tokens: np.ndarray,
             logprobs: np.ndarray, top: list) -> None:
     n, vocab = x.shape
+    num_logprobs = batch.num_logprobs
+    assert num_logprobs is not None  # __post_init__ fills it
     temp = batch.temperature[rows][:, None]
     if rows.size == n:
         xs = np.divide(x, temp, out=x) if owned else x / temp  # [S, V]
@@ -197,9 +156,9 @@ def _random(x: np.ndarray, owned: bool, rows: np.ndarray, batch: SamplingBatch, 
             tok[bad] = np.argmax(sub[bad], axis=1)
         out_rows = rows[part]
         tokens[out_rows] = tok
-        want = np.flatnonzero(batch.num_logprobs[out_rows] >= 0)
+        want = np.flatnonzero(num_logprobs[out_rows] >= 0)
         if want.size:
             chosen = sub[want, tok[want]]
             logprobs[out_rows[want]] = np.minimum(chosen - shift[want], 0)
             fill_top(vals[want], None if ids is None else ids[want], floor[want], shift[want],
-                     out_rows[want], batch.num_logprobs, top)
+                     out_rows[want], num_logprobs, top)

@@ -5,9 +5,9 @@ IncrementalDetokenizer asks the Tokenizer only for its decode and a few id sets 
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
-from nvllm.tokenizer import Tokenizer
+from nvllm.text.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -41,7 +41,7 @@ class IncrementalDetokenizer:
         self._byte_ids = tokenizer.byte_token_ids()
         # The window: ids[:read] is the chunk emitted last (at first, the prompt's tail), ids[read:] the
         # tokens held back since. Each add() decodes the whole window and emits what follows ids[:read].
-        self._ids: List[int] = self._prompt_context(prompt_ids)
+        self._ids: list[int] = self._prompt_context(prompt_ids)
         self._read = len(self._ids)
         self._read_text = self._window_text(self._read)
         self._in_prompt = True  # ids[:read] is still the prompt's tail
@@ -56,8 +56,8 @@ class IncrementalDetokenizer:
             return False
         return token_id not in self._skipped
 
-    def _prompt_context(self, prompt_ids: Sequence[int]) -> List[int]:
-        context: List[int] = []
+    def _prompt_context(self, prompt_ids: Sequence[int]) -> list[int]:
+        context: list[int] = []
         for i in reversed(range(len(prompt_ids))):
             if len(context) == self.PROMPT_CONTEXT:
                 break
@@ -67,7 +67,7 @@ class IncrementalDetokenizer:
         context.reverse()
         return context
 
-    def _window_text(self, stop: Optional[int] = None) -> str:
+    def _window_text(self, stop: int | None = None) -> str:
         return self._decode(self._ids[:stop], skip_special_tokens=self._skip_special)
 
     def _must_hold(self, text: str) -> bool:

@@ -1,0 +1,146 @@
+"""A model's configuration: config.json (or a GGUF's header, model/weights/gguf_config.py) -> ModelConfig,
+and what follows from it alone (rope's frequencies, the weights' size)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# transformers' Qwen3Config defaults head_dim to 128 rather than hidden_size / num_attention_heads.
+_DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
+
+
+class ModelLoadError(ValueError):
+    """A model folder or file that cannot be loaded; the message names the file and what is wrong."""
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope_scaling: dict[str, Any] | None = None
+    qk_norm: bool = False      # Qwen3: an RMSNorm over each head of q and of k, before rope
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], where: str = "config.json") -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"{where}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+        def need(key: str) -> Any:
+            if key not in cfg:
+                raise ModelLoadError(f"{where}: missing {key!r}")
+            return cfg[key]
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        # Newer configs keep rope settings in rope_parameters; older ones put rope_theta at the top
+        # and the scaling in rope_scaling.
+        rope = dict(cfg.get("rope_parameters") or {})
+        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+        scaling = rope or cfg.get("rope_scaling") or None
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind == "default":
+                scaling = None
+            elif kind != "llama3":
+                raise ModelLoadError(f"{where}: rope type {kind!r} is not supported (supported: default, llama3)")
+        eos = cfg.get("eos_token_id")
+        qk_norm = arch == "Qwen3ForCausalLM"
+        attention_bias = bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM"))
+        if attention_bias and arch != "Qwen2ForCausalLM":
+            # Llama's and Qwen3's attention_bias also put a bias on o_proj (Qwen2's biases are q/k/v
+            # only), which nvllm does not carry: refused rather than computed wrong.
+            raise ModelLoadError(f"{where}: attention_bias true is not supported for {arch} "
+                                 f"(it adds an o_proj bias)")
+        return cls(
+            architecture=arch,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch, hidden // heads)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=attention_bias,
+            rope_scaling=scaling,
+            qk_norm=qk_norm,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        )
+
+    @property
+    def num_params(self) -> int:
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
+        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
+        heads = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + heads + h
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the float32 weights as load_weights lays them out (ModelWeights.nbytes, q/k/v biases
+        and q/k norms included), from the shapes alone: what `nvllm serve --dry-run` plans with before
+        loading anything."""
+        bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.attention_bias else 0
+        return 4 * (self.num_params + self.num_layers * bias)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_config(model_dir: str | Path) -> ModelConfig:
+    model_dir = Path(model_dir)
+    return ModelConfig.from_dict(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse frequencies [head_dim/2] in float32, as transformers computes them."""
+    d = config.head_dim
+    inv = (1.0 / (np.float32(config.rope_theta)
+                  ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(np.float32)
+    s = config.rope_scaling
+    if s is None:
+        return inv
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+    factor = float(s["factor"])
+    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old_len = float(s.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return np.where(medium, blended, scaled).astype(np.float32)

@@ -1,0 +1,241 @@
+"""A GGUF's hyperparameters -> the ModelConfig a folder's config.json gives, and the tensors that config
+needs, checked by name and shape."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nvllm.model.config import ModelConfig, rope_inv_freq
+from nvllm.model.weights.gguf_names import ROPE_FREQS
+from nvllm.model.weights.gguf_reader import GGUFError, TensorInfo
+
+
+def f32_float(x: float) -> float:
+    """A float32 metadata value as the short decimal it was written from (1e-05, not 9.99e-06)."""
+    return float(str(np.float32(x)))
+
+
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+MAX_CONTEXT = 1 << 31
+
+
+class Meta:
+    """Typed access to `{arch}.*` metadata with errors naming the file and the key."""
+
+    def __init__(self, metadata: dict[str, Any], arch: str, path: Path) -> None:
+        self.m, self.arch, self.path = metadata, arch, path
+
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {what}")
+
+    def get(self, key: str, kind: type, default: Any = None, required: bool = True) -> Any:
+        full = key if key.startswith(("general.", "tokenizer.")) else f"{self.arch}.{key}"
+        if full not in self.m:
+            if required and default is None:
+                raise self.fail(f"metadata {full!r} is missing")
+            return default
+        v = self.m[full]
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise self.fail(f"metadata {full!r} is {v!r}, not an integer")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise self.fail(f"metadata {full!r} is {v!r}, not a number")
+        if kind is str and not isinstance(v, str):
+            raise self.fail(f"metadata {full!r} is {v!r}, not a string")
+        return v
+
+    def positive(self, key: str, default: int | None = None, limit: int = MAX_CONTEXT) -> int:
+        v = self.get(key, int, default)
+        if not 0 < v <= limit:
+            raise self.fail(f"metadata '{self.arch}.{key}' is {v}, out of range (1 to {limit})")
+        return v
+
+    def finite(self, key: str, default: float | None = None) -> float:
+        v = float(self.get(key, float, default))
+        if not (math.isfinite(v) and v > 0):
+            raise self.fail(f"metadata '{self.arch}.{key}' is {v}, not a positive number")
+        return f32_float(v)
+
+
+def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Path) -> ModelConfig:
+    arch = metadata.get("general.architecture")
+    if arch is None:
+        raise GGUFError(f"{path}: metadata 'general.architecture' is missing")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported "
+                        f"(supported: {', '.join(ARCHITECTURES)})")
+    m = Meta(metadata, arch, path)
+    hidden = m.positive("embedding_length")
+    heads = m.positive("attention.head_count")
+    kv_heads = m.positive("attention.head_count_kv", heads)
+    head_dim = m.positive("attention.key_length", hidden // heads if hidden % heads == 0 else None)
+    if heads % kv_heads:
+        raise m.fail(f"{heads} attention heads cannot share {kv_heads} key/value heads evenly")
+    if head_dim % 2:
+        raise m.fail(f"head dimension {head_dim} is odd; rotary embedding needs pairs")
+    value_dim = m.get("attention.value_length", int, head_dim)
+    rot = m.get("rope.dimension_count", int, head_dim)
+    if value_dim != head_dim or rot != head_dim:
+        raise m.fail(f"key length {head_dim}, value length {value_dim} and rope dimensions {rot} differ; "
+                     "nvllm needs them equal")
+    embed = infos.get("token_embd.weight")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    vocab = embed.shape[0] if embed is not None else (len(tokens) if isinstance(tokens, list) else 0)
+    if not vocab:
+        raise m.fail("no token_embd.weight tensor and no token list: the vocabulary size is unknown")
+    if isinstance(tokens, list) and len(tokens) > vocab:
+        raise m.fail(f"{len(tokens)} tokens but the embedding has {vocab} rows")
+    bos = m.get("tokenizer.ggml.bos_token_id", int, required=False)
+    eos = m.get("tokenizer.ggml.eos_token_id", int, required=False)
+    for key, tid in (("bos", bos), ("eos", eos)):
+        if tid is not None and not 0 <= tid < vocab:
+            raise m.fail(f"metadata 'tokenizer.ggml.{key}_token_id' is {tid}, not a token id (0 to {vocab - 1})")
+    bias = "blk.0.attn_q.bias" in infos
+    if arch == "qwen3" and bias:
+        raise m.fail("qwen3 with attention biases is not supported (it adds an o_proj bias)")
+    config = ModelConfig(
+        architecture=ARCHITECTURES[arch],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=m.positive("feed_forward_length"),
+        num_layers=m.positive("block_count", limit=len(infos)),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=m.finite("attention.layer_norm_rms_epsilon"),
+        rope_theta=m.finite("rope.freq_base", 10000.0),
+        max_position_embeddings=m.positive("context_length"),
+        tie_word_embeddings="output.weight" not in infos,
+        attention_bias=bias,
+        rope_scaling=None,
+        qk_norm=arch == "qwen3",
+        bos_token_id=bos,
+        eos_token_ids=[] if eos is None else [eos],
+    )
+    return config
+
+
+# ---------------------------------------------------------------- rope scaling
+
+def rope_scaling(config: ModelConfig, m: Meta, freqs: np.ndarray | None) -> dict[str, Any] | None:
+    """llama3 rope scaling from `{arch}.rope.scaling.*`, or recovered from llama.cpp's rope_freqs.weight
+    (its converter writes the per-frequency divisors instead of the parameters); anything else refused."""
+    kind = m.get("rope.scaling.type", str, "none")
+    scaling: dict[str, Any] | None
+    if kind == "llama3":
+        scaling = {
+            "rope_type": "llama3",
+            "factor": m.finite("rope.scaling.factor"),
+            "low_freq_factor": m.finite("rope.scaling.low_freq_factor", 1.0),
+            "high_freq_factor": m.finite("rope.scaling.high_freq_factor", 4.0),
+            "original_max_position_embeddings": m.positive("rope.scaling.original_context_length"),
+        }
+        if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+            raise m.fail("rope scaling: high_freq_factor must exceed low_freq_factor")
+    elif kind == "none":
+        scaling = None if freqs is None else _llama3_from_freqs(config, freqs, m)
+    else:
+        raise m.fail(f"rope scaling type {kind!r} is not supported (supported: none, llama3)")
+    if freqs is not None:
+        want = _scaled_inv_freq(config, freqs)
+        got = rope_inv_freq(_with_scaling(config, scaling))
+        if not np.allclose(got, want, rtol=1e-5, atol=0):
+            raise m.fail(f"{ROPE_FREQS} does not match llama3 rope scaling {scaling}; "
+                         "this rope scaling is not supported")
+    return scaling
+
+
+def _with_scaling(config: ModelConfig, scaling: dict[str, Any] | None) -> ModelConfig:
+    return replace(config, rope_scaling=scaling)
+
+
+def _scaled_inv_freq(config: ModelConfig, freqs: np.ndarray) -> np.ndarray:
+    """llama.cpp's frequencies with rope_freqs: each base frequency divided by its factor."""
+    return (rope_inv_freq(_with_scaling(config, None)) / freqs).astype(np.float32)
+
+
+def _tidy(x: float) -> float:
+    """A fitted parameter as the round number it was made from, when it is one to float32 precision."""
+    r = round(x)
+    return float(r) if abs(x - r) <= 1e-4 * max(1.0, abs(x)) else float(np.float32(x))
+
+
+def _llama3_from_freqs(config: ModelConfig, freqs: np.ndarray, m: Meta) -> dict[str, Any] | None:
+    """The llama3 parameters that give these per-frequency divisors.
+
+    llama3 keeps short wavelengths (divisor 1), slows long ones by `factor`, and between them blends
+    with smooth = old_len / wavelength * a - b, where a = 1 / (high - low), b = low / (high - low):
+    1 / divisor = (1 - smooth) / factor + smooth. Two blended frequencies fix a and b; with low = 1
+    (llama 3's value; any other gives the same curve) high and old_len follow.
+    """
+    if not np.all(np.isfinite(freqs)) or np.any(freqs < 1.0 - 1e-6):
+        raise m.fail(f"{ROPE_FREQS} holds factors below 1 or not finite; not llama3 rope scaling")
+    factor = float(freqs.max())
+    if factor <= 1.0 + 1e-6:
+        return None
+    inv = rope_inv_freq(_with_scaling(config, None)).astype(np.float64)
+    wavelen = 2 * math.pi / inv
+    blended = (freqs > 1.0 + 1e-6) & (freqs < factor * (1 - 1e-6))
+    if blended.sum() < 2:
+        raise m.fail(f"{ROPE_FREQS} has fewer than two blended frequencies: its llama3 parameters "
+                     "cannot be recovered; not supported")
+    smooth = (1.0 / freqs[blended].astype(np.float64) - 1.0 / factor) / (1.0 - 1.0 / factor)
+    # smooth = A / wavelen - B, with A = old_len / (high - low), B = low / (high - low)
+    A, negB = np.polyfit(1.0 / wavelen[blended], smooth, 1)
+    B = -negB
+    if not (A > 0 and B > 0):
+        raise m.fail(f"{ROPE_FREQS} does not follow llama3 rope scaling; not supported")
+    high = 1.0 + 1.0 / B
+    return {
+        "rope_type": "llama3",
+        "factor": _tidy(factor),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": _tidy(high),
+        "original_max_position_embeddings": int(round(A / B)),
+    }
+
+
+# ---------------------------------------------------------------- shapes
+
+def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs (and may have), NumPy order, from the hyperparameters."""
+    h, i, d, v = c.hidden_size, c.intermediate_size, c.head_dim, c.vocab_size
+    q, kv = c.num_heads * d, c.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["output.weight"] = (v, h)
+    for n in range(c.num_layers):
+        p = f"blk.{n}."
+        shapes.update({
+            p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
+            p + "attn_q.weight": (q, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
+            p + "attn_output.weight": (h, q),
+            p + "ffn_gate.weight": (i, h), p + "ffn_up.weight": (i, h), p + "ffn_down.weight": (h, i),
+        })
+        if c.attention_bias:
+            shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
+        if c.qk_norm:
+            shapes.update({p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,)})
+    return shapes
+
+
+def check_tensors(c: ModelConfig, arch: str, infos: dict[str, TensorInfo], path: Path) -> None:
+    want = _expected_shapes(c)
+    if ROPE_FREQS in infos:
+        want[ROPE_FREQS] = (c.head_dim // 2,)
+    for name, shape in want.items():
+        t = infos.get(name)
+        if t is None:
+            raise GGUFError(f"{path}: tensor {name!r} is missing")
+        if t.shape != shape:
+            raise GGUFError(f"{path}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} "
+                            "from the hyperparameters")
+    extra = sorted(set(infos) - set(want))
+    if extra:
+        raise GGUFError(f"{path}: unexpected tensor {extra[0]!r} for a {c.num_layers}-layer {arch} model")
+
+

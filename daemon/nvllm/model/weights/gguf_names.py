@@ -1,0 +1,52 @@
+"""llama.cpp's tensor names and row order -> Hugging Face's (Llama's, with Qwen2's biases and Qwen3's q/k
+norms), for the GGUF reader and `nvllm models pull`'s conversion alike."""
+from __future__ import annotations
+
+import numpy as np
+
+from nvllm.model.weights.gguf_reader import GGUFError
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's llama3 rope scaling: one divisor per frequency
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """llama.cpp tensor name -> Hugging Face name (Llama's, plus Qwen2's biases and Qwen3's q/k norms)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")  # blk.N.attn_q.weight
+    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES
+            and parts[3] in ("weight", "bias")):
+        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise GGUFError(f"unexpected GGUF tensor {gguf_name!r}: nvllm knows Llama only "
+                    "(with Qwen2's q/k/v biases and Qwen3's q/k norms)")
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order so rotate_half RoPE applies, as in the HF checkpoint.
+
+    llama.cpp rotates adjacent pairs (x0, x1), (x2, x3)...; HF rotates x[i] with x[i + d/2].
+    Its converter therefore interleaves each head's rows: GGUF row 2*i + j is HF row j*d/2 + i.
+    """
+    rows = w.shape[0]
+    d = rows // n_heads
+    # [H*d, in] -> [H, d/2, 2, in] -> [H, 2, d/2, in] -> [H*d, in]  (a bias [H*d] has in = 1)
+    return np.ascontiguousarray(w.reshape(n_heads, d // 2, 2, -1).swapaxes(1, 2).reshape(w.shape))
+

@@ -1,0 +1,233 @@
+"""A checked GGUF's tensors -> the decoder's weights (weights/layout.py), each matrix in its file format
+where a C kernel multiplies it in place (model/matrix/quantized.py's QuantizedWeight): its blocks are
+copied out of the mapping (llama's Q/K rows unpermuted, q|k|v and gate|up fused by stacking their rows of
+blocks) and the mapped pages dropped, so the model is resident once, at its size in the file. Without the
+kernels, and for formats they do not read, the matrices are dequantized to float32 once, as a folder's
+are.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from nvllm.model.config import ModelConfig, ModelLoadError
+from nvllm.model.kernels import matmul
+from nvllm.model.matrix.dense import DenseWeight
+from nvllm.model.matrix.fused import FusedWeight
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.matrix.weight import Weight
+from nvllm.model.quant.dequantize import dequantize
+from nvllm.model.quant.formats import BlockFormat, raw_nbytes
+from nvllm.model.weights.gguf_file import GGUFModel
+from nvllm.model.weights.gguf_names import ROPE_FREQS, hf_tensor_name, unpermute_rope_rows
+from nvllm.model.weights.layout import ModelWeights, Parts, lay_out
+
+log = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 16 << 20   # raw bytes dequantized at a time
+
+
+class _DequantizedTensors:
+    """The GGUF's tensors under their Hugging Face names, as layout.lay_out asks for them (get, joined,
+    `in`): each dequantized to float32 straight into its final layout, llama's Q/K rows unpermuted; a
+    matrix comes out as a DenseWeight of that array."""
+
+    def __init__(self, model: GGUFModel) -> None:
+        self.model = model
+        self.names = {hf_tensor_name(n): n for n in model.tensors if n != ROPE_FREQS}
+        self.permute = model.metadata.get("general.architecture") == "llama"
+
+    def __contains__(self, hf_name: str) -> bool:
+        return hf_name in self.names
+
+    def get(self, name: str, shape: tuple[int, ...]) -> Any:
+        return self.joined([(name, shape)])
+
+    def joined(self, parts: Parts) -> Any:
+        """Tensors concatenated along their first axis: a vector as float32, a matrix as a Weight."""
+        out = self.array(parts)
+        return DenseWeight(out) if out.ndim == 2 else out
+
+    def array(self, parts: Parts) -> np.ndarray:
+        """Tensors concatenated along their first axis, in one copy: [a, K] + [b, K] -> [a+b, K] float32."""
+        rows = sum(s[0] for _, s in parts)
+        rest = tuple(parts[0][1][1:])
+        out = np.empty((rows,) + rest, dtype=np.float32)
+        at = 0
+        for name, shape in parts:
+            k = shape[0]
+
+            def rows_at(r0: int, r1: int, at: int = at) -> np.ndarray:  # bound now: the loop moves `at` on
+                return out[at + r0:at + r1]
+
+            self._fill(name, shape, rows_at)
+            at += k
+        return out
+
+    def _lookup(self, hf_name: str, shape: tuple[int, ...]) -> tuple[str, BlockFormat, np.ndarray]:
+        """(GGUF name, format, raw bytes) of a tensor, checked to have `shape`."""
+        if hf_name not in self.names:
+            raise ModelLoadError(f"{self.model.path}: tensor {hf_name!r} is missing")
+        gname = self.names[hf_name]
+        fmt, raw, gshape = self.model.tensors[gname]
+        if tuple(gshape) != tuple(shape):
+            raise ModelLoadError(f"{self.model.path}: tensor {gname!r} has shape {list(gshape)}, "
+                                 f"expected {list(shape)}")
+        return gname, fmt, raw
+
+    def _fill(self, hf_name: str, shape: tuple[int, ...], dst: Callable[[int, int], np.ndarray]) -> None:
+        gname, fmt, raw = self._lookup(hf_name, shape)
+        heads = self._rope_heads(gname)
+        rows = shape[0]
+        row_bytes = raw.size // rows
+        step = rows if heads else max(1, _CHUNK_BYTES // max(1, row_bytes))   # Q/K: whole, to unpermute
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            w = dequantize(fmt, raw[r0 * row_bytes:r1 * row_bytes], (r1 - r0,) + tuple(shape[1:]))
+            if heads:
+                w = unpermute_rope_rows(w, heads)
+            dst(r0, r1)[...] = w
+        self.model.release(raw)
+
+    def _rope_heads(self, gguf_name: str) -> int:
+        """Heads to unpermute for llama's Q and K (weights and biases), else 0."""
+        if not self.permute:
+            return 0
+        kind = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
+        c = self.model.config
+        return {"attn_q": c.num_heads, "attn_k": c.num_kv_heads}.get(kind, 0)
+
+
+# The formats the C matmul kernels multiply in place; the others (Q5_0, Q5_1, F32) are laid out as float32.
+IN_PLACE_FORMATS = frozenset({"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
+
+
+class _InPlaceTensors(_DequantizedTensors):
+    """As _DequantizedTensors, but a matrix in a format the kernels read comes back as a QuantizedWeight
+    (out, in) holding a copy of its blocks (llama's Q/K rows unpermuted, q|k|v and gate|up stacked), its
+    mapped pages dropped; a matrix in another format is laid out as float32, and named in `as_float`
+    when that dequantized it (F32 is laid out as it is, a DenseWeight). Fused parts in different formats
+    (a Q4_K_M file's Q6_K attn_v beside Q4_K attn_q and attn_k) make a FusedWeight of each run of parts
+    in one format, stacked."""
+
+    def __init__(self, model: GGUFModel) -> None:
+        super().__init__(model)
+        self.as_float: list[str] = []   # "name (format)" of each matrix dequantized to float32
+
+    def joined(self, parts: Parts) -> Any:
+        if len(parts[0][1]) != 2:
+            return super().joined(parts)                                  # norms and biases: float32
+        found = [self._lookup(name, shape) for name, shape in parts]
+        formats = {fmt.name for _, fmt, _ in found}
+        if not formats <= IN_PLACE_FORMATS:
+            self.as_float += [f"{gname} ({fmt.name})" for gname, fmt, _ in found if fmt.name != "F32"]
+            return super().joined(parts)
+        runs: list[Weight] = []
+        for _, run in itertools.groupby(zip(found, parts), key=lambda fp: fp[0][1].name):
+            pairs = list(run)
+            runs.append(self._stacked([f for f, _ in pairs], [part[1] for _, part in pairs]))
+        return runs[0] if len(runs) == 1 else FusedWeight(runs)
+
+    def _stacked(self, found: list[tuple[str, BlockFormat, np.ndarray]],
+                 shapes: list[tuple[int, ...]]) -> QuantizedWeight:
+        """The tensors' rows of blocks stacked into one new array [sum of rows, row bytes]."""
+        fmt = found[0][1]
+        row_bytes = raw_nbytes(fmt, shapes[0][1:])
+        out = np.empty((sum(s[0] for s in shapes), row_bytes), np.uint8)
+        at = 0
+        for (gname, _, raw), shape in zip(found, shapes):
+            k = shape[0]
+            src, dst = raw.reshape(k, row_bytes), out[at:at + k]
+            heads = self._rope_heads(gname)
+            if heads:
+                # unpermute_rope_rows on whole rows of blocks, exact: HF row j*d/2 + i of a head is
+                # GGUF row 2*i + j.  [heads, d/2, 2, bytes] -> [heads, 2, d/2, bytes]
+                d = k // heads
+                dst.reshape(heads, 2, d // 2, row_bytes)[...] = src.reshape(heads, d // 2, 2, row_bytes).swapaxes(1, 2)
+                self.model.release(raw)
+            else:
+                step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+                for r0 in range(0, k, step):                    # a chunk at a time, then drop its pages
+                    dst[r0:r0 + step] = src[r0:r0 + step]
+                    self.model.release(src[r0:r0 + step].reshape(-1))
+            at += k
+        return QuantizedWeight(fmt, out, (len(out), shapes[0][1]))
+
+
+def _release_all(model: GGUFModel) -> None:
+    """Every tensor's mapped pages dropped again once all are copied: each page fault maps the cached
+    pages around it too (fault-around), so pages released earlier come back while later tensors are
+    read."""
+    for _, raw, _ in model.tensors.values():
+        model.release(raw)
+
+
+def in_place_kernels() -> bool:
+    """Whether the C matmul kernels that multiply quantized weights in place are built."""
+    return matmul.lib is not None
+
+
+def load_gguf_weights(model: GGUFModel, in_place: bool | None = None) -> ModelWeights:
+    """The weights in the layout a folder's give (layout.lay_out). In place (the default
+    where the C matmul kernels are built) the matrices keep their file format; otherwise, or for a
+    format the kernels do not read, they are float32, and one log line says which and why."""
+    if in_place is None:
+        in_place = in_place_kernels()
+    if not in_place:
+        weights = lay_out(_DequantizedTensors(model), model.config, model.path)
+        _release_all(model)
+        if any(fmt.name != "F32" for name, (fmt, _, shape) in model.tensors.items() if len(shape) == 2):
+            log.info("%s: every matrix dequantized to float32 (%.0f MiB): the C matmul kernels are not built",
+                     model.path, weights.nbytes / 2**20)
+        return weights
+    tensors = _InPlaceTensors(model)
+    weights = lay_out(tensors, model.config, model.path)
+    _release_all(model)
+    if tensors.as_float:
+        shown = ", ".join(tensors.as_float[:6]) + (f" and {len(tensors.as_float) - 6} more"
+                                                   if len(tensors.as_float) > 6 else "")
+        log.info("%s: %d matrices dequantized to float32, their formats having no in-place kernel "
+                 "(kept in place: %s): %s", model.path, len(tensors.as_float), ", ".join(sorted(IN_PLACE_FORMATS)),
+                 shown)
+    return weights
+
+
+def _matrix_groups(c: ModelConfig) -> list[list[str]]:
+    """The matrices lay_out fuses, as GGUF names: each group is one weight of the decoder."""
+    groups = [["token_embd.weight"]] + ([] if c.tie_word_embeddings else [["output.weight"]])
+    for n in range(c.num_layers):
+        p = f"blk.{n}."
+        groups += [[p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [p + "attn_output.weight"],
+                   [p + "ffn_gate.weight", p + "ffn_up.weight"], [p + "ffn_down.weight"]]
+    return groups
+
+
+def resident_weight_bytes(model: GGUFModel, in_place: bool | None = None) -> int:
+    """The bytes load_gguf_weights(model, in_place) will hold (its ModelWeights.nbytes), from the header
+    alone: for planning memory before loading."""
+    if in_place is None:
+        in_place = in_place_kernels()
+    total, grouped = 0, set()
+    for group in _matrix_groups(model.config):
+        found = [model.tensors[name] for name in group]
+        grouped.update(group)
+        if in_place and all(fmt.name in IN_PLACE_FORMATS for fmt, _, _ in found):
+            total += sum(raw.size for _, raw, _ in found)
+        else:
+            total += sum(4 * math.prod(shape) for _, _, shape in found)
+    return total + sum(4 * math.prod(shape) for name, (_, _, shape) in model.tensors.items()
+                       if name not in grouped and name != ROPE_FREQS)
+
+
+def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor under its Hugging Face name as float32 [out, in] (HF's Q/K row order), one at a time:
+    what `nvllm models pull` writes into a folder's model.safetensors."""
+    tensors = _DequantizedTensors(model)
+    for hf_name, gname in tensors.names.items():
+        yield hf_name, tensors.array([(hf_name, tuple(model.tensors[gname][2]))])
+
