@@ -111,7 +111,7 @@ class TestStreams:
     def test_a_consumer_that_stops_early_aborts_and_frees_pages(self, engine: LLMEngine) -> None:
         async def go(ae: AsyncEngine):
             seq = ae.make_sequence("early", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
-            async for out in ae.generate(seq):
+            async for _out in ae.generate(seq):
                 assert ae.stats()["pages_free"] + ae.stats()["pages_cached"] < NUM_BLOCKS
                 break
             await until(lambda: pages_back(ae))
@@ -269,7 +269,8 @@ class TestServicerInProcess:
     def test_engine_failure_is_internal_and_starting_is_unavailable(self, engine: LLMEngine) -> None:
         from grpc_health.v1._async import HealthServicer
 
-        from nvllm.server.service import DaemonState, GeneratorService
+        from nvllm.server.service import GeneratorService
+        from nvllm.server.state import DaemonState
         from nvllm.v1 import nvllm_pb2 as pb
         from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -20,7 +21,7 @@ from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.server.http.app import OpenAIApi
-from nvllm.server.service import DaemonState
+from nvllm.server.state import DaemonState
 
 NUM_BLOCKS = 128
 MAX_NUM_SEQS = 8
@@ -325,7 +326,7 @@ BAD = [
 def test_bad_requests_are_refused_naming_the_parameter(engine: LLMEngine) -> None:
     async def body(client: Client, state: DaemonState) -> list[httpx.Response]:
         return [await client.post(path, json=payload) for path, payload, _, _ in BAD]
-    for (path, payload, status, param), r in zip(BAD, serve(engine, body)):
+    for (_path, payload, status, param), r in zip(BAD, serve(engine, body)):
         err = error_of(r, status)
         assert err["param"] == param, (payload, err)
         assert param.split("[")[0].split(".")[0] in err["message"], (payload, err)

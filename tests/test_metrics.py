@@ -23,16 +23,15 @@ import pytest
 from grpc_health.v1._async import HealthServicer
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon_util import BASE_CONFIG, PLENTY, DaemonProcess, collect, config_with, request, wait_for
 from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.server.listen import ListenError
 from nvllm.server.metrics import ADMISSION_STATES, Metrics
 from nvllm.server.metrics_listener import MetricsListener
-from nvllm.server.service import DaemonState
+from nvllm.server.state import DaemonState
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
-
-from daemon_util import BASE_CONFIG, PLENTY, DaemonProcess, collect, config_with, request, wait_for
 
 MODEL = "tiny-llama"
 METRICS_ONLY = config_with(BASE_CONFIG, metrics__listen="127.0.0.1:0")

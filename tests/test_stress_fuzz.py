@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 import time
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
-from daemon_util import (BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, DaemonProcess, assert_sound,
-                         config_with)
+from daemon_util import BASE_CONFIG, MAX_MESSAGE_BYTES, NUM_BLOCKS, DaemonProcess, assert_sound, config_with
 from nvllm.v1 import nvllm_pb2 as pb
 
 pytestmark = [pytest.mark.stress, pytest.mark.slow]
@@ -75,7 +75,7 @@ class Case:
 
 
 def _tokenizer():
-    from nvllm.tokenizer import Tokenizer
+    from nvllm.text.tokenizer import Tokenizer
     return Tokenizer.from_dir(Path(__file__).resolve().parent.parent / "models" / MODEL)
 
 
@@ -252,7 +252,7 @@ def _with_marker(req: pb.GenerateRequest, draw) -> tuple[pb.GenerateRequest, str
         req.ClearField("chat")
         n = draw(st.integers(1, 3))
         i = draw(st.integers(0, n - 1))
-        for j in range(n):
+        for _j in range(n):
             req.chat.messages.add(role="user", content="hi")
         setattr(req.chat.messages[i], spot.split(".")[1], MARK)
         return req, f"chat.messages[{i}].{spot.split('.')[1]}"
@@ -448,7 +448,7 @@ def refused_ok(case: Case, out: Outcome) -> str | None:
 
 
 def offline_params(sp: pb.SamplingParams):
-    from nvllm.server.service import sampling_params_from_proto
+    from nvllm.server.generate_request import sampling_params_from_proto
     return sampling_params_from_proto(pb.GenerateRequest(sampling_params=sp))
 
 

@@ -18,12 +18,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from nvllm.chat_template import TOOLS_PREAMBLE, describe_tools, template_takes_tools
 from nvllm.server.http.errors import ApiError
 from nvllm.server.http.response_format import parse_constraint
-from nvllm.server.http.tool_calls import (ToolCallStream, finish_reason, plan_tools, read_tool_calls,
-                                          tool_format)
-from nvllm.tokenizer import Tokenizer
+from nvllm.server.http.tool_calls import ToolCallStream, finish_reason, read_tool_calls
+from nvllm.server.http.tool_plan import plan_tools, tool_format
+from nvllm.text.chat_template import TOOLS_PREAMBLE, describe_tools, template_takes_tools
+from nvllm.text.tokenizer import Tokenizer
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -483,7 +483,7 @@ def serve_app(folder: Path, model_name: str, requests: list[tuple[str, dict[str,
     from nvllm import LLM
     from nvllm.engine.async_engine import AsyncEngine
     from nvllm.server.http.app import OpenAIApi
-    from nvllm.server.service import DaemonState
+    from nvllm.server.state import DaemonState
 
     engine = LLM(folder, num_blocks=128, max_num_seqs=4, max_model_len=1024).engine
 
@@ -727,6 +727,7 @@ def test_live_daemon_with_the_openai_client(smollm2: Path, tmp_path: Path):
     """The daemon serving SmolLM2 over HTTP, driven by the official client: a named tool choice over seeds
     (arguments valid under the schema), streamed, and response_format json_schema; auto refused."""
     import openai
+
     from daemon_util import DaemonProcess
 
     daemon = DaemonProcess(tmp_path, smollm2, http_listen="127.0.0.1:0")

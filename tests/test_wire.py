@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nvllm.server.service import client_key
+from nvllm.server.state import client_key
 from nvllm.server.wire import UndecodableRequest, decode_generate_request, locate_decode_error
 from nvllm.v1 import nvllm_pb2 as pb
 
@@ -174,6 +175,6 @@ def test_client_key_is_the_address_without_the_port(peer: str, key: str) -> None
 
 
 def test_logit_bias_map_becomes_a_dict_of_ints():
-    from nvllm.server.service import sampling_params_from_proto
+    from nvllm.server.generate_request import sampling_params_from_proto
     req = pb.GenerateRequest(prompt="x", sampling_params=pb.SamplingParams(logit_bias={7: 2.5, 3: -100.0}))
     assert sampling_params_from_proto(req).logit_bias == {7: 2.5, 3: -100.0}

@@ -1,11 +1,6 @@
-"""Throughput and latency, each figure beside floors measured in the same run with the same BLAS.
-
-Floors:
-  matmul floor  the model's own weight matrices multiplied by as many rows as the step has tokens,
-                back to back, nothing else: what a perfect engine on this BLAS would take.
-  roofline      this machine's limits: reading every weight once at the measured memory bandwidth,
-                or the step's FLOPs at the measured peak sgemm rate, whichever is slower.
-Every figure is also given as a fraction of its floor (1.0 = at the floor).
+"""Throughput and latency, each figure beside floors measured in the same run with the same BLAS
+(bench_floors.py says what each floor is). Every figure is also given as a fraction of its floor (1.0 =
+at the floor); bench_report.py lays the result out as a table.
 
 `python -m nvllm.bench sampler` times sample() alone, on random logits, for a few parameter mixes.
 """
@@ -14,144 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil
 
+from nvllm.bench_floors import (
+    Floors,
+    floor_pass,
+    machine_info,
+    measure_bandwidth_gbs,
+    measure_sgemm_gflops,
+    weight_formats,
+    weight_matmul_params,
+)
+from nvllm.bench_report import format_table
 from nvllm.config import load_settings
 from nvllm.engine.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.model import kernels, matmul_kernels
-from nvllm.model.linear import Weight, linear
-from nvllm.model.loader import ModelWeights
-from nvllm.model.quants import QuantizedWeight
-from nvllm.model.sampler import SamplingBatch, make_generator, sample
+from nvllm.model.kernels import matmul, ops
+from nvllm.model.sampling.batch import SamplingBatch
+from nvllm.model.sampling.sampler import make_generator, sample
 from nvllm.sampling_params import SamplingParams
-
-
-def _best(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm caches, pages and BLAS threads
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def blas_info() -> dict[str, Any]:
-    try:
-        cfg = np.show_config(mode="dicts")
-        blas = cfg["Build Dependencies"]["blas"]
-        return {"name": blas.get("name"), "version": blas.get("version"),
-                "openblas_config": blas.get("openblas configuration")}
-    except Exception:  # older NumPy: no dict form
-        return {"name": "unknown"}
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "Model")):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info()}
-
-
-def measure_bandwidth_gbs(mib: int = 256) -> float:
-    """Bytes per second a BLAS matrix-vector product streams from memory: how weights are read in decode."""
-    n = int(np.sqrt(mib * 2**20 / 4))
-    w = np.ones((n, n), dtype=np.float32)
-    x = np.ones((1, n), dtype=np.float32)
-    return w.nbytes / _best(lambda: x @ w, 5) / 1e9
-
-
-def measure_sgemm_gflops(n: int = 1536) -> float:
-    a = np.ones((n, n), dtype=np.float32)
-    b = np.ones((n, n), dtype=np.float32)
-    return 2 * n ** 3 / _best(lambda: a @ b, 3) / 1e9
-
-
-@dataclass
-class Floors:
-    bandwidth_gbs: float
-    sgemm_gflops: float
-    weight_bytes: int
-    flops_per_token: float          # 2 * matmul parameters (lm_head counted per logit row)
-    matmul_s: dict[tuple[int, int], float] = field(default_factory=dict)
-
-    def matmul(self, weights: ModelWeights, rows: int, logit_rows: int) -> float:
-        """Seconds of the model's matmuls for one step of `rows` tokens, `logit_rows` of them through lm_head.
-
-        Measured again at every call, the best kept: prefill measures it right before each timed run and
-        compares best with best, so a machine whose speed drifts (a shared VM, a board warming up)
-        drifts under both alike."""
-        key = (rows, logit_rows)
-        t = matmul_floor(weights, rows, logit_rows)
-        self.matmul_s[key] = min(t, self.matmul_s.get(key, t))
-        return self.matmul_s[key]
-
-    def roofline(self, rows: int, logit_rows: int, lm_head_flops: float) -> float:
-        body = self.flops_per_token - lm_head_flops
-        flops = body * rows + lm_head_flops * logit_rows
-        return max(self.weight_bytes / (self.bandwidth_gbs * 1e9), flops / (self.sgemm_gflops * 1e9))
-
-
-def _parts(a: Weight) -> tuple:
-    """A matrix as the parts linear() multiplies: a float32 [in, out] array, a QuantizedWeight (out, in),
-    or a tuple of QuantizedWeights side by side."""
-    return a if isinstance(a, tuple) else (a,)
-
-
-def in_features(a: Weight) -> int:
-    first = _parts(a)[0]
-    return first.shape[0] if isinstance(first, np.ndarray) else first.shape[1]
-
-
-def matrices(w: ModelWeights) -> list:
-    return [a for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-
-
-def weight_formats(w: ModelWeights) -> dict[str, int]:
-    """Matrices by storage format, e.g. {"Q4_1": 120, "F32": 1}: what the bench's figures were run on."""
-    names = [p.fmt.name if isinstance(p, QuantizedWeight) else "F32"
-             for a in matrices(w) + [w.lm_head] for p in _parts(a)]
-    return {n: names.count(n) for n in sorted(set(names))}
-
-
-def floor_pass(w: ModelWeights, rows: int, logit_rows: int) -> Callable[[], None]:
-    """One step's worth of the model's own matmuls and nothing else: every weight matrix times `rows`
-    rows, lm_head times `logit_rows`, each multiplied the way the decoder multiplies it."""
-    xs = {in_features(a): np.ones((rows, in_features(a)), dtype=np.float32) for a in matrices(w)}
-    last = np.ones((logit_rows, in_features(w.lm_head)), dtype=np.float32)
-
-    def run() -> None:
-        for a in matrices(w):
-            linear(xs[in_features(a)], a)
-        linear(last, w.lm_head)
-    return run
-
-
-def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) -> float:
-    return _best(floor_pass(w, rows, logit_rows), repeats)
-
-
-def weight_matmul_params(w: ModelWeights) -> tuple[int, int]:
-    def params(a: Weight) -> int:
-        return sum(int(np.prod(p.shape)) for p in _parts(a))
-    return sum(params(a) for a in matrices(w)), params(w.lm_head)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -240,8 +123,8 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     head_flops = 2.0 * head
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "machine": {**machine_info(), "threads": engine.threads, "kernels": kernels.describe(),
-                    "matmul_kernels": matmul_kernels.describe()},
+        "machine": {**machine_info(), "threads": engine.threads, "kernels": ops.describe(),
+                    "matmul_kernels": matmul.describe()},
         "model": {"path": str(model_dir), "architecture": mc.architecture, "parameters": mc.num_params,
                   "layers": mc.num_layers, "hidden": mc.hidden_size, "vocab": mc.vocab_size,
                   "weight_bytes": w.nbytes, "weight_formats": weight_formats(w)},
@@ -269,62 +152,70 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         progress(f"decode at concurrency {c}")
         prompts = [random_prompt(rng, mc.vocab_size, prompt_len) for _ in range(c)]
         run_requests(engine, [p[:16] for p in prompts[:2]], 4)  # warm-up
-        # The floor is sampled between decode steps, one pass after every other step, so that it meets
-        # the same moments of a drifting machine as the steps do; the two means are compared.
-        floor_run, floor_samples = floor_pass(w, c, c), []
-        floor_run()
-        # Prefill everyone first, then time pure decode steps.
-        params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
-        paused = 0.0  # time spent on floor passes, kept off the clock that TTFT and ITL are read from
-
-        def clock() -> float:
-            return time.perf_counter() - paused
-        start = clock()
-        for i, p in enumerate(prompts):
-            engine.add_request(f"d{c}-{i}", p, params)
-        first: dict[str, float] = {}
-        last: dict[str, float] = {}
-        itl: list[float] = []
-        decode_time, decode_tokens, step_times = 0.0, 0, []
-        while engine.has_unfinished():
-            t0 = clock()
-            outs = engine.step()
-            now = clock()
-            produced = [o for o in outs if o.token_ids]
-            # A pure decode step: every sequence that produced a token had produced one before.
-            pure = bool(produced) and all(o.request_id in first for o in produced)
-            for o in produced:
-                if o.request_id in first:
-                    itl.append(now - last[o.request_id])
-                else:
-                    first[o.request_id] = now - start
-                last[o.request_id] = now
-            if pure:
-                decode_time += now - t0
-                decode_tokens += len(produced)
-                step_times.append((now - t0, len(produced)))
-                if len(step_times) % 2:
-                    f0 = time.perf_counter()
-                    floor_run()
-                    floor_samples.append(time.perf_counter() - f0)
-                    paused += floor_samples[-1]
-            progress(f"decode at concurrency {c}: {len(last)} started, {decode_tokens} decode tokens", tick=True)
-        sample_rss()
-        tps = decode_tokens / decode_time if decode_time else float("nan")
-        mm = float(np.mean(floor_samples)) if floor_samples else floors.matmul(w, c, c)
-        roof = floors.roofline(c, c, head_flops)
-        result["decode"].append({
-            "concurrency": c, "tokens_per_s": round(tps, 1),
-            "step_ms": round(1000 * decode_time / max(1, len(step_times)), 2),
-            "matmul_floor_step_ms": round(1000 * mm, 2),
-            "floor_tokens_per_s": round(c / mm, 1), "fraction_of_floor": round(tps * mm / c, 3),
-            "roofline_tokens_per_s": round(c / roof, 1), "fraction_of_roofline": round(tps * roof / c, 3),
-            "ttft_ms_p50": round(1000 * pct(list(first.values()), 50), 1),
-            "ttft_ms_p99": round(1000 * pct(list(first.values()), 99), 1),
-            "itl_ms_p50": round(1000 * pct(itl, 50), 2), "itl_ms_p99": round(1000 * pct(itl, 99), 2)})
+        result["decode"].append(_decode_at(engine, floors, prompts, gen_len, head_flops, progress, sample_rss))
     result["peak_rss_mib"] = round(rss_peak[0] / 2**20, 1)
     progress.done()
     return result
+
+
+def _decode_at(engine: LLMEngine, floors: Floors, prompts: list[list[int]], gen_len: int, head_flops: float,
+               progress: Progress, sample_rss: Callable[[], None]) -> dict[str, Any]:
+    """Decode with len(prompts) requests in flight: tokens/s, TTFT and ITL beside the matmul floor."""
+    c = len(prompts)
+    w = engine.model.weights
+    # The floor is sampled between decode steps, one pass after every other step, so that it meets
+    # the same moments of a drifting machine as the steps do; the two means are compared.
+    floor_run, floor_samples = floor_pass(w, c, c), []
+    floor_run()
+    # Prefill everyone first, then time pure decode steps.
+    params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
+    paused = 0.0  # time spent on floor passes, kept off the clock that TTFT and ITL are read from
+
+    def clock() -> float:
+        return time.perf_counter() - paused
+    start = clock()
+    for i, p in enumerate(prompts):
+        engine.add_request(f"d{c}-{i}", p, params)
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    itl: list[float] = []
+    decode_time, decode_tokens, step_times = 0.0, 0, []
+    while engine.has_unfinished():
+        t0 = clock()
+        outs = engine.step()
+        now = clock()
+        produced = [o for o in outs if o.token_ids]
+        # A pure decode step: every sequence that produced a token had produced one before.
+        pure = bool(produced) and all(o.request_id in first for o in produced)
+        for o in produced:
+            if o.request_id in first:
+                itl.append(now - last[o.request_id])
+            else:
+                first[o.request_id] = now - start
+            last[o.request_id] = now
+        if pure:
+            decode_time += now - t0
+            decode_tokens += len(produced)
+            step_times.append((now - t0, len(produced)))
+            if len(step_times) % 2:
+                f0 = time.perf_counter()
+                floor_run()
+                floor_samples.append(time.perf_counter() - f0)
+                paused += floor_samples[-1]
+        progress(f"decode at concurrency {c}: {len(last)} started, {decode_tokens} decode tokens", tick=True)
+    sample_rss()
+    tps = decode_tokens / decode_time if decode_time else float("nan")
+    mm = float(np.mean(floor_samples)) if floor_samples else floors.matmul(w, c, c)
+    roof = floors.roofline(c, c, head_flops)
+    return {
+        "concurrency": c, "tokens_per_s": round(tps, 1),
+        "step_ms": round(1000 * decode_time / max(1, len(step_times)), 2),
+        "matmul_floor_step_ms": round(1000 * mm, 2),
+        "floor_tokens_per_s": round(c / mm, 1), "fraction_of_floor": round(tps * mm / c, 3),
+        "roofline_tokens_per_s": round(c / roof, 1), "fraction_of_roofline": round(tps * roof / c, 3),
+        "ttft_ms_p50": round(1000 * pct(list(first.values()), 50), 1),
+        "ttft_ms_p99": round(1000 * pct(list(first.values()), 99), 1),
+        "itl_ms_p50": round(1000 * pct(itl, 50), 2), "itl_ms_p99": round(1000 * pct(itl, 99), 2)}
 
 
 async def _bench_target(target: str, concurrency: list[int], prompt_len: int, gen_len: int,
@@ -370,47 +261,6 @@ async def _bench_target(target: str, concurrency: list[int], prompt_len: int, ge
                 "itl_ms_p99": round(1000 * pct(times["itl"], 99), 2)})
     progress.done()
     return result
-
-
-def format_table(r: dict[str, Any]) -> str:
-    lines = []
-    m = r["machine"]
-    lines.append(f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores, {m['memory_gib']} GiB), "
-                 f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}"
-                 + (f", {m['threads']} threads" if "threads" in m else "")
-                 + (f", {m['kernels']}" if "kernels" in m else "")
-                 + (f", matmuls: {m['matmul_kernels']}" if "matmul_kernels" in m else ""))
-    if "floors" in r:
-        f = r["floors"]
-        formats = ", ".join(f"{k}:{n}" for k, n in r["model"].get("weight_formats", {}).items())
-        lines.append(f"model: {r['model']['path']} ({r['model']['parameters'] / 1e6:.0f}M parameters, "
-                     f"{r['model']['weight_bytes'] / 2**20:.0f} MiB of weights as {formats or 'F32'})")
-        lines.append(f"floors: memory bandwidth {f['memory_bandwidth_gbs']} GB/s "
-                     f"(weights read in {f['weight_read_ms']} ms), peak sgemm {f['sgemm_gflops']} GFLOP/s")
-    if r.get("prefill"):
-        lines.append("")
-        lines.append(f"{'prefill':>10} {'tokens/s':>10} {'seconds':>9} {'matmul floor':>13} {'of floor':>9} {'of roofline':>12}")
-        for p in r["prefill"]:
-            lines.append(f"{p['prompt_tokens']:>10} {p['tokens_per_s']:>10} {p['seconds']:>9} "
-                         f"{p['matmul_floor_s']:>12}s {p['fraction_of_floor']:>9} {p['fraction_of_roofline']:>12}")
-    if r.get("decode"):
-        lines.append("")
-        has_floor = "fraction_of_floor" in r["decode"][0]
-        head = f"{'concurrency':>11} {'tokens/s':>9}"
-        if has_floor:
-            head += f" {'floor tok/s':>11} {'of floor':>9} {'of roofline':>12}"
-        head += f" {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
-        lines.append(head)
-        for d in r["decode"]:
-            row = f"{d['concurrency']:>11} {d['tokens_per_s']:>9}"
-            if has_floor:
-                row += f" {d['floor_tokens_per_s']:>11} {d['fraction_of_floor']:>9} {d['fraction_of_roofline']:>12}"
-            row += (f" {d['ttft_ms_p50']:>7}ms {d['ttft_ms_p99']:>7}ms {d['itl_ms_p50']:>6}ms {d['itl_ms_p99']:>6}ms")
-            lines.append(row)
-    if "peak_rss_mib" in r:
-        lines.append("")
-        lines.append(f"peak resident memory: {r['peak_rss_mib']} MiB")
-    return "\n".join(lines)
 
 
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,

@@ -17,12 +17,11 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Optional
 
 CGROUP_MOUNT = "sys/fs/cgroup"
 
 
-def read_text(path: Path) -> Optional[str]:
+def read_text(path: Path) -> str | None:
     """A cgroup file's text, stripped; None when it is absent or unreadable."""
     try:
         return path.read_text().strip()
@@ -32,7 +31,7 @@ def read_text(path: Path) -> Optional[str]:
         return None
 
 
-def read_int(path: Path) -> Optional[int]:
+def read_int(path: Path) -> int | None:
     """An integer file; None when absent, "max" or unparsable."""
     text = read_text(path)
     if text is None or text == "max":
@@ -43,7 +42,7 @@ def read_int(path: Path) -> Optional[int]:
         return None
 
 
-def own_cgroups(root: Path, controller: str) -> tuple[Optional[str], Optional[str]]:
+def own_cgroups(root: Path, controller: str) -> tuple[str | None, str | None]:
     """(the v1 cgroup path of `controller`, the v2 cgroup path) from /proc/self/cgroup; either may be
     None. A v1 line naming the controller wins over the v2 line in hybrid setups, because a controller
     can be bound to one hierarchy only."""
@@ -88,8 +87,10 @@ class CpuCount:
     source: str    # how: "affinity 4 cores" or "cgroup v2 /x quota 1.50 CPUs (affinity 4 cores)"
 
 
-def _quota(directory: Path, version: str) -> Optional[float]:
+def _quota(directory: Path, version: str) -> float | None:
     """The CPUs one cgroup level allows (quota / period), or None when it sets no quota."""
+    quota: int | None
+    period: int | None
     if version == "v2":
         fields = (read_text(directory / "cpu.max") or "").split()   # "quota period" or "max period"
         if len(fields) != 2 or fields[0] == "max":
@@ -115,7 +116,7 @@ def _v1_cpu_mount(root: Path) -> Path:
     return root / CGROUP_MOUNT / "cpu"
 
 
-def cpu_quota(root: str | os.PathLike = "/") -> Optional[tuple[float, str]]:
+def cpu_quota(root: str | os.PathLike = "/") -> tuple[float, str] | None:
     """The smallest CPU quota over the cgroup and its parents, in CPUs, and where it is; None when no
     level sets one."""
     root = Path(root)
@@ -126,7 +127,7 @@ def cpu_quota(root: str | os.PathLike = "/") -> Optional[tuple[float, str]]:
         found, version = levels(root / CGROUP_MOUNT, v2), "v2"
     else:
         return None
-    best: Optional[tuple[float, str]] = None
+    best: tuple[float, str] | None = None
     for name, directory in found:
         cpus = _quota(directory, version)
         if cpus is not None and (best is None or cpus < best[0]):
@@ -143,7 +144,7 @@ def whole_cpus(quota: float) -> int:
     return max(1, math.floor(quota + 0.5))
 
 
-def usable_cpus(root: str | os.PathLike = "/", affinity: Optional[int] = None) -> CpuCount:
+def usable_cpus(root: str | os.PathLike = "/", affinity: int | None = None) -> CpuCount:
     """The cores this process may use: the affinity mask's (os.sched_getaffinity, or `affinity` when
     given), capped by the cgroup's CPU quota rounded by whole_cpus()."""
     if affinity is None:

@@ -62,9 +62,9 @@ class Range:
             return "one of " + _or_list([_show(c) for c in self.choices])
         if self.non_empty:
             type_text = "a non-empty " + type_text.split(" ", 1)[-1]
-        if self.lo is None and self.hi is None:
-            return type_text
         if self.hi is None:
+            if self.lo is None:
+                return type_text
             return f"{type_text} {'>' if self.lo_open else '>='} {_number(self.lo)}"
         if self.lo is None:
             return f"{type_text} <= {_number(self.hi)}"
@@ -281,7 +281,7 @@ def _checked(name: str, value: Any, hint: Any, f: dataclasses.Field, source: str
     return got
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -293,7 +293,7 @@ def _is_section(hint: Any) -> bool:
 def _apply(obj: Any, values: dict[str, Any], source: str, prefix: str = "") -> None:
     """Check each value against its field and set it; source (a file, "flags") prefixes any error."""
     fields = {f.name: f for f in dataclasses.fields(obj)}
-    hints = _hints(type(obj))
+    hints = _hints(type(obj))   # type: ignore[arg-type]  # mypy takes a class's __hash__ for unbound
     for key, value in values.items():
         name = prefix + key
         if name in RENAMED:
@@ -316,7 +316,7 @@ def _apply(obj: Any, values: dict[str, Any], source: str, prefix: str = "") -> N
 
 
 def _check_all(obj: Any, prefix: str = "") -> None:
-    hints = _hints(type(obj))
+    hints = _hints(type(obj))   # type: ignore[arg-type]  # mypy takes a class's __hash__ for unbound
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if _is_section(hints[f.name]):

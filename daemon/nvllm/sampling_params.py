@@ -12,8 +12,9 @@ import dataclasses
 import json
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any
 
 # vLLM's neutral values for the fields a model may override.
 NEUTRAL_DEFAULTS: dict[str, float | int] = {
@@ -108,7 +109,7 @@ class StructuredSpec:
     """
 
     kind: str
-    value: Union[str, Tuple[str, ...], None] = None
+    value: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise the shapes clients naturally send; validate() refuses anything else.
@@ -189,8 +190,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-N alternatives per token; the chosen token's always when set
-    structured: Optional[StructuredSpec] = None  # constrain the output (JSON Schema, regex, choice, grammar)
-    logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before any other step
+    structured: StructuredSpec | None = None  # constrain the output (JSON Schema, regex, choice, grammar)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before any other step
 
     def __post_init__(self) -> None:
         self.structured = _structured(self.structured)
@@ -346,6 +347,8 @@ class SamplingParams:
             self.max_tokens = int(self.max_tokens)
         if self.logprobs is not None:
             self.logprobs = int(self.logprobs)
+        # resolve() filled these before it called here (float(None) above would have raised).
+        assert self.top_k is not None and self.temperature is not None and self.repetition_penalty is not None
         if self.top_k < 0:
             self.top_k = 0
         self.temperature = min(self.temperature, FLOAT32_MAX)

@@ -33,7 +33,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -44,15 +45,16 @@ from nvllm.cgroup import usable_cpus
 from nvllm.config import ConfigError, Settings, load_settings
 from nvllm.engine import factory
 from nvllm.engine.async_engine import AsyncEngine
+from nvllm.engine.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind
-from nvllm.server.metrics_listener import MetricsListener
 from nvllm.server.logs import setup_logging, stream_is_journal
-from nvllm.engine.memory import RUNTIME_OVERHEAD_BYTES, GiB, MiB, MemoryReading, available_memory, format_bytes
-from nvllm.server.watchdog import MemoryWatchdog
-from nvllm.server.service import SERVICE_NAME, DaemonState, GeneratorService, Phase, add_generator_to_server
+from nvllm.server.metrics_listener import MetricsListener
+from nvllm.server.service import GeneratorService, add_generator_to_server
+from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
 from nvllm.server.systemd import Notifier, WatchdogPinger
+from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.v1 import nvllm_pb2
 
 log = logging.getLogger("nvllm.server.app")
@@ -203,8 +205,8 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        for sig, handler in self.signal_handlers.items():
-            loop.add_signal_handler(sig, handler, self)
+        for signum, handler in self.signal_handlers.items():
+            loop.add_signal_handler(signum, handler, self)
         s = self.settings
         self.notifier.status(f"{self.model_name}: starting")
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -249,10 +251,11 @@ class Daemon:
                  "" if engine.threads == 1 else "s", why)
 
         interval = self.notifier.watchdog_interval()
-        self.engine = AsyncEngine(engine, heartbeat_s=min(1.0, interval / 4) if interval else 1.0,
-                                  on_step=self.state.metrics.observe_step)
-        self.engine.start(loop)
-        self.pinger = WatchdogPinger.from_env(self.notifier, lambda: self.engine.progress)
+        async_engine = AsyncEngine(engine, heartbeat_s=min(1.0, interval / 4) if interval else 1.0,
+                                   on_step=self.state.metrics.observe_step)
+        self.engine = async_engine
+        async_engine.start(loop)
+        self.pinger = WatchdogPinger.from_env(self.notifier, lambda: async_engine.progress)
         self.watchdog = MemoryWatchdog(
             self.memory_reader, s.watchdog.low_mb * MiB, s.watchdog.high_mb * MiB, s.watchdog.interval_s,
             on_change=lambda ok, why: loop.call_soon_threadsafe(self.state.on_admission_change, ok, why))
@@ -268,6 +271,7 @@ class Daemon:
             self.pinger.start()
         status_task = asyncio.create_task(self._status_loop())
 
+        assert self.stop_requested is not None     # run() made it
         await self.stop_requested.wait()
         await self.drain(server)
         status_task.cancel()

@@ -27,7 +27,8 @@ import contextvars
 import logging
 import os
 import sys
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("nvllm_request_id", default=None)
 

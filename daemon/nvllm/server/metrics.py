@@ -37,10 +37,18 @@ dashboard queries. Every Prometheus reads 0.0.4, which keeps the names as they a
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, \
-    ProcessCollector, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
@@ -115,7 +123,7 @@ class Metrics:
         GCCollector(registry=reg)
         PlatformCollector(registry=reg)
 
-    def request(self, api: str, arrival: float | None = None) -> "RequestTracker":
+    def request(self, api: str, arrival: float | None = None) -> RequestTracker:
         """A tracker for one request that arrived (time.monotonic()) at `arrival`, default now."""
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
@@ -196,7 +204,7 @@ class RequestTracker:
         m.request_prompt_tokens.observe(self.prompt_tokens)
         m.request_generation_tokens.observe(self.generated_tokens)
 
-    def __enter__(self) -> "RequestTracker":
+    def __enter__(self) -> RequestTracker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -250,10 +258,10 @@ class StateCollector(Collector):
         yield from (f for f in families.values() if f.samples)
 
 
-def _state_families() -> dict[str, Metric]:
+def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
     """Every family StateCollector yields, empty, by name."""
     g, c, m = GaugeMetricFamily, CounterMetricFamily, [LABEL]
-    specs = [
+    specs: list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, list[str]]] = [
         (g, "nvllm:admission_open", "1 while new requests are admitted, else 0 (nvllm:admission_state says "
                                     "why).", m),
         (g, "nvllm:admission_state", "1 for the daemon's admission state, 0 for the others.", m + ["state"]),

@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from nvllm.server.listen import EXIT_CONFIG, EXIT_FAILURE, ListenError, is_loopback
 

@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 

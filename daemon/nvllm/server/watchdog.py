@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from nvllm.engine.memory import MemoryReading, format_bytes
 
@@ -22,7 +22,7 @@ class MemoryWatchdog:
 
     def __init__(self, read: Callable[[], MemoryReading], low_bytes: int, high_bytes: int,
                  interval_s: float = 1.0,
-                 on_change: Optional[Callable[[bool, str], None]] = None) -> None:
+                 on_change: Callable[[bool, str], object] | None = None) -> None:
         if not 0 <= low_bytes <= high_bytes:
             raise ValueError(f"need 0 <= low_bytes <= high_bytes, got {low_bytes}, {high_bytes}")
         if interval_s <= 0:
@@ -35,9 +35,9 @@ class MemoryWatchdog:
         self._lock = threading.Lock()
         self._admitting = True
         self._reason = ""
-        self._last: Optional[MemoryReading] = None
+        self._last: MemoryReading | None = None
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def admitting(self) -> bool:
@@ -51,7 +51,7 @@ class MemoryWatchdog:
             return self._reason
 
     @property
-    def last_reading(self) -> Optional[MemoryReading]:
+    def last_reading(self) -> MemoryReading | None:
         with self._lock:
             return self._last
 

@@ -15,8 +15,8 @@ of a request that decodes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional, Union
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
@@ -57,7 +57,7 @@ _GenerateRequestBytes = _bytes_mirror()
 _REAL_POOL = pb.DESCRIPTOR.pool
 
 
-def decode_generate_request(data: bytes) -> Union[pb.GenerateRequest, UndecodableRequest]:
+def decode_generate_request(data: bytes) -> pb.GenerateRequest | UndecodableRequest:
     try:
         return pb.GenerateRequest.FromString(data)
     except DecodeError as e:
@@ -78,7 +78,7 @@ def locate_decode_error(data: bytes) -> tuple[str, str]:
     return "request", "not a valid nvllm.v1.GenerateRequest"
 
 
-def _first_non_utf8(message: Message, prefix: str) -> Optional[str]:
+def _first_non_utf8(message: Message, prefix: str) -> str | None:
     """The path of the first set field, in field-number order, that was a string in the real
     message and holds bytes that are not UTF-8."""
     for field, value in message.ListFields():

@@ -19,7 +19,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -33,11 +34,11 @@ from nvllm.engine.sequence import RequestOutput, Sequence
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_protocol import (ParsedRequest, ResponseBuilder, invalid, parse_chat,
-                                               parse_completion, parse_json)
+from nvllm.server.http.openai_request import ParsedRequest, invalid, parse_chat, parse_completion, parse_json
+from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics, RequestTracker
-from nvllm.server.service import DaemonState, Phase, Refused, host_key
+from nvllm.server.state import DaemonState, Phase, Refused, host_key
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -114,7 +115,7 @@ class OpenAIApi:
         return await self._generate(request, self._parse_chat)
 
     def _parse_chat(self, body: dict[str, Any], model_name: str, max_choices: int) -> ParsedRequest:
-        engine = self.state.engine      # the template tells the model's tool-call format (tool_calls.py)
+        engine = self.state.engine      # the template tells the model's tool-call format (tool_plan.py)
         return parse_chat(body, model_name, max_choices, engine.chat_template if engine is not None else None)
 
     async def completions(self, request: Request) -> Response:
@@ -262,7 +263,7 @@ class OpenAIApi:
 
     async def _events(self, req: ParsedRequest, streams: list[RequestStream], builder: ResponseBuilder,
                       client: str, rid: str, t0: float, trackers: list[RequestTracker],
-                      release: "_Release") -> AsyncIterator[dict[str, str]]:
+                      release: _Release) -> AsyncIterator[dict[str, str]]:
         """The SSE events: chunks as the engine makes them, then usage if asked, then [DONE]. Leaving
         early (the client disconnected, the server stops) aborts whatever is unfinished."""
         extra = {"request_id": rid}
@@ -327,7 +328,7 @@ class _EventStream(EventSourceResponse):
             self.release()
 
 
-async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merged(streams: list[RequestStream]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """(choice index, output) from every stream as they come; leaving early closes (aborts) them all."""
     if len(streams) == 1:
         try:

@@ -13,7 +13,8 @@ import contextlib
 import logging
 import socket
 import ssl
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -91,9 +92,11 @@ class HttpListener:
         host = listen.rpartition(":")[0]
         port = self.sock.getsockname()[1]
         self.address = f"{'https' if tls_cert else 'http'}://{host}:{port}"
+        # uvicorn annotates the grace as int but hands it to asyncio.wait_for, which takes float seconds.
         self.config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", log_config=None,
                                      access_log=False, server_header=False, ssl_certfile=tls_cert or None,
-                                     ssl_keyfile=tls_key or None, timeout_graceful_shutdown=graceful_s)
+                                     ssl_keyfile=tls_key or None,
+                                     timeout_graceful_shutdown=graceful_s)  # type: ignore[arg-type]
         if tls_cert:
             try:   # read the TLS files now, so a bad one fails start-up in a second (uvicorn reads them again)
                 ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls_cert, tls_key)

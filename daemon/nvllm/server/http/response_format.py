@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from nvllm.sampling_params import StructuredSpec
 from nvllm.server.http.errors import bad_request
@@ -39,7 +39,7 @@ class Constraint:
     param: str          # the request field it came from, named when the engine refuses it
 
 
-def parse_constraint(body: dict[str, Any]) -> Optional[Constraint]:
+def parse_constraint(body: dict[str, Any]) -> Constraint | None:
     """The constraint a request's response_format or structured_outputs asks for (None: free text)."""
     rf = _response_format(body.get("response_format"))
     so = _structured_outputs(body.get("structured_outputs"))
@@ -49,7 +49,7 @@ def parse_constraint(body: dict[str, Any]) -> Optional[Constraint]:
     return rf or so
 
 
-def _response_format(rf: Any) -> Optional[Constraint]:
+def _response_format(rf: Any) -> Constraint | None:
     if rf is None:
         return None
     if not isinstance(rf, dict):
@@ -95,7 +95,7 @@ def _response_format(rf: Any) -> Optional[Constraint]:
     return Constraint(StructuredSpec("json_schema", _schema_text(schema, param)), param)
 
 
-def _structured_outputs(so: Any) -> Optional[Constraint]:
+def _structured_outputs(so: Any) -> Constraint | None:
     if so is None:
         return None
     if not isinstance(so, dict):

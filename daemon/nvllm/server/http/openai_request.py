@@ -1,5 +1,5 @@
-"""OpenAI's JSON <-> nvllm: a request body to (prompts, SamplingParams, options), and RequestOutputs to the
-response objects and stream chunks of /v1/chat/completions and /v1/completions.
+"""OpenAI's JSON -> nvllm: a /v1/chat/completions or /v1/completions request body to (prompts,
+SamplingParams, options); openai_response.py shapes the answer.
 
 Every parameter is either mapped or refused with 400 naming it: an unknown key, or a known OpenAI
 parameter nvllm does not implement set to anything but its neutral value, is never silently ignored.
@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from nvllm.engine.sequence import RequestOutput, TokenLogprob
 from nvllm.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.response_format import Constraint, parse_constraint
-from nvllm.server.http.tool_calls import ToolCallStream, ToolPlan, finish_reason, plan_tools, read_tool_calls
+from nvllm.server.http.tool_plan import ToolPlan, plan_tools
 
 CHAT, COMPLETION = "chat", "completion"
 COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's (and vLLM's) default for /v1/completions
-MIN_LOGPROB = -9999.0                  # JSON has no -inf; vLLM sends this floor too
 MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
 ROLE_ALIASES = {"developer": "system"}   # OpenAI's newer name for the system role
 
@@ -37,7 +34,7 @@ SAMPLING_FIELDS: dict[str, str] = {
 }
 COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_ids", "max_tokens", "user",
                  "logit_bias", *SAMPLING_FIELDS}
-# Constraints (response_format, structured_outputs) and tools: server/http/response_format.py, tool_calls.py.
+# Constraints (response_format, structured_outputs) and tools: server/http/response_format.py, tool_plan.py.
 CONSTRAINT_FIELDS = {"response_format", "structured_outputs"}
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
 CHAT_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | TOOL_FIELDS | {"messages", "max_completion_tokens", "logprobs",
@@ -118,7 +115,6 @@ def invalid(e: InvalidParameter, req: ParsedRequest) -> ApiError:
     return bad_request(name, text)
 
 
-# -- parsing ----------------------------------------------------------------------------------
 def parse_json(body: bytes) -> dict[str, Any]:
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
@@ -232,7 +228,7 @@ def _max_tokens(body: dict[str, Any], req: ParsedRequest, names: tuple[str, ...]
 
 def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
                chat_template: str | None = None) -> ParsedRequest:
-    """chat_template: the model's template text, which tells its tool-call format (tool_calls.py)."""
+    """chat_template: the model's template text, which tells its tool-call format (tool_plan.py)."""
     _check_keys(body, CHAT_FIELDS)
     req = _common(body, CHAT, model_name, max_choices)
     req.prompts = [{"messages": _messages(body.get("messages"))}]
@@ -347,168 +343,3 @@ def _prompts(prompt: Any) -> list[Any]:
            for p in prompt):
         return [list(p) for p in prompt]
     raise bad_request("prompt", shape)
-
-
-# -- responses ----------------------------------------------------------------------------------
-def _lp(x: float) -> float:
-    return x if math.isfinite(x) and x > MIN_LOGPROB else MIN_LOGPROB
-
-
-def _token_entry(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": _lp(logprob), "bytes": list(token.encode("utf-8"))}
-
-
-def chat_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
-    return {"content": [{**_token_entry(lp.text, lp.logprob),
-                         "top_logprobs": [_token_entry(t.text, t.logprob) for t in lp.top]} for lp in lps]}
-
-
-def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
-    """OpenAI's legacy shape; text_offset counts characters from `offset` (where the choice's text starts)."""
-    offsets = []
-    for lp in lps:
-        offsets.append(offset)
-        offset += len(lp.text)
-    return {"tokens": [lp.text for lp in lps], "token_logprobs": [_lp(lp.logprob) for lp in lps],
-            "top_logprobs": [{t.text: _lp(t.logprob) for t in lp.top} for lp in lps],
-            "text_offset": offsets}
-
-
-@dataclass
-class Usage:
-    """Counted over the choices: a prompt once (its choices share it), every choice's output."""
-    prompt_tokens: dict[int, int] = field(default_factory=dict)     # prompt index -> tokens
-    cached_tokens: dict[int, int] = field(default_factory=dict)
-    completion_tokens: int = 0
-
-    def add(self, prompt_index: int, out: RequestOutput) -> None:
-        self.prompt_tokens[prompt_index] = out.prompt_tokens
-        self.cached_tokens[prompt_index] = max(self.cached_tokens.get(prompt_index, 0), out.cached_tokens)
-        self.completion_tokens += out.completion_tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        prompt = sum(self.prompt_tokens.values())
-        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
-                "total_tokens": prompt + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens.values())}}
-
-
-class ResponseBuilder:
-    """Builds one request's response object, or its stream chunks, from the engine's outputs."""
-
-    def __init__(self, req: ParsedRequest, request_id: str, model_name: str) -> None:
-        self.req = req
-        self.chat = req.kind == CHAT
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
-        self.created = int(time.time())
-        self.model = model_name
-        self.usage = Usage()
-        n = req.num_choices
-        self.texts = [""] * n
-        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
-        self.finish: list[str | None] = [None] * n
-        self.stop_reason: list[str | int | None] = [None] * n
-        self.offsets = [0] * n           # characters sent so far per choice (completions' text_offset)
-        self.started = [False] * n       # the chat role chunk sent
-        plan = req.tool_plan if self.chat else None
-        # With tools, each choice's text is read as content and tool calls (tool_calls.py).
-        self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
-                             if plan is not None and plan.style is not None else None)
-        if req.echo:
-            for i in range(n):
-                self.offsets[i] = len(req.prompts[i // req.n])
-
-    def _head(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model}
-
-    # -- whole responses ---------------------------------------------------------------------
-    def add(self, index: int, out: RequestOutput) -> None:
-        self.texts[index] += out.text
-        if out.logprobs:
-            self.logprobs[index] += out.logprobs
-        if out.finished:
-            self.finish[index] = out.finish_reason
-            self.stop_reason[index] = out.stop_reason
-            self.usage.add(index // self.req.n, out)
-
-    def response(self) -> dict[str, Any]:
-        choices = []
-        for i, text in enumerate(self.texts):
-            c: dict[str, Any] = {"index": i}
-            if self.chat:
-                c["message"] = self._message(i, text)
-                c["logprobs"] = chat_logprobs(self.logprobs[i]) if self.req.logprobs else None
-            else:
-                prefix = self.req.prompts[i // self.req.n] if self.req.echo else ""
-                c["text"] = prefix + text
-                c["logprobs"] = completion_logprobs(self.logprobs[i], 0) if self.req.logprobs else None
-            c["finish_reason"] = self.finish[i]
-            c["stop_reason"] = self.stop_reason[i]     # vLLM's extra: the stop string or token id that matched
-            choices.append(c)
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices,
-                "usage": self.usage.to_dict()}
-
-    def _message(self, index: int, text: str) -> dict[str, Any]:
-        plan = self.req.tool_plan
-        if self.tool_streams is None or plan is None:
-            return {"role": "assistant", "content": text}
-        content, calls = read_tool_calls(text, plan)
-        self.finish[index] = finish_reason(self.finish[index], len(calls))
-        return {"role": "assistant", "content": content, "tool_calls": [c.to_dict() for c in calls]}
-
-    # -- stream chunks -------------------------------------------------------------------------
-    def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
-        """The chunks one engine output makes (none when it adds nothing a client can see)."""
-        if out.finished:
-            self.usage.add(index // self.req.n, out)
-        usage = {"usage": None} if self.req.include_usage else {}
-        chunks = []
-        if self.chat and not self.started[index]:
-            self.started[index] = True
-            chunks.append({**self._head(), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                                         "logprobs": None, "finish_reason": None}], **usage})
-        if self.tool_streams is not None:
-            return chunks + self._tool_chunks(index, out, usage)
-        text = out.text
-        if not self.chat and self.req.echo and not self.started[index]:
-            self.started[index] = True
-            text = self.req.prompts[index // self.req.n] + text
-        if not text and not out.logprobs and not out.finished:
-            return chunks
-        c: dict[str, Any] = {"index": index}
-        if self.chat:
-            c["delta"] = {"content": text} if text or not out.finished else {}
-            c["logprobs"] = chat_logprobs(out.logprobs or []) if self.req.logprobs else None
-        else:
-            c["text"] = text
-            c["logprobs"] = (completion_logprobs(out.logprobs or [], self.offsets[index])
-                             if self.req.logprobs else None)
-            self.offsets[index] += len(out.text)
-        c["finish_reason"] = out.finish_reason if out.finished else None
-        if out.finished:
-            c["stop_reason"] = out.stop_reason
-        chunks.append({**self._head(), "choices": [c], **usage})
-        return chunks
-
-    def _tool_chunks(self, index: int, out: RequestOutput, usage: dict[str, Any]) -> list[dict[str, Any]]:
-        """Chat chunks of a choice with tools: content and tool-call deltas; the finish reason on a last
-        chunk of its own ("tool_calls" when calls were made)."""
-        assert self.tool_streams is not None
-        stream = self.tool_streams[index]
-        deltas = stream.feed(out.text, final=out.finished)
-        if out.finished or (not deltas and out.logprobs and self.req.logprobs):
-            deltas.append({})
-        lp = chat_logprobs(out.logprobs or []) if self.req.logprobs else None
-        chunks = [{**self._head(), "choices": [{"index": index, "delta": d, "logprobs": lp if k == 0 else None,
-                                                "finish_reason": None}], **usage}
-                  for k, d in enumerate(deltas)]
-        if out.finished:
-            last = chunks[-1]["choices"][0]
-            last["finish_reason"] = finish_reason(out.finish_reason, stream.num_calls)
-            last["stop_reason"] = out.stop_reason
-        return chunks
-
-    def usage_chunk(self) -> dict[str, Any]:
-        return {**self._head(), "choices": [], "usage": self.usage.to_dict()}

@@ -1,0 +1,129 @@
+"""The floors nvllm bench sets its figures beside, measured in the same run with the same BLAS.
+
+  matmul floor  the model's own weight matrices multiplied by as many rows as the step has tokens,
+                back to back, nothing else: what a perfect engine on this BLAS would take.
+  roofline      this machine's limits: reading every weight once at the measured memory bandwidth,
+                or the step's FLOPs at the measured peak sgemm rate, whichever is slower.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from nvllm.model.matrix.weight import Weight
+from nvllm.model.weights.layout import ModelWeights
+
+
+def _best(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm caches, pages and BLAS threads
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def blas_info() -> dict[str, Any]:
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        return {"name": blas.get("name"), "version": blas.get("version"),
+                "openblas_config": blas.get("openblas configuration")}
+    except Exception:  # older NumPy: no dict form
+        return {"name": "unknown"}
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_info()}
+
+
+def measure_bandwidth_gbs(mib: int = 256) -> float:
+    """Bytes per second a BLAS matrix-vector product streams from memory: how weights are read in decode."""
+    n = int(np.sqrt(mib * 2**20 / 4))
+    w = np.ones((n, n), dtype=np.float32)
+    x = np.ones((1, n), dtype=np.float32)
+    return w.nbytes / _best(lambda: x @ w, 5) / 1e9
+
+
+def measure_sgemm_gflops(n: int = 1536) -> float:
+    a = np.ones((n, n), dtype=np.float32)
+    b = np.ones((n, n), dtype=np.float32)
+    return 2 * n ** 3 / _best(lambda: a @ b, 3) / 1e9
+
+
+@dataclass
+class Floors:
+    bandwidth_gbs: float
+    sgemm_gflops: float
+    weight_bytes: int
+    flops_per_token: float          # 2 * matmul parameters (lm_head counted per logit row)
+    matmul_s: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def matmul(self, weights: ModelWeights, rows: int, logit_rows: int) -> float:
+        """Seconds of the model's matmuls for one step of `rows` tokens, `logit_rows` of them through lm_head.
+
+        Measured again at every call, the best kept: prefill measures it right before each timed run and
+        compares best with best, so a machine whose speed drifts (a shared VM, a board warming up)
+        drifts under both alike."""
+        key = (rows, logit_rows)
+        t = matmul_floor(weights, rows, logit_rows)
+        self.matmul_s[key] = min(t, self.matmul_s.get(key, t))
+        return self.matmul_s[key]
+
+    def roofline(self, rows: int, logit_rows: int, lm_head_flops: float) -> float:
+        body = self.flops_per_token - lm_head_flops
+        flops = body * rows + lm_head_flops * logit_rows
+        return max(self.weight_bytes / (self.bandwidth_gbs * 1e9), flops / (self.sgemm_gflops * 1e9))
+
+
+def matrices(w: ModelWeights) -> list:
+    return [a for layer in w.layers for a in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
+
+def weight_formats(w: ModelWeights) -> dict[str, int]:
+    """Matrices by storage format, e.g. {"Q4_1": 120, "F32": 1}: what the bench's figures were run on."""
+    names = [f for a in matrices(w) + [w.lm_head] for f in a.formats]
+    return {n: names.count(n) for n in sorted(set(names))}
+
+
+def floor_pass(w: ModelWeights, rows: int, logit_rows: int) -> Callable[[], None]:
+    """One step's worth of the model's own matmuls and nothing else: every weight matrix times `rows`
+    rows, lm_head times `logit_rows`, each multiplied the way the decoder multiplies it."""
+    xs = {a.shape[1]: np.ones((rows, a.shape[1]), dtype=np.float32) for a in matrices(w)}
+    last = np.ones((logit_rows, w.lm_head.shape[1]), dtype=np.float32)
+
+    def run() -> None:
+        for a in matrices(w):
+            a.apply(xs[a.shape[1]])
+        w.lm_head.apply(last)
+    return run
+
+
+def matmul_floor(w: ModelWeights, rows: int, logit_rows: int, repeats: int = 3) -> float:
+    return _best(floor_pass(w, rows, logit_rows), repeats)
+
+
+def weight_matmul_params(w: ModelWeights) -> tuple[int, int]:
+    def params(a: Weight) -> int:
+        return a.shape[0] * a.shape[1]
+    return sum(params(a) for a in matrices(w)), params(w.lm_head)

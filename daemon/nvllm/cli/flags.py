@@ -1,0 +1,47 @@
+"""Flags that several subcommands share: sampling, quantization and threads."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_sampling_flags(p: argparse.ArgumentParser, greedy_default: bool) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=None, help="tokens to generate at most")
+    g.add_argument("--min-tokens", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=0.0 if greedy_default else None,
+                   help="0 = greedy" + (" (the default here)" if greedy_default else ""))
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=None)
+    g.add_argument("--frequency-penalty", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    g.add_argument("--stop-token-id", type=int, action="append", default=None, dest="stop_token_ids")
+    g.add_argument("--ignore-eos", action="store_true", default=None)
+    g.add_argument("--include-stop-str", action="store_true", default=None, dest="include_stop_str_in_output")
+    g.add_argument("--logprobs", type=int, default=None, help="top-N logprobs per token")
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags given, by SamplingParams' own field names (the flags' dests)."""
+    from dataclasses import fields
+
+    from nvllm.sampling_params import SamplingParams
+
+    return {f.name: getattr(args, f.name) for f in fields(SamplingParams) if getattr(args, f.name, None) is not None}
+
+
+def add_quantization_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", default=None, metavar="FORMAT",
+                   help="a folder's weights in memory: f32, or re-quantized at load to q8_0, q4_0, q4_k, bf16 "
+                        "or f16 (model.quantization; default: as stored, 16-bit matrices kept 16-bit)")
+
+
+def add_threads_flag(p: argparse.ArgumentParser, default: int | None = None) -> None:
+    p.add_argument("--threads", "--blas-threads", dest="threads", type=int, default=default, metavar="N",
+                   help="threads for the matmuls (model.threads; 0: one per usable core but one, the cgroup's "
+                        "CPU quota counted); --blas-threads is its old name")

@@ -1,0 +1,56 @@
+"""nvllm models pull | list: the models the registry knows, fetched into and listed from a folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nvllm.config import DEFAULT_MODEL
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    m = sub.add_parser("models", help="pull or list models")
+    msub = m.add_subparsers(dest="action", required=True)
+    mp = msub.add_parser("pull", help="fetch a known model's GGUF into DIR (the folder too with --folder)")
+    mp.add_argument("name")
+    mp.add_argument("--dir", default="models")
+    mp.add_argument("--quiet", action="store_true")
+    mp.add_argument("--folder", action="store_true",
+                    help="also write the float32 Hugging Face folder DIR/NAME (538 MB for the default model, "
+                         "for model.quantization and tools/quality.py); the GGUF DIR/NAME.gguf is always kept")
+    ml = msub.add_parser("list", help="models in DIR")
+    ml.add_argument("--dir", default="models")
+    ml.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_models)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from nvllm import registry
+
+    if args.action == "pull":
+        try:
+            path = registry.pull(args.name, args.dir, progress=not args.quiet, folder=args.folder)
+        except registry.RegistryError as e:
+            print(f"nvllm models pull: {e}", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    models = registry.list_models(args.dir)
+    if args.json:
+        print(json.dumps(models, indent=2, default=str))
+        return 0
+    if not models:
+        print(f"no models in {args.dir}; known: " + ", ".join(registry.KNOWN_MODELS)
+              + f" (nvllm models pull {DEFAULT_MODEL})")
+        return 0
+    for m in models:
+        print("  ".join(f"{k}={_list_value(v)}" for k, v in m.items()))
+    return 0
+
+
+def _list_value(v: object) -> str:
+    """A `models list` value on one line: a GGUF's tensor types as Q4_1:210,F32:61."""
+    if isinstance(v, dict):
+        return ",".join(f"{k}:{n}" for k, n in v.items())
+    return str(v)

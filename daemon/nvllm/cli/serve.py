@@ -1,0 +1,34 @@
+"""nvllm serve: the daemon (server/app.py), its flags laid over the settings file."""
+
+from __future__ import annotations
+
+import argparse
+
+from nvllm.cli.flags import add_quantization_flag, add_threads_flag
+from nvllm.config import DEFAULT_MODEL_FILE
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sv = sub.add_parser("serve", help="run the gRPC daemon")
+    sv.add_argument("--config", help="TOML settings file (deploy/nvllm.toml documents every setting)")
+    sv.add_argument("--model", default=None,
+                    help="a model folder or .gguf file, or the name of either under model.models_dir "
+                         f"(default: model.path, {DEFAULT_MODEL_FILE})")
+    sv.add_argument("--listen", default=None, help="host:port or unix:/path (default 127.0.0.1:50051)")
+    sv.add_argument("--http-listen", default=None, metavar="HOST:PORT",
+                    help="also serve the OpenAI-compatible HTTP API here, e.g. 127.0.0.1:8000 (http.listen)")
+    sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
+    sv.add_argument("--max-model-len", type=int, default=None)
+    add_quantization_flag(sv)
+    add_threads_flag(sv)
+    sv.add_argument("--dry-run", action="store_true", help="print the memory sizing and exit")
+    sv.add_argument("--memory-gb", type=float, default=None, metavar="N",
+                    help="with --dry-run: plan for N GiB of available memory (another board's) instead of "
+                         "this machine's; reads only config.json")
+    sv.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nvllm.server import app
+
+    return app.main(args)

@@ -1,0 +1,123 @@
+"""A GenerateRequest read into the engine's arguments: the checks that need no tokenizer (size, request
+id, model name, input; BadRequest naming the proto field), and the proto's SamplingParams and structured
+constraint mapped onto sampling_params.SamplingParams by field name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
+from nvllm.v1 import nvllm_pb2 as pb
+
+MAX_REQUEST_ID_CHARS = 128
+
+# The proto's SamplingParams fields share SamplingParams' names, so neither list is written here.
+_SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)
+
+
+class BadRequest(Exception):
+    """A request refused before it reaches the engine; `field` is the proto field's path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_message_bytes: int
+                 ) -> tuple[str, Any, SamplingParams]:
+    """Checks that need no tokenizer; returns (input field, prompt or messages, params)."""
+    size = request.ByteSize()
+    if size > max_message_bytes:
+        field = oversized_field(request)
+        raise BadRequest(field, f"{field} makes the request {size} bytes; a request may be at most "
+                                f"{max_message_bytes} bytes (server.max_message_bytes)")
+    if len(rid) > MAX_REQUEST_ID_CHARS:
+        raise BadRequest("request_id", f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
+                                       f"got {len(rid)}")
+    if request.model and request.model != model_name:
+        raise BadRequest("model", f"model must be empty or {model_name!r} (the served model), "
+                                  f"got {request.model[:64]!r}")
+    which = request.WhichOneof("input")
+    if which is None:
+        raise BadRequest("input", "input must be set: one of prompt, chat or prompt_token_ids")
+    if which == "prompt":
+        if not request.prompt:
+            raise BadRequest("prompt", "prompt must not be empty")
+        prompt: Any = request.prompt
+    elif which == "chat":
+        if not request.chat.messages:
+            raise BadRequest("chat.messages", "chat.messages must hold at least one message")
+        prompt = {"messages": [{"role": m.role, "content": m.content} for m in request.chat.messages]}
+    else:
+        if not request.prompt_token_ids.ids:
+            raise BadRequest("prompt_token_ids.ids", "prompt_token_ids.ids must hold at least one id")
+        prompt = [int(t) for t in request.prompt_token_ids.ids]
+    try:
+        params = sampling_params_from_proto(request)
+    except (TypeError, ValueError) as e:
+        raise BadRequest("sampling_params", f"sampling_params: {e}") from None
+    return which, prompt, params
+
+
+def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
+    """The proto's SamplingParams as our dataclass; unset fields keep their defaults (None = model's).
+    ListFields gives the optional scalars that are set and the repeated fields that are not empty."""
+    sp = request.sampling_params
+    params = SamplingParams(**{f.name: _field_value(f, v) for f, v in sp.ListFields()})
+    params.structured = structured_from_proto(request)
+    return params
+
+
+def _field_value(f: Any, v: Any) -> Any:
+    if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        return dict(v)   # logit_bias
+    return list(v) if f.is_repeated else v
+
+
+def structured_from_proto(request: pb.GenerateRequest) -> StructuredSpec | None:
+    """GenerateRequest.structured as the engine's constraint (None: free text). Whether it compiles is the
+    engine's to say (INVALID_ARGUMENT naming structured.<kind>)."""
+    kind = request.structured.WhichOneof("kind") if request.HasField("structured") else None
+    if kind is None:
+        return None
+    if kind == "json_object":
+        if not request.structured.json_object:
+            raise BadRequest("structured.json_object",
+                             "structured.json_object must be true (leave structured unset for free text)")
+        return StructuredSpec("json_object")
+    if kind == "choice":
+        return StructuredSpec("choice", tuple(request.structured.choice.choices))
+    return StructuredSpec(kind, getattr(request.structured, kind))
+
+
+def proto_field(name: str, input_field: str) -> str:
+    """The proto path of a field an InvalidParameter names."""
+    if name in _SAMPLING_FIELDS:
+        return f"sampling_params.{name}"
+    if name in ("prompt", "prompt_token_ids"):
+        return input_field    # a prompt too long for the model: blame what the client sent
+    if name == "messages":
+        return "chat.messages"
+    return name
+
+
+def invalid_message(e: InvalidParameter, input_field: str) -> str:
+    field = proto_field(e.field, input_field)
+    text = str(e)
+    return field + text[len(e.field):] if text.startswith(e.field) else f"{field}: {text}"
+
+
+def oversized_field(request: pb.GenerateRequest) -> str:
+    """The field that makes a request big, for the size error."""
+    sizes = {"request_id": len(request.request_id.encode()), "model": len(request.model.encode())}
+    which = request.WhichOneof("input")
+    if which is not None:
+        sizes[which] = getattr(request, which).ByteSize() if which != "prompt" else len(request.prompt.encode())
+    if request.HasField("sampling_params"):
+        sizes["sampling_params.stop"] = sum(len(s.encode()) for s in request.sampling_params.stop)
+        sizes["sampling_params.stop_token_ids"] = 10 * len(request.sampling_params.stop_token_ids)
+    if request.HasField("structured"):
+        sizes["structured"] = request.structured.ByteSize()
+    return max(sizes, key=sizes.__getitem__)
+

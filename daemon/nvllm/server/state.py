@@ -1,0 +1,213 @@
+"""The daemon's state: what Health reports and what admission reads, shared by every front door (the
+gRPC service in service.py, the HTTP API in http/app.py). It lives on the event loop's thread.
+
+Streams per client are counted by the peer's address: the IP without the port for TCP (one host is
+one client, however many connections it opens); every unix-socket peer shares the key "unix" (gRPC
+does not report the peer's uid/pid), so on a unix socket the limit bounds all local clients together.
+
+Nothing here touches an array: numbers come from the engine's stats snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import ipaddress
+import os
+import time
+from typing import Any
+from urllib.parse import unquote
+
+import psutil
+from grpc_health.v1 import health_pb2
+from grpc_health.v1._async import HealthServicer
+
+from nvllm import __version__
+from nvllm.engine.async_engine import AsyncEngine
+from nvllm.server.metrics import Metrics
+from nvllm.server.watchdog import MemoryWatchdog
+from nvllm.v1 import nvllm_pb2 as pb
+
+SERVICE_NAME = "nvllm.v1.Generator"   # readiness is reported under it, liveness under ""
+LIVENESS = ""
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+class Refused(Exception):
+    """A request the daemon's state turns away: `busy` for load, memory pressure or the per-client cap
+    (gRPC RESOURCE_EXHAUSTED, HTTP 429), else starting or draining (UNAVAILABLE, HTTP 503)."""
+
+    def __init__(self, message: str, busy: bool) -> None:
+        super().__init__(message)
+        self.busy = busy
+
+
+def process_start_time() -> float:
+    """Wall-clock time the process started (for uptime and startup_s), to the kernel's tick.
+
+    The age comes from the kernel's clocks (CLOCK_BOOTTIME less the start tick in /proc/self/stat);
+    psutil's create_time adds the boot time, which /proc/stat gives in whole seconds, so it can be up
+    to a second early. psutil is the fallback where /proc is not Linux's.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()     # fields 3.. (the name may hold spaces)
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(after_name[19]) / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(0.0, age)
+    except (OSError, IndexError, ValueError, AttributeError):
+        pass
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return time.time()
+
+
+class DaemonState:
+    """What Health reports and what admission checks read; lives on the event loop's thread.
+
+    The async engine and the watchdog arrive once the model is loaded; until then the state is
+    STARTING and every Generate is UNAVAILABLE.
+    """
+
+    def __init__(self, model_name: str, health: HealthServicer, max_waiting: int, max_num_seqs: int,
+                 max_message_bytes: int, max_streams_per_client: int = 0) -> None:
+        self.model_name = model_name
+        self.health = health
+        self.max_waiting = max_waiting
+        self.max_num_seqs = max_num_seqs
+        self.max_message_bytes = max_message_bytes
+        self.max_streams_per_client = max_streams_per_client   # 0: no limit
+        self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
+        self.phase = Phase.STARTING
+        self.engine: AsyncEngine | None = None
+        self.watchdog: MemoryWatchdog | None = None
+        self.started_at = process_start_time()
+        self._tasks: set[asyncio.Task] = set()
+        self.startup_s = 0.0
+        self.metrics = Metrics(model_name, self)   # every front door reports its requests here
+
+    # -- transitions (event loop thread) ----------------------------------------------------
+    async def set_ready(self, engine: AsyncEngine, watchdog: MemoryWatchdog | None) -> None:
+        self.engine, self.watchdog = engine, watchdog
+        self.phase = Phase.SERVING
+        self.startup_s = max(0.0, time.time() - self.started_at)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        await self.sync_readiness()
+
+    async def begin_drain(self) -> None:
+        self.phase = Phase.DRAINING
+        await self.sync_readiness()
+
+    async def sync_readiness(self) -> None:
+        """Readiness follows the state: SERVING only when new requests are admitted."""
+        serving = self.state() == pb.HealthResponse.STATE_SERVING
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set(SERVICE_NAME, status)
+
+    def on_admission_change(self, admitting: bool, reason: str) -> None:
+        """The watchdog flipped (called on the loop via call_soon_threadsafe)."""
+        task = asyncio.get_running_loop().create_task(self.sync_readiness())
+        self._tasks.add(task)                     # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
+
+    # -- queries ------------------------------------------------------------------------------
+    def state(self) -> pb.HealthResponse.State:
+        if self.phase is Phase.STARTING:
+            return pb.HealthResponse.STATE_STARTING
+        if self.phase is Phase.DRAINING:
+            return pb.HealthResponse.STATE_DRAINING
+        if self.not_admitting_reason():
+            return pb.HealthResponse.STATE_NOT_ADMITTING
+        return pb.HealthResponse.STATE_SERVING
+
+    def not_admitting_reason(self) -> str:
+        if self.engine is not None and not self.engine.is_running:
+            return "the engine loop is not running"
+        if self.watchdog is not None and not self.watchdog.admitting:
+            return self.watchdog.reason
+        return ""
+
+    # -- admission, shared by every front door (gRPC, HTTP) ------------------------------------
+    def check_serving(self) -> None:
+        """Refused unless new requests are taken at all (not while starting or draining)."""
+        if self.phase is not Phase.SERVING or self.engine is None:
+            raise Refused("draining: the daemon is shutting down" if self.phase is Phase.DRAINING
+                          else "starting: the model is still loading", busy=False)
+
+    def open_stream(self, client: str) -> None:
+        """Count a call against its client's streams; Refused past server.max_streams_per_client."""
+        open_streams = self.streams_by_client.get(client, 0)
+        limit = self.max_streams_per_client
+        if limit and open_streams >= limit:
+            raise Refused(f"too many concurrent streams from {client}: {open_streams} open, limit {limit} "
+                          f"(server.max_streams_per_client)", busy=True)
+        self.streams_by_client[client] = open_streams + 1
+
+    def close_stream(self, client: str) -> None:
+        left = self.streams_by_client.get(client, 1) - 1
+        if left > 0:
+            self.streams_by_client[client] = left
+        else:
+            self.streams_by_client.pop(client, None)
+
+    def check_admission(self) -> None:
+        """Refused for draining, memory pressure, a dead engine or a full queue. Call it with no await
+        between it and AsyncEngine.add, so that concurrent calls cannot both pass a full queue."""
+        if self.phase is not Phase.SERVING or self.engine is None:
+            raise Refused("draining: the daemon is shutting down", busy=False)
+        reason = self.not_admitting_reason()
+        if reason:
+            raise Refused(f"not admitting new requests: {reason}", busy=True)
+        queued = self.queue_length(self.engine.stats())
+        if queued >= self.max_waiting:
+            raise Refused(f"queue full: {queued} waiting, limit {self.max_waiting}", busy=True)
+
+    def queue_length(self, stats: dict[str, Any]) -> int:
+        """Requests that would wait for a seat: those queued beyond the free seats."""
+        free_seats = max(0, self.max_num_seqs - stats.get("running", 0))
+        return max(0, stats.get("waiting", 0) - free_seats)
+
+    def health_response(self) -> pb.HealthResponse:
+        state = self.state()
+        r = pb.HealthResponse(state=state, model=self.model_name, version=__version__,
+                              uptime_s=max(0.0, time.time() - self.started_at), startup_s=self.startup_s)
+        if state == pb.HealthResponse.STATE_NOT_ADMITTING:
+            r.not_admitting_reason = self.not_admitting_reason()
+        if self.engine is not None:
+            s = self.engine.stats()
+            r.pages_total, r.pages_free, r.pages_cached = s["pages_total"], s["pages_free"], s["pages_cached"]
+            r.running, r.waiting = s["running"], s["waiting"]
+            r.tokens_per_s = float(s["tokens_per_s"])
+        if self.watchdog is not None:
+            r.watchdog_low_bytes, r.watchdog_high_bytes = self.watchdog.low_bytes, self.watchdog.high_bytes
+            reading = self.watchdog.last_reading
+            if reading is not None:
+                r.available_memory_bytes = max(0, int(reading.available_bytes))
+        return r
+
+
+def client_key(peer: str) -> str:
+    """Whom a call counts against: "ipv4:10.0.0.7:51234" -> "10.0.0.7", "ipv6:[::1]:51234" -> "::1",
+    "ipv6:[::ffff:10.0.0.7]:51234" (IPv4 on a dual-stack socket) -> "10.0.0.7"; unix peers -> "unix"."""
+    scheme, _, rest = unquote(peer).partition(":")
+    if scheme in ("unix", "unix-abstract"):
+        return "unix"
+    if scheme not in ("ipv4", "ipv6"):
+        return peer
+    return host_key(rest.rsplit(":", 1)[0].strip("[]"))
+
+
+def host_key(host: str) -> str:
+    """An address as one client: an IPv4-mapped IPv6 address (IPv4 on a dual-stack socket) as IPv4."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
