@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any
 
 # Before tokenizers trains anything: one thread, so the merges cannot depend on scheduling.
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -106,7 +107,7 @@ def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB, qwen2: bool = False) -> T
     return tok
 
 
-def write_tokenizer(out: Path, tok: Tokenizer, bos_token: Optional[str],
+def write_tokenizer(out: Path, tok: Tokenizer, bos_token: str | None,
                     tokenizer_class: str = "PreTrainedTokenizerFast") -> None:
     tok.save(str(out / "tokenizer.json"))
     added = {
@@ -141,7 +142,7 @@ def _norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def layer_tensors(rng: np.random.Generator, cfg: dict, i: int, bias: bool,
-                  std: float, qk_norm: bool = False) -> Dict[str, np.ndarray]:
+                  std: float, qk_norm: bool = False) -> dict[str, np.ndarray]:
     """One decoder layer in HF names, [out, in] orientation; with qk_norm, Qwen3's per-head q/k norms."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
@@ -168,7 +169,7 @@ def layer_tensors(rng: np.random.Generator, cfg: dict, i: int, bias: bool,
 
 
 def iter_weight_groups(cfg: dict, seed: int, bias: bool, std: float,
-                       embed_std: float, qk_norm: bool = False) -> Iterator[Dict[str, np.ndarray]]:
+                       embed_std: float, qk_norm: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """Embeddings, then each layer, then the final norm (+ lm_head): one dict at a time."""
     rng = np.random.default_rng(seed)
     v, h = cfg["vocab_size"], cfg["hidden_size"]
@@ -188,7 +189,7 @@ def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
-def save_tensors(tensors: Dict[str, np.ndarray], path: Path, dtype: str) -> int:
+def save_tensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> int:
     """Write one safetensors file in float32, float16 or bfloat16; returns the data bytes."""
     meta = {"format": "pt"}
     if dtype == "float32" or dtype == "float16":
@@ -198,6 +199,7 @@ def save_tensors(tensors: Dict[str, np.ndarray], path: Path, dtype: str) -> int:
     assert dtype == "bfloat16", dtype
     bits = {k: _to_bf16_bits(a) for k, a in tensors.items()}  # NumPy has no bf16: write raw bits
     import safetensors
+    specs: dict[str, Any]
     if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.7
         specs = {k: safetensors.TensorSpec(dtype="bfloat16", shape=b.shape, data_ptr=b.ctypes.data,
                                            data_len=b.nbytes) for k, b in bits.items()}
@@ -213,16 +215,16 @@ def write_weights(out: Path, cfg: dict, dtype: str, seed: int, bias: bool, std: 
     """Write the checkpoint; with num_shards > 1, layers are split evenly and indexed."""
     groups = iter_weight_groups(cfg, seed, bias, std, embed_std, qk_norm)
     if num_shards == 1:
-        merged: Dict[str, np.ndarray] = {}
+        merged: dict[str, np.ndarray] = {}
         for g in groups:
             merged.update(g)
         save_tensors(merged, out / "model.safetensors", dtype)
         return
     # Group i (0 = embeddings, 1..L = layers, L+1 = final) goes to shard i * num_shards // (L+2).
     n_groups = cfg["num_hidden_layers"] + 2
-    weight_map: Dict[str, str] = {}
+    weight_map: dict[str, str] = {}
     total = 0
-    shard: Dict[str, np.ndarray] = {}
+    shard: dict[str, np.ndarray] = {}
     shard_idx = 0
     for gi, g in enumerate(groups):
         target = gi * num_shards // n_groups
@@ -236,8 +238,8 @@ def write_weights(out: Path, cfg: dict, dtype: str, seed: int, bias: bool, std: 
     _write_json(out / "model.safetensors.index.json", index)
 
 
-def _flush_shard(out: Path, shard: Dict[str, np.ndarray], idx: int, n: int, dtype: str,
-                 weight_map: Dict[str, str]) -> int:
+def _flush_shard(out: Path, shard: dict[str, np.ndarray], idx: int, n: int, dtype: str,
+                 weight_map: dict[str, str]) -> int:
     name = f"model-{idx + 1:05d}-of-{n:05d}.safetensors"
     for k in shard:
         weight_map[k] = name
@@ -388,18 +390,18 @@ def make_qwen05b_random(out: Path, tok: Tokenizer) -> None:
                   num_shards=4)
 
 
-BUILDERS: Dict[str, Callable[[Path, Tokenizer], None]] = {
+BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "tiny-llama": make_tiny_llama,
     "tiny-qwen2": make_tiny_qwen2,
     "tiny-llama-f16": make_tiny_llama_f16,
     "tiny-qwen3": make_tiny_qwen3,
 }
-EXTRA_BUILDERS: Dict[str, Callable[[Path, Tokenizer], None]] = {
+EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,
 }
 
 
-def make_one(name: str, out_dir: Path, tok: Optional[Tokenizer] = None) -> Path:
+def make_one(name: str, out_dir: Path, tok: Tokenizer | None = None) -> Path:
     """(Re)write one folder from scratch, through a temporary sibling renamed into place."""
     import shutil
     builder = {**BUILDERS, **EXTRA_BUILDERS}[name]
@@ -417,14 +419,14 @@ def make_one(name: str, out_dir: Path, tok: Optional[Tokenizer] = None) -> Path:
     return final
 
 
-def make_all(out_dir, only: Optional[List[str]] = None) -> Dict[str, Path]:
+def make_all(out_dir, only: list[str] | None = None) -> dict[str, Path]:
     """Write every tiny model (or those in `only`) under out_dir; returns name -> folder."""
     tok = train_tokenizer()
     names = only or list(BUILDERS)
     return {n: make_one(n, Path(out_dir), tok) for n in names}
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent),
                     help="where the folders go (default: this script's folder)")

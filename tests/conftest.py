@@ -30,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _load_maker():
     spec = importlib.util.spec_from_file_location("make_test_models", MODELS / "make_test_models.py")
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules["make_test_models"] = mod
     spec.loader.exec_module(mod)
@@ -50,7 +51,7 @@ def tiny_ggufs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     """name -> the tiny model as llama.cpp would convert it (F16 for tiny-llama-f16, F32 for the rest)."""
     import gguf
 
-    from gguf_util import write_gguf
+    from helpers.gguf_util import write_gguf
 
     out = tmp_path_factory.mktemp("gguf")
     types = {"tiny-llama-f16": gguf.GGMLQuantizationType.F16}
@@ -79,7 +80,7 @@ def smollm2() -> Path:
 
 
 # -- reliability figures ----------------------------------------------------------------------------
-# The stress tests (tests/test_stress_*.py) record their figures here; they are printed in the terminal
+# The stress tests (tests/stress/test_stress_*.py) record their figures here; they are printed in the terminal
 # summary and written to reliability.json in pytest's base temp dir (or to $NVLLM_RELIABILITY_JSON).
 # RELIABILITY.md quotes them.
 _FIGURES = pytest.StashKey[dict]()
@@ -137,6 +138,6 @@ def tiny(tiny_models: dict[str, Path]) -> Path:
 @pytest.fixture(scope="module")
 def offline(tiny: Path):
     """The offline engine on the same model and pool size as the test daemons: the reference answers."""
-    from daemon_util import NUM_BLOCKS
+    from helpers.daemon_util import NUM_BLOCKS
     from nvllm import LLM
     return LLM(tiny, num_blocks=NUM_BLOCKS)

@@ -79,8 +79,9 @@ def sampler_ms(engine, rows: int, repeats: int = 30) -> tuple[float, float]:
         t = []
         for _ in range(repeats):
             batch = SamplingBatch(
-                temperature=[1.0] * rows, top_p=[1.0] * rows, top_k=[0] * rows, min_p=[0.0] * rows,
-                presence_penalty=[0.0] * rows, frequency_penalty=[0.0] * rows, repetition_penalty=[1.0] * rows,
+                temperature=np.array([1.0] * rows), top_p=np.array([1.0] * rows), top_k=np.array([0] * rows),
+                min_p=np.array([0.0] * rows), presence_penalty=np.array([0.0] * rows),
+                frequency_penalty=np.array([0.0] * rows), repetition_penalty=np.array([1.0] * rows),
                 output_token_ids=[np.zeros(0, np.int64)] * rows, prompt_token_ids=[np.zeros(0, np.int64)] * rows,
                 generators=[make_generator(i) for i in range(rows)],
                 allowed_tokens=bits if constrained else None, allowed_rows=np.arange(rows) if constrained else None)
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         fills.append(time.perf_counter() - t0)
         return out
 
-    compiler.fill = timed_fill   # this tool's own instrument, on its own engine
+    compiler.fill = timed_fill  # type: ignore[method-assign]  # this tool's own instrument, on its own engine
     decode_steps(engine, 1, 4, True, "warm")   # builds llguidance's tokenizer, compiles LONG
     print(f"model {args.model}, vocab {engine.model.config.vocab_size}, {engine.threads} threads")
     print("median per decode step, wall ms (CPU ms of all threads): free, constrained with the fill overlapping the")
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 cpus[mode] += cpu
                 if mode == "after":
                     fill_ms += fills
-        med = {k: f"{statistics.median(v) * 1e3:.1f} ({statistics.median(cpus[k]) * 1e3:.1f})" for k, v in steps.items()}
+        med = {k: f"{statistics.median(v) * 1e3:.1f} ({statistics.median(cpus[k]) * 1e3:.1f})"
+               for k, v in steps.items()}
         plain, masked = sampler_ms(engine, rows)
         print(f"{rows:>4} {med['free']:>14} {med['overlap']:>14} {med['after']:>14} "
               f"{statistics.median(fill_ms) * 1e3:>8.2f} {plain:>9.2f} {masked - plain:>8.2f}")

@@ -26,6 +26,7 @@ SHA-256 is printed, since another Python version may ship a revised text.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import math
 import shutil
@@ -83,7 +84,7 @@ def run_model(model: Model, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for start in range(0, t - 1, CHUNK):
         stop = min(t - 1, start + CHUNK)  # the last token is only ever a target
         pos = np.arange(start, stop)
-        fb = ForwardBatch.build(ids[start:stop], pos, pos, [stop - start], [stop], table,
+        fb = ForwardBatch.build(ids[start:stop], pos, pos, np.array([stop - start]), np.array([stop]), table,
                                 np.arange(stop - start))
         logits = model.forward(fb, cache).astype(np.float64)  # [n, V]
         logits -= logits.max(axis=1, keepdims=True)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("f32 (folder)", s))
     for spec in specs:
         if args.through_loader:
-            s, _ = measure(spec, lambda: load(args.folder, spec), ids, base, (float("nan"), Counter()))
+            s, _ = measure(spec, functools.partial(load, args.folder, spec), ids, base, (float("nan"), Counter()))
         else:
             with tempfile.TemporaryDirectory(prefix="nvllm-quality-") as tmp:
                 t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """A llama.cpp GGUF file -> a Hugging Face folder: config.json, model.safetensors (float32), tokenizer.json,
 tokenizer_config.json (with the GGUF's chat template) and generation_config.json.
 
-Llama architecture and byte-level BPE tokenizers only; weights/gguf_file.py reads and checks, gguf_weights.py dequantizes
-the file, as it does for a GGUF served directly.
+Llama architecture and byte-level BPE tokenizers only; gguf_file.py reads and checks the file and
+gguf_weights.py dequantizes it, as they do for a GGUF served directly.
 """
 from __future__ import annotations
 

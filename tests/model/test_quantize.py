@@ -1,0 +1,337 @@
+"""model/quantize.py: float32 -> GGUF blocks, as llama.cpp's reference quantizers write them.
+
+Q8_0, Q4_0, BF16 and F16 are compared byte for byte with the `gguf` package's quantizers (which match
+llama.cpp's); Q4_K, which gguf does not write, with a plain scalar transcription of llama.cpp's
+quantize_row_q4_K_ref below, float32 operation by float32 operation. Round trips go through
+model/quants.py's dequantizers and are held to the error bound of llama.cpp's test-quantize-fns.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from nvllm import cli
+from nvllm.config import ConfigError, load_settings
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.quant import quantize as qz
+from nvllm.model.quant.dequantize import dequantize
+from nvllm.model.quant.formats import FORMATS
+from nvllm.model.weights import conversion
+from nvllm.server.app import settings_from_args
+
+FMT = {f.name: f for f in FORMATS.values()}
+F = np.float32
+
+
+def special_rows(n: int) -> np.ndarray:
+    """Rows [8, n] of awkward values: normal weights, zeros, a constant, all negative, one outlier,
+    values too small for a float16 scale, halves that sit on rounding ties, mixed magnitudes."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((8, n)) * 0.05).astype(F)
+    x[1] = 0
+    x[2] = 0.75
+    x[3] = -np.abs(x[3]) - 0.01
+    x[4, n // 3] = 9.0
+    x[5] *= F(1e-7)
+    x[6, :32] = np.arange(32) - F(15.5)  # Q8_0: scale 1/8 of 127 steps lands on halves
+    x[6, 32:64] = np.linspace(-8, 7.5, 32, dtype=F)
+    x[7, :32] *= 1000  # one loud sub-block beside quiet ones: their 6-bit scales round to 0
+    return x
+
+
+def skewed_rows(n: int) -> np.ndarray:
+    """All positive (the fitted offset would rise above 0 and is held there), heavy-tailed, near-flat."""
+    rng = np.random.default_rng(5)
+    return np.stack([rng.uniform(0.2, 1.0, n), rng.standard_t(2, n) * 0.02,
+                     1 + rng.standard_normal(n) * 1e-4, -rng.exponential(0.1, n)]).astype(F)
+
+
+def random_rows(rows: int, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, n)) * rng.uniform(0.01, 1, (rows, 1))).astype(F)
+
+
+# ---------------------------------------------------------------- against gguf
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "BF16", "F16"])
+@pytest.mark.parametrize("x", [special_rows(256), random_rows(33, 544)], ids=["special", "random"])
+def test_bit_identical_to_gguf(name, x):
+    ours = qz.quantize(FMT[name], x)
+    with np.errstate(all="ignore"):
+        ref = np.asarray(gguf_quantize(x, GGMLQuantizationType[name])).view(np.uint8).reshape(ours.shape)
+    assert ours.dtype == np.uint8 and ours.shape == ref.shape
+    assert np.array_equal(ours, ref)
+
+
+def test_bf16_nan_and_inf_as_gguf():
+    x = np.array([[np.nan, -np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-45, -0.0]], F)
+    x = np.concatenate([x, x.view(np.uint32).__or__(np.uint32(1)).view(F)], axis=0)  # NaN payloads
+    ours = qz.quantize(FMT["BF16"], x)
+    ref = np.asarray(gguf_quantize(x, GGMLQuantizationType.BF16)).view(np.uint8).reshape(ours.shape)
+    assert np.array_equal(ours, ref)
+
+
+# ---------------------------------------------------------------- Q4_K against the reference
+
+
+def ref_nearest_int(v: np.float32) -> int:
+    val = np.array([F(v) + F(12582912.0)], F)
+    i = int(val.view(np.int32)[0])
+    return (i & 0x007FFFFF) - 0x00400000
+
+
+# make_qkx2_quants' rmin and rdelta as quantize_row_q4_K_ref passes them (-1.f, 0.1f)
+QKX2_RMIN = F(-1.0)
+QKX2_RDELTA = F(0.1)
+
+
+def ref_make_qkx2_quants(x, w, nmax=15, rmin=QKX2_RMIN, rdelta=QKX2_RDELTA, nstep=20):
+    """make_qkx2_quants(n=32, use_mad=false), a line of C for a line of Python."""
+    n = len(x)
+    lo, hi = x[0], x[0]
+    sum_w = w[0]
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        if x[i] < lo:
+            lo = x[i]
+        if x[i] > hi:
+            hi = x[i]
+        sum_w = F(sum_w + w[i])
+        sum_x = F(sum_x + w[i] * x[i])
+    if lo > 0:
+        lo = F(0)
+    if hi == lo:
+        return [0] * n, F(0), F(-lo)
+    iscale = F(nmax) / F(hi - lo)
+    scale = F(1) / iscale
+    L = [0] * n
+    best = F(0)
+    for i in range(n):
+        L[i] = max(0, min(nmax, ref_nearest_int(F(iscale * F(x[i] - lo)))))
+        diff = F(F(scale * F(L[i])) + lo) - x[i]
+        best = F(best + w[i] * F(diff * diff))
+    for step in range(nstep + 1):
+        iscale = F(F(rmin + F(rdelta * F(step))) + F(nmax)) / F(hi - lo)
+        sum_l = sum_l2 = sum_xl = F(0)
+        aux = [0] * n
+        for i in range(n):
+            li = max(0, min(nmax, ref_nearest_int(F(iscale * F(x[i] - lo)))))
+            aux[i] = li
+            sum_l = F(sum_l + w[i] * F(li))
+            sum_l2 = F(sum_l2 + F(w[i] * F(li)) * F(li))
+            sum_xl = F(sum_xl + F(w[i] * F(li)) * x[i])
+        det = F(sum_w * sum_l2) - F(sum_l * sum_l)
+        if det > 0:
+            this_scale = F(F(sum_w * sum_xl) - F(sum_x * sum_l)) / det
+            this_min = F(F(sum_l2 * sum_x) - F(sum_l * sum_xl)) / det
+            if this_min > 0:
+                this_min = F(0)
+                this_scale = F(sum_xl / sum_l2)
+            err = F(0)
+            for i in range(n):
+                diff = F(F(this_scale * F(aux[i])) + this_min) - x[i]
+                err = F(err + w[i] * F(diff * diff))
+            if err < best:
+                L, best, scale, lo = aux, err, this_scale, this_min
+    return L, scale, F(-lo)
+
+
+def ref_quantize_row_q4_k(x: np.ndarray) -> bytes:
+    """quantize_row_q4_K_ref over one row (a whole number of 256-value super-blocks)."""
+    out = bytearray()
+    for b in range(len(x) // 256):
+        xb = x[256 * b:256 * (b + 1)]
+        L = [0] * 256
+        scales, mins = [F(0)] * 8, [F(0)] * 8
+        max_scale = max_min = F(0)
+        for j in range(8):
+            sub = xb[32 * j:32 * (j + 1)]
+            sum_x2 = F(0)
+            for v in sub:
+                sum_x2 = F(sum_x2 + v * v)
+            av_x = F(np.sqrt(F(sum_x2 / F(32))))
+            w = [F(av_x + abs(v)) for v in sub]
+            Lj, scales[j], mins[j] = ref_make_qkx2_quants(sub, w)
+            L[32 * j:32 * (j + 1)] = Lj
+            if scales[j] > max_scale:
+                max_scale = scales[j]
+            if mins[j] > max_min:
+                max_min = mins[j]
+        inv_scale = F(63) / max_scale if max_scale > 0 else F(0)
+        inv_min = F(63) / max_min if max_min > 0 else F(0)
+        sc = [0] * 12
+        ls_all, lm_all = [], []
+        for j in range(8):
+            ls = min(63, ref_nearest_int(F(inv_scale * scales[j])) & 0xFF)
+            lm = min(63, ref_nearest_int(F(inv_min * mins[j])) & 0xFF)
+            ls_all.append(ls)
+            lm_all.append(lm)
+            if j < 4:
+                sc[j] = ls
+                sc[j + 4] = lm
+            else:
+                sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
+                sc[j - 4] |= (ls >> 4) << 6
+                sc[j] |= (lm >> 4) << 6
+        d16 = np.float16(F(max_scale / F(63)))
+        dmin16 = np.float16(F(max_min / F(63)))
+        for j in range(8):
+            d = F(F(d16) * F(ls_all[j]))
+            if not d:
+                continue
+            dm = F(F(dmin16) * F(lm_all[j]))
+            for i in range(32):
+                L[32 * j + i] = max(0, min(15, ref_nearest_int(F(F(xb[32 * j + i] + dm) / d))))
+        qs = [L[c * 64 + k] | (L[c * 64 + 32 + k] << 4) for c in range(4) for k in range(32)]
+        out += np.array([d16, dmin16], "<f2").tobytes() + bytes(sc) + bytes(qs)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("x", [special_rows(512), skewed_rows(512), random_rows(3, 768, seed=3)],
+                         ids=["special", "skewed", "random"])
+def test_q4_k_bit_identical_to_the_reference(x):
+    ours = qz.quantize(FMT["Q4_K"], x)
+    assert ours.shape == (len(x), x.shape[1] // 256 * 144)
+    for r in range(len(x)):
+        assert ours[r].tobytes() == ref_quantize_row_q4_k(x[r]), f"row {r}"
+
+
+def test_q4_k_blocks_read_back_by_gguf_as_by_nvllm():
+    """The layout (scale packing, nibble order) is the one llama.cpp's readers expect."""
+    x = random_rows(4, 512, seed=5)
+    blocks = qz.quantize(FMT["Q4_K"], x)
+    ours = dequantize(FMT["Q4_K"], blocks.reshape(-1), x.shape)
+    np.testing.assert_array_equal(ours, gguf_dequantize(blocks, GGMLQuantizationType.Q4_K))
+
+
+# ---------------------------------------------------------------- round-trip error
+
+
+def llama_test_data(n: int = 32 * 128) -> np.ndarray:
+    """test-quantize-fns' synthetic data: 0.1 + 2 cos(i)."""
+    return (0.1 + 2 * np.cos(np.arange(n, dtype=F))).astype(F)[None, :]
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "BF16", "F16"])
+def test_round_trip_error_within_llama_cpp_bound(name):
+    """test-quantize-fns' total error: sqrt(sum of squared errors) / n < 0.002."""
+    x = llama_test_data()
+    back = dequantize(FMT[name], qz.quantize(FMT[name], x).reshape(-1), x.shape)
+    err = np.sqrt(np.sum((x.astype(np.float64) - back) ** 2)) / x.size
+    assert err < 0.002
+
+
+def test_q4_k_beats_q4_0_on_weights():
+    """Same 4.5 bits per value; Q4_K's fitted scale and offset per 32 values lose less."""
+    x = random_rows(16, 1024, seed=9)
+    err = {n: np.abs(dequantize(FMT[n], qz.quantize(FMT[n], x).reshape(-1), x.shape) - x).mean()
+           for n in ("Q4_0", "Q4_K", "Q8_0")}
+    assert err["Q8_0"] < err["Q4_K"] < err["Q4_0"]
+
+
+def test_chunks_change_nothing(monkeypatch):
+    x = random_rows(6, 512, seed=11)
+    whole = {n: qz.quantize(FMT[n], x) for n in ("Q8_0", "Q4_K")}
+    monkeypatch.setattr(qz, "_CHUNK_VALUES", 300)  # chunks of one block, and of a partial row
+    for n, blocks in whole.items():
+        assert np.array_equal(qz.quantize(FMT[n], x), blocks)
+
+
+# ---------------------------------------------------------------- quantize_weight and its fallback
+
+
+def test_quantize_weight_multiplies_like_the_float_weight():
+    w = random_rows(40, 512, seed=1)
+    x = random_rows(3, 512, seed=2)
+    for kind, tol in [("q8_0", 0.02), ("q4_0", 0.2), ("q4_k", 0.15), ("bf16", 0.01), ("f16", 0.002)]:
+        qw = conversion.quantize_weight(w, kind)
+        assert isinstance(qw, QuantizedWeight) and qw.fmt.name == qz.KINDS[kind] and qw.shape == (40, 512)
+        want = x @ w.T
+        got = qw.matmul(x)
+        assert np.abs(got - want).max() <= tol * np.abs(want).max(), kind
+
+
+def test_rows_not_whole_blocks_fall_back(caplog):
+    w = random_rows(8, 576, seed=4)  # SmolLM2's hidden size: 18 blocks of 32, 2.25 of 256
+    with caplog.at_level(logging.INFO, logger="nvllm.model.weights.conversion"):
+        qw = conversion.quantize_weight(w, "q4_k", name="layers.0.qkv")
+    assert qw.fmt.name == "Q8_0"
+    assert np.array_equal(qw.blocks, qz.quantize(FMT["Q8_0"], w))
+    assert "layers.0.qkv" in caplog.text and "576" in caplog.text and "Q8_0" in caplog.text
+    odd = random_rows(4, 100)
+    for kind in ("q4_k", "q8_0", "q4_0"):
+        fmt, reason = qz.choose_format(kind, 100)
+        assert fmt.name == "F32" and "100" in reason
+    qw = conversion.quantize_weight(odd, "q4_0")
+    assert qw.fmt.name == "F32" and np.array_equal(qw.dequantize(), odd)
+    assert qz.choose_format("bf16", 577) == (FMT["BF16"], "")
+    assert qz.choose_format("q4_k", 1536) == (FMT["Q4_K"], "")
+
+
+def test_bad_input_is_refused_clearly():
+    with pytest.raises(ValueError, match="model.quantization must be one of"):
+        conversion.quantize_weight(random_rows(2, 64), "q3_k")
+    with pytest.raises(ValueError, match="2-D"):
+        conversion.quantize_weight(np.zeros(64, F), "q8_0", name="norm")
+    with pytest.raises(ValueError, match="float32"):
+        qz.quantize(FMT["Q8_0"], np.zeros((2, 64), np.float64))
+    with pytest.raises(ValueError, match="multiple of its block"):
+        qz.quantize(FMT["Q4_K"], np.zeros((2, 64), F))
+    with pytest.raises(ValueError, match="does not quantize to Q6_K"):
+        qz.quantize(FMT["Q6_K"], np.zeros((1, 256), F))
+    assert qz.quantize(FMT["Q4_K"], np.zeros((0, 256), F)).shape == (0, 144)
+
+
+# ---------------------------------------------------------------- the setting and its flags
+
+
+def test_setting_takes_the_formats_and_refuses_others(tmp_path):
+    assert load_settings().model.quantization == ""
+    for kind in ("q8_0", "q4_0", "q4_k", "bf16"):
+        assert load_settings(overrides={"model": {"quantization": kind}}).model.quantization == kind
+        assert kind in qz.KINDS  # every value the setting takes, the quantizer takes
+    with pytest.raises(ConfigError, match="model.quantization must be one of"):
+        load_settings(overrides={"model": {"quantization": "q2_k"}})
+
+
+@pytest.mark.parametrize("command", [["serve"], ["generate", "hi"], ["bench"]])
+def test_quantization_flag(command):
+    args = cli.build_parser().parse_args(command + ["--quantization", "q4_k"])
+    assert args.quantization == "q4_k"
+    assert cli.build_parser().parse_args(command).quantization is None
+
+
+def test_serve_flag_reaches_the_settings():
+    args = cli.build_parser().parse_args(["serve", "--quantization", "q8_0"])
+    assert settings_from_args(args).model.quantization == "q8_0"
+    args = cli.build_parser().parse_args(["serve", "--quantization", "int3"])
+    with pytest.raises(ConfigError, match="model.quantization"):
+        settings_from_args(args)
+
+
+def test_generate_and_bench_pass_the_flag_on(monkeypatch):
+    import nvllm.bench
+    import nvllm.llm
+    from nvllm.engine.factory import EngineBuildError
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, model, **kwargs):
+            seen["generate"] = kwargs.get("quantization")
+            raise EngineBuildError("stop here")
+
+    def fake_run(*args, **kwargs):
+        seen["bench"] = args[8] if len(args) > 8 else kwargs.get("quantization")
+
+    monkeypatch.setattr(nvllm.llm, "LLM", FakeLLM)
+    monkeypatch.setattr(nvllm.bench, "run", fake_run)
+    assert cli.main(["generate", "hi", "--quantization", "q4_0"]) == 2
+    assert cli.main(["bench", "--quantization", "bf16"]) == 0
+    assert seen == {"generate": "q4_0", "bench": "bf16"}

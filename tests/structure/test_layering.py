@@ -1,0 +1,192 @@
+"""The layers import one way: server -> engine -> model -> text, never up and never past the layer below;
+inside model/, each room imports only the rooms below it; and no module imports itself back through
+others.
+
+Every import statement of every module is read (function-local ones and those under TYPE_CHECKING too), so
+a lazy import cannot slip past. docs/DESIGN.md draws the layers and the rooms; the shared bottom
+(settings, sampling parameters, the generated API stubs, the cgroup reader) may be imported from anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from helpers.paths import ROOT
+
+PACKAGE = ROOT / "daemon" / "nvllm"
+SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.v1", "nvllm.cgroup"}
+TEXT = "nvllm.text"
+
+# layer -> the nvllm packages (by prefix) it may import besides itself and the shared bottom
+ALLOWED = {
+    "server": {"nvllm.engine"},
+    "engine": {"nvllm.model", TEXT},
+    "model": {TEXT},
+    "text": set(),
+}
+
+# model/'s rooms, bottom first -> the other rooms of model/ each may import. The forward pass's layers
+# (attention, kv_cache, decoder: the modules directly in model/) may import every room.
+M = "nvllm.model."
+ROOMS = {
+    "quant": set(),                                              # block formats, NumPy only
+    "config": set(),                                             # ModelConfig from config.json
+    "sampling": set(),                                           # logits -> tokens
+    "kernels": {M + "quant"},                                    # C and its wrappers and twins
+    "matrix": {M + "kernels", M + "quant"},                      # a weight that multiplies itself
+    "weights": {M + "config", M + "matrix", M + "kernels", M + "quant"},   # weight files -> weights
+}
+
+
+def nvllm_imports(path: Path, package: Path | None = None) -> list[tuple[int, str]]:
+    """(line, module) of every import of an nvllm module in the file; `from a import b` names a.b too
+    where b is a module or package of a."""
+    root = (package or PACKAGE).parent
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            base = root / node.module.replace(".", "/")
+            subs = [a.name for a in node.names if (base / a.name).is_dir() or (base / f"{a.name}.py").is_file()]
+            found += [(node.lineno, f"{node.module}.{s}") for s in subs]
+            if len(subs) < len(node.names):
+                found.append((node.lineno, node.module))
+    return [(line, m) for line, m in found if m == "nvllm" or m.startswith("nvllm.")]
+
+
+def is_under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _shared(module: str) -> bool:
+    return module == "nvllm" or any(is_under(module, p) for p in SHARED - {"nvllm"})
+
+
+def violations(layer: str) -> list[str]:
+    ok = ALLOWED[layer] | {f"nvllm.{layer}"}
+    bad = []
+    for path in sorted((PACKAGE / layer).rglob("*.py")):
+        for line, module in nvllm_imports(path):
+            if not _shared(module) and not any(is_under(module, p) for p in ok):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
+    return bad
+
+
+def room_violations(room: str) -> list[str]:
+    here = PACKAGE / "model" / room
+    paths = sorted(here.rglob("*.py")) if here.is_dir() else [here.with_suffix(".py")]
+    ok = ROOMS[room] | {M + room}
+    bad = []
+    for path in paths:
+        for line, module in nvllm_imports(path):
+            if is_under(module, "nvllm.model") and not any(is_under(module, p) for p in ok):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
+    return bad
+
+
+def module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(package: Path) -> list[list[str]]:
+    """The import graph's strongly connected components of more than one module (or a module importing
+    itself), each sorted: every cycle, by Tarjan's algorithm."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        graph[module_name(path, package)] = {m for _, m in nvllm_imports(path, package)}
+    for deps in graph.values():
+        deps &= graph.keys()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1 or v in graph[v]:
+                cycles.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_layer_imports_only_what_lies_directly_below(layer: str) -> None:
+    assert violations(layer) == []
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_a_room_of_model_imports_only_the_rooms_below_it(room: str) -> None:
+    assert room_violations(room) == []
+
+
+def test_every_module_of_model_is_in_a_room_or_is_a_layer_of_the_forward_pass() -> None:
+    loose = {p.stem for p in (PACKAGE / "model").glob("*.py")} - {"__init__", "config"}
+    rooms = {p.name for p in (PACKAGE / "model").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert loose == {"attention", "decoder", "kv_cache"}
+    assert rooms == set(ROOMS) - {"config"}
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert import_cycles(PACKAGE) == []
+
+
+def test_the_check_sees_a_reach_down_past_the_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "nvllm"
+    (fake / "server").mkdir(parents=True)
+    (fake / "model").mkdir()
+    (fake / "text").mkdir()
+    (fake / "server" / "x.py").write_text(
+        "from nvllm.engine import factory\n"
+        "def f():\n    from nvllm.model.decoder import Model\n    import nvllm.text.tokenizer\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    assert violations("server") == ["nvllm/server/x.py:3 imports nvllm.model.decoder",
+                                    "nvllm/server/x.py:4 imports nvllm.text.tokenizer"]
+
+
+def test_the_check_sees_a_room_reaching_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "nvllm"
+    (fake / "model" / "kernels").mkdir(parents=True)
+    (fake / "model" / "matrix").mkdir()
+    (fake / "model" / "matrix" / "dense.py").write_text("")
+    (fake / "model" / "kernels" / "x.py").write_text(
+        "from nvllm.model.quant.formats import FORMATS\nfrom nvllm.model.matrix import dense\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    assert room_violations("kernels") == ["nvllm/model/kernels/x.py:2 imports nvllm.model.matrix.dense"]
+
+
+def test_the_check_sees_a_cycle_through_a_lazy_or_type_checking_import(tmp_path: Path) -> None:
+    fake = tmp_path / "nvllm"
+    (fake / "a").mkdir(parents=True)
+    (fake / "a" / "__init__.py").write_text("")
+    (fake / "a" / "one.py").write_text("from nvllm.a import two\n")
+    (fake / "a" / "two.py").write_text("def f():\n    from nvllm.a.three import g\n")
+    (fake / "a" / "three.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nvllm.a.one import x\n")
+    (fake / "a" / "four.py").write_text("import nvllm.a.one\n")
+    assert import_cycles(fake) == [["nvllm.a.one", "nvllm.a.three", "nvllm.a.two"]]
