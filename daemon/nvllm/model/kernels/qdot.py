@@ -1,8 +1,9 @@
 """x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
 
-For Q8_0, Q4_0 and Q4_1 weights (and, with 16-bit x, Q4_K and Q5_K: each 32-value sub-block taken as a
-Q4_1 block whose scale is d * sc and whose min is -(dmin * m); Q6_K: each half of 16 values summed and
-scaled by its own d * sc) the C kernels quantize each row of x, 32 values at a time, to int16 (the
+For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's
+in 0..31 with Q4_1's min term) and, with 16-bit x, Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1
+block whose scale is d * sc and whose min is -(dmin * m)) and Q6_K (each half of 16 values summed and
+scaled by its own d * sc), the C kernels quantize each row of x, 32 values at a time, to int16 (the
 "-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
 one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
 module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
@@ -18,7 +19,8 @@ from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.dequantize import k4_parts, q6_parts
 from nvllm.model.quant.formats import QK, QK_K
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")  # those with integer kernels (K: 16-bit x only)
+# Those with integer kernels (the K-quants: 16-bit x only).
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
@@ -71,10 +73,15 @@ def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     if name == "Q8_0":
         q = b[:, :, 2:].view(np.int8)
     else:
-        qs = b[:, :, 2:] if name == "Q4_0" else b[:, :, 4:]
+        five = name in ("Q5_0", "Q5_1")
+        qs_at = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[name]
+        qs = b[:, :, qs_at:qs_at + QK // 2]
         q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.int8)  # low nibbles, then high
-        if name == "Q4_0":
-            q -= 8
+        if five:   # bit j of the little-endian uint32 qh (before qs) is value j's fifth bit
+            qh = np.ascontiguousarray(b[:, :, qs_at - 4:qs_at])
+            q |= (np.unpackbits(qh, axis=2, bitorder="little") << 4).astype(np.int8)
+        if name in ("Q4_0", "Q5_0"):
+            q -= 16 if five else 8
         else:
             mw = b[:, :, 2:4].copy().view("<f2")[:, :, 0].astype(np.float32)
     return dw, np.ascontiguousarray(q), mw

@@ -103,8 +103,8 @@ class _DequantizedTensors:
         return {"attn_q": c.num_heads, "attn_k": c.num_kv_heads}.get(kind, 0)
 
 
-# The formats the C matmul kernels multiply in place; the others (Q5_0, Q5_1, F32) are laid out as float32.
-IN_PLACE_FORMATS = frozenset({"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
+# The formats the C matmul kernels multiply in place; any other (F32) is laid out as float32.
+IN_PLACE_FORMATS = frozenset({"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"})
 
 
 class _InPlaceTensors(_DequantizedTensors):

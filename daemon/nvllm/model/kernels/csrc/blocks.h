@@ -23,7 +23,7 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 /* ---------------------------------------------------------------- the formats (ggml's block_* structs) */
 
 /* GGUF type ids, as the Python side passes them. */
-enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
+enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
 enum { QK = 32, QK_K = 256 };   /* values per block; per K-quant super-block */
 
@@ -32,6 +32,8 @@ enum {
     Q8_0_BYTES = 34, Q8_0_QS = 2,                   /* d, int8 qs[32] */
     Q4_0_BYTES = 18, Q4_0_QS = 2,                   /* d, qs[16]: value j < 16 the low nibble of qs[j] */
     Q4_1_BYTES = 20, Q4_1_M = 2, Q4_1_QS = 4,       /* d, m, qs[16] as Q4_0's */
+    Q5_0_BYTES = 22, Q5_0_QH = 2, Q5_0_QS = 6,      /* d, qh[4] (bit j of the uint32: value j's fifth bit), qs[16] */
+    Q5_1_BYTES = 24, Q5_1_M = 2, Q5_1_QH = 4, Q5_1_QS = 8,   /* d, m (where Q4_1's is), qh[4], qs[16] as Q5_0's */
     K_DMIN = 2, K_SCALES = 4,                       /* Q4_K, Q5_K: d, dmin, 12 bytes of scales and mins */
     Q4_K_BYTES = 144, Q4_K_QS = 16,                 /* ..., qs[128] */
     Q5_K_BYTES = 176, Q5_K_QH = 16, Q5_K_QS = 48,   /* ..., qh[32] (the fifth bits), qs[128] */
@@ -42,7 +44,7 @@ enum {
 static inline int block_elems(int fmt) {
     switch (fmt) {
     case F32: case F16: case BF16: return 1;
-    case Q4_0: case Q4_1: case Q8_0: return QK;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return QK;
     case Q4_K: case Q5_K: case Q6_K: return QK_K;
     default: return 0;
     }
@@ -55,6 +57,8 @@ static inline int block_bytes(int fmt) {
     case F16: case BF16: return 2;
     case Q4_0: return Q4_0_BYTES;
     case Q4_1: return Q4_1_BYTES;
+    case Q5_0: return Q5_0_BYTES;
+    case Q5_1: return Q5_1_BYTES;
     case Q8_0: return Q8_0_BYTES;
     case Q4_K: return Q4_K_BYTES;
     case Q5_K: return Q5_K_BYTES;

@@ -7,9 +7,9 @@
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
  * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
  * Here activations are never quantized: a decoded weight is exactly what dequantize.py's NumPy
- * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0, Q4_1 and the
- * K-quants go to qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot products)
- * unless qdot_variant is 0. The caller sends only decode-sized x here (QuantizedWeight.apply: up to 64 rows); prefill goes
+ * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+ * and the K-quants go to qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot
+ * products) unless qdot_variant is 0. The caller sends only decode-sized x here (QuantizedWeight.apply: up to 64 rows); prefill goes
  * to BLAS on rows that quant_dequantize decodes (the same decoders, on the same pool).
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
@@ -50,7 +50,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 6; }
+int matmul_abi(void) { return 7; }
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
@@ -115,6 +115,25 @@ INLINE void dec_q4_1(const uint8_t *b, float *out) {
         v8 lo, hi;
         nibbles8(b + Q4_1_QS + h, &lo, &hi);
         lo = lo * d + m, hi = hi * d + m;   /* two roundings, as dequantize.py: no FMA outside FUSED */
+        memcpy(out + h, &lo, sizeof lo);
+        memcpy(out + 16 + h, &hi, sizeof hi);
+    }
+}
+
+/* Q5_0 (m == NULL: (q - 16) * d) and Q5_1 (q * d + m): value j < 16 the low nibble of qs[j], j >= 16 the
+ * high nibble of qs[j - 16], with bit j of the little-endian uint32 qh as its fifth bit. */
+INLINE void dec_q5(const uint8_t *b, const uint8_t *m, const uint8_t *qh, const uint8_t *qs, float *out) {
+    const float d = le_half(b), mv = m ? le_half(m) : 0.0f;
+    uint32_t h32;
+    memcpy(&h32, qh, sizeof h32);
+    const u32x8 hv = (u32x8){0} + h32, lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int h = 0; h < 16; h += 8) {
+        const u32x8 v = bytes8(qs + h);
+        const u32x8 q0 = (v & 15u) | (((hv >> (lane + (uint32_t)h)) & 1u) << 4);
+        const u32x8 q1 = (v >> 4) | (((hv >> (lane + (uint32_t)(h + 16))) & 1u) << 4);
+        v8 lo = TO_FLOAT(q0), hi = TO_FLOAT(q1);
+        if (m) lo = lo * d + mv, hi = hi * d + mv;   /* two roundings, as dequantize.py */
+        else lo = (lo - 16.0f) * d, hi = (hi - 16.0f) * d;
         memcpy(out + h, &lo, sizeof lo);
         memcpy(out + 16 + h, &hi, sizeof hi);
     }
@@ -201,6 +220,18 @@ INLINE void decode_span(int fmt, const uint8_t *row, int64_t k0, int64_t n, floa
     case Q8_0: for (int64_t j = 0; j < n; j += QK) dec_q8_0(row + (k0 + j) / QK * Q8_0_BYTES, out + j); break;
     case Q4_0: for (int64_t j = 0; j < n; j += QK) dec_q4_0(row + (k0 + j) / QK * Q4_0_BYTES, out + j); break;
     case Q4_1: for (int64_t j = 0; j < n; j += QK) dec_q4_1(row + (k0 + j) / QK * Q4_1_BYTES, out + j); break;
+    case Q5_0:
+        for (int64_t j = 0; j < n; j += QK) {
+            const uint8_t *b = row + (k0 + j) / QK * Q5_0_BYTES;
+            dec_q5(b, NULL, b + Q5_0_QH, b + Q5_0_QS, out + j);
+        }
+        break;
+    case Q5_1:
+        for (int64_t j = 0; j < n; j += QK) {
+            const uint8_t *b = row + (k0 + j) / QK * Q5_1_BYTES;
+            dec_q5(b, b + Q5_1_M, b + Q5_1_QH, b + Q5_1_QS, out + j);
+        }
+        break;
     case Q4_K:
         for (int64_t j = 0; j < n; j += QK_K) {
             const uint8_t *b = row + (k0 + j) / QK_K * Q4_K_BYTES;
@@ -310,7 +341,7 @@ typedef struct {
     int fn_parts;              /* the parts fn was asked to run in */
 } job_t;
 
-/* Q8_0, Q4_0, Q4_1 (and the K-quants, 16-bit x only) by integer dot products on quantized x: qdot.c. */
+/* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (and the K-quants, 16-bit x only) by integer dot products on quantized x: qdot.c. */
 int qdot_format(int fmt, int v);
 int qdot_variant(int v);
 size_t qdot_x_bytes(int v, int64_t T, int64_t in);

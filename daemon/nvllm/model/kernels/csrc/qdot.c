@@ -1,9 +1,9 @@
-/* Integer dot products for weights in Q8_0, Q4_0, Q4_1 and (16-bit x only) Q4_K, Q5_K, Q6_K: y = x @ W.T
+/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and (16-bit x only) Q4_K, Q5_K, Q6_K: y = x @ W.T
  * with x quantized to 16 or 8 bits.
  *
  * Decoding every weight to float is what bounds matmul.c's tiles for the 4- and 8-bit formats (about
  * 4 GB/s of blocks per core). Here each row of x is first quantized, a block of 32 values at a time, to
- * int16 or int8 with one float scale (and the block's scaled sum, for Q4_1's mins), and each block of x
+ * int16 or int8 with one float scale (and the block's scaled sum, for Q4_1's and Q5_1's mins), and each block of x
  * meets a block of W as 32 products of integers summed exactly in int32; only then are the scales
  * applied, in float32. The weights' quants are used as stored (widened to int16 lanes for 16-bit x):
  * nothing is decoded to float.
@@ -21,10 +21,11 @@
  *   one output, from acc = 0, over the blocks b of the row in order:
  *                           p = sum of the 32 products w_j * q_j (int32, exact: |p| <= 32*128*32767 < 2^27),
  *                           acc = acc + (dw * d) * (float)p        (two roundings, no FMA);
- *                           Q4_1 also, after it: acc = acc + mw * s;
+ *                           Q4_1 and Q5_1 also, after it: acc = acc + mw * s;
  *   y = acc.
  * w_j is the weight's quant: Q8_0's int8; Q4_0's nibble - 8; Q4_1's nibble (0..15), value j < 16 the
- * low nibble of qs[j], j >= 16 the high nibble of qs[j - 16].
+ * low nibble of qs[j], j >= 16 the high nibble of qs[j - 16]; Q5_1's nibble with bit j of qh above it
+ * (0..31); Q5_0's that less 16.
  * Every variant below computes exactly that (only the integer sums are found in different ways), so
  * the variant, the thread count and the other rows of x change no bit of a row's result.
  *
@@ -126,6 +127,45 @@ INLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1,
     return live;
 }
 
+/* ---------------------------------------------------------------- Q5_0 and Q5_1's quants
+ *
+ * A Q5_0 / Q5_1 block's 32 quants as bytes, in block order (value j < 16 the low nibble of qs[j], j >= 16
+ * the high nibble of qs[j - 16], bit j of the little-endian uint32 qh its fifth bit): Q5_1's q in 0..31,
+ * Q5_0's q - 16 in -16..15 as int8. Built eight at a time in a 64-bit word, then loaded by the variant's
+ * V_load as Q8_0's int8 quants are. FIFTH[b] has 0x10 in byte k where bit k of b is set. */
+#define FIFTH_BIT(b, k) ((uint64_t)(((b) >> (k)) & 1) << (8 * (k) + 4))
+#define FIFTH(b)                                                                                                       \
+    (FIFTH_BIT(b, 0) | FIFTH_BIT(b, 1) | FIFTH_BIT(b, 2) | FIFTH_BIT(b, 3) | FIFTH_BIT(b, 4) | FIFTH_BIT(b, 5) |       \
+     FIFTH_BIT(b, 6) | FIFTH_BIT(b, 7))
+#define FIFTH4(b) FIFTH(b), FIFTH((b) + 1), FIFTH((b) + 2), FIFTH((b) + 3)
+#define FIFTH16(b) FIFTH4(b), FIFTH4((b) + 4), FIFTH4((b) + 8), FIFTH4((b) + 12)
+#define FIFTH64(b) FIFTH16(b), FIFTH16((b) + 16), FIFTH16((b) + 32), FIFTH16((b) + 48)
+static const uint64_t fifth_bits[256] = {FIFTH64(0), FIFTH64(64), FIFTH64(128), FIFTH64(192)};
+
+INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *out) {
+    const uint64_t low = 0x0f0f0f0f0f0f0f0fULL, fives = 0x1010101010101010ULL;
+    uint64_t q[2], v[4];
+    memcpy(q, qs, sizeof q);
+    v[0] = q[0] & low, v[1] = q[1] & low, v[2] = (q[0] >> 4) & low, v[3] = (q[1] >> 4) & low;
+    for (int i = 0; i < 4; i++) {
+        const uint64_t f = fifth_bits[qh[i]];
+        /* q - 16: the nibble where the fifth bit is set, else the nibble | 0xf0 (its int8 less 16) */
+        v[i] |= centred ? (f ^ fives) * 15u : f;
+    }
+    memcpy(out, v, sizeof v);
+}
+
+/* V_q5(qh, qs, centred) from those bytes and V_load, for the variants without a SIMD form of it. */
+#define Q5_FROM_BYTES(V, ATTR)                                                                                         \
+    ATTR INLINE V##_bv V##_q5(const uint8_t *qh, const uint8_t *qs, int centred) {                                     \
+        int8_t q[32];                                                                                                  \
+        q5_bytes(qh, qs, centred, q);                                                                                  \
+        return V##_load(q);                                                                                            \
+    }
+
+/* The formats with a min term (mw * sx after the scaled sum); Q5_1's m is where Q4_1's is. */
+#define HAS_MIN(fmt) ((fmt) == Q4_1 || (fmt) == Q5_1)
+
 /* ---------------------------------------------------------------- the kernel, once per variant
  *
  * QDOT_KERNEL(V, ATTR, XB) defines V_rows(fmt, ...) for x in blocks XB (xblock_t or xblock16_t) from the
@@ -147,7 +187,9 @@ INLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1,
         for (int i = 0; i < 4; i++) {                                                                                  \
             if (fmt == Q8_0) wv[i] = V##_load((const int8_t *)(blk[i] + Q8_0_QS));                                     \
             else if (fmt == Q4_0) wv[i] = V##_sub8(V##_nibbles(blk[i] + Q4_0_QS));                                     \
-            else wv[i] = V##_nibbles(blk[i] + Q4_1_QS);                                                                \
+            else if (fmt == Q4_1) wv[i] = V##_nibbles(blk[i] + Q4_1_QS);                                               \
+            else if (fmt == Q5_0) wv[i] = V##_q5(blk[i] + Q5_0_QH, blk[i] + Q5_0_QS, 1);                               \
+            else wv[i] = V##_q5(blk[i] + Q5_1_QH, blk[i] + Q5_1_QS, 0);                                                \
         }                                                                                                              \
     }                                                                                                                  \
     /* 4 rows of W by 1 row of x */                                                                                    \
@@ -161,10 +203,10 @@ INLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1,
             V##_bv wv[4];                                                                                              \
             V##_wblocks(fmt, blk, wv);                                                                                 \
             const V##_bv xv = V##_loadx(x[b].q);                                                                       \
-            const i32x4 s = fmt == Q4_1 ? V##_sums_us(wv, xv) : V##_sums_ss(wv, xv);                                   \
+            const i32x4 s = HAS_MIN(fmt) ? V##_sums_us(wv, xv) : V##_sums_ss(wv, xv);                                  \
             const f32x4 dd = V##_halves(blk[0], blk[1], blk[2], blk[3]) * x[b].d;                                      \
             acc = acc + dd * __builtin_convertvector(s, f32x4);                                                        \
-            if (fmt == Q4_1)                                                                                           \
+            if (HAS_MIN(fmt))                                                                                          \
                 acc = acc + V##_halves(blk[0] + Q4_1_M, blk[1] + Q4_1_M, blk[2] + Q4_1_M, blk[3] + Q4_1_M) * x[b].s;   \
         }                                                                                                              \
         return acc;                                                                                                    \
@@ -182,17 +224,17 @@ INLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1,
             const f32x4 dw = V##_halves(blk[0], blk[1], blk[2], blk[3]);                                               \
             const f32x8 dw8 = {dw[0], dw[1], dw[2], dw[3], dw[0], dw[1], dw[2], dw[3]};                                \
             f32x8 mw8 = {0};                                                                                           \
-            if (fmt == Q4_1) {                                                                                         \
+            if (HAS_MIN(fmt)) {                                                                                        \
                 const f32x4 mw = V##_halves(blk[0] + Q4_1_M, blk[1] + Q4_1_M, blk[2] + Q4_1_M, blk[3] + Q4_1_M);       \
                 mw8 = (f32x8){mw[0], mw[1], mw[2], mw[3], mw[0], mw[1], mw[2], mw[3]};                                 \
             }                                                                                                          \
             for (int h = 0; h < NT / 2; h++) {                                                                         \
                 const XB *x0 = x + 2 * h * xs + b, *x1 = x0 + xs;                                                      \
                 const V##_bv xv0 = V##_loadx(x0->q), xv1 = V##_loadx(x1->q);                                           \
-                const i32x8 s = fmt == Q4_1 ? V##_sums8_us(wv, xv0, xv1) : V##_sums8_ss(wv, xv0, xv1);                 \
+                const i32x8 s = HAS_MIN(fmt) ? V##_sums8_us(wv, xv0, xv1) : V##_sums8_ss(wv, xv0, xv1);                \
                 const f32x8 dx8 = {x0->d, x0->d, x0->d, x0->d, x1->d, x1->d, x1->d, x1->d};                            \
                 acc[h] = acc[h] + (dw8 * dx8) * __builtin_convertvector(s, f32x8);                                     \
-                if (fmt == Q4_1) {                                                                                     \
+                if (HAS_MIN(fmt)) {                                                                                    \
                     const f32x8 sx8 = {x0->s, x0->s, x0->s, x0->s, x1->s, x1->s, x1->s, x1->s};                        \
                     acc[h] = acc[h] + mw8 * sx8;                                                                       \
                 }                                                                                                      \
@@ -232,6 +274,8 @@ INLINE int tile_rows(const uint8_t *w, int64_t row_bytes, int64_t r, int64_t r1,
         case Q8_0: V##_fmt_rows(Q8_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         case Q4_0: V##_fmt_rows(Q4_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         case Q4_1: V##_fmt_rows(Q4_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
+        case Q5_0: V##_fmt_rows(Q5_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
+        case Q5_1: V##_fmt_rows(Q5_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         default: break;                                                                                                \
         }                                                                                                              \
     }
@@ -399,6 +443,8 @@ INLINE s16_bv s16_loadx(const int16_t *p) {
     return v;
 }
 
+Q5_FROM_BYTES(sc, )
+Q5_FROM_BYTES(s16, )
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
@@ -434,6 +480,19 @@ typedef __m256i vn_bv;
         return _mm256_and_si256(both, _mm256_set1_epi8(15));                                                           \
     }                                                                                                                  \
     ATTR INLINE __m256i V##_sub8(__m256i v) { return _mm256_sub_epi8(v, _mm256_set1_epi8(8)); }                        \
+    /* Q5_0 / Q5_1's 32 quants as q5_bytes gives them: the nibbles, and bit j of qh spread to byte j */             \
+    ATTR INLINE __m256i V##_q5(const uint8_t *qh, const uint8_t *qs, int centred) {                                    \
+        uint32_t h;                                                                                                    \
+        memcpy(&h, qh, sizeof h);                                                                                      \
+        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,                          \
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);                         \
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);                                      \
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick);                                   \
+        const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),                  \
+                                               _mm256_set1_epi8(16));                                                  \
+        const __m256i q = _mm256_or_si256(V##_nibbles(qs), fifth);                                                     \
+        return centred ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;                                                 \
+    }                                                                                                                  \
     ATTR INLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {         \
         uint16_t h0, h1, h2, h3;                                                                                       \
         memcpy(&h0, p0, 2), memcpy(&h1, p1, 2), memcpy(&h2, p2, 2), memcpy(&h3, p3, 2);                                \
@@ -520,6 +579,11 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);                                  \
         return (av16_bv){_mm256_cvtepu8_epi16(_mm_and_si128(b, m)),                                                    \
                          _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m))};                                \
+    }                                                                                                                  \
+    ATTR INLINE av16_bv V##_q5(const uint8_t *qh, const uint8_t *qs, int centred) {                                    \
+        const __m256i q = B##_q5(qh, qs, centred);                                                                     \
+        return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),                                              \
+                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))};                                        \
     }                                                                                                                  \
     ATTR INLINE av16_bv V##_sub8(av16_bv v) {                                                                          \
         const __m256i e = _mm256_set1_epi16(8);                                                                        \
@@ -643,6 +707,8 @@ SDOT_ATTR INLINE i32x8 sd_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
 
 #define ne_loadx ne_load
 #define sd_loadx sd_load
+Q5_FROM_BYTES(ne, NEON_ATTR)
+Q5_FROM_BYTES(sd, SDOT_ATTR)
 QDOT_KERNEL(ne, NEON_ATTR, xblock_t)
 QDOT_KERNEL(sd, SDOT_ATTR, xblock_t)
 
@@ -688,6 +754,7 @@ INLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
 #define n16_sums8_us n16_sums8_ss
 #define n16_halves ne_halves
 
+Q5_FROM_BYTES(n16, NEON_ATTR)
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
 INLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
@@ -791,7 +858,7 @@ INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-
 /* 1 if variant v has an integer kernel for fmt (the K-quants: the 16-bit variants only). */
 int qdot_format(int fmt, int v) {
     const int k_quant = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
-    return fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || (k_quant && wide(v));
+    return fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || (k_quant && wide(v));
 }
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
