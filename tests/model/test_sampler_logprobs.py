@@ -10,21 +10,13 @@ import pytest
 
 from helpers.sampler_cases import (
     LOGITS,
-    PATHS,
     log_softmax,
     make_batch,
     ref_penalised,
     ref_processed,
     top_logprobs,
-    use_path,
 )
 from nvllm.model.sampling.sampler import sample
-
-
-@pytest.fixture(params=PATHS)
-def paths(request, monkeypatch):
-    """Run a test under the production constants and under constants forcing the other paths."""
-    return use_path(request.param, monkeypatch)
 
 
 class TestLogprobs:

@@ -9,15 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.sampler_cases import PATHS, make_batch, top_logprobs, use_path
+from helpers.sampler_cases import make_batch, top_logprobs
 from nvllm.model.sampling.sampler import make_generator, sample
-
-
-@pytest.fixture(params=PATHS)
-def paths(request, monkeypatch):
-    """Run a test under the production constants and under constants forcing the other paths."""
-    return use_path(request.param, monkeypatch)
-
 
 MIXED: dict[str, list[float]] = dict(  # 16 rows of different parameters around the seeded row
     temperature=[0.0, 1.0, 0.7, 1.3, 0.0, 0.9, 1.0, 0.5, 1.1, 0.8, 1.0, 0.6, 1.2, 0.0, 1.0, 0.95],

@@ -17,7 +17,6 @@ import pytest
 
 from helpers.sampler_cases import (
     LOGITS,
-    PATHS,
     assert_matches,
     chi2_critical,
     draw,
@@ -26,16 +25,8 @@ from helpers.sampler_cases import (
     ref_processed,
     softmax,
     top_logprobs,
-    use_path,
 )
 from nvllm.model.sampling.sampler import sample
-
-
-@pytest.fixture(params=PATHS)
-def paths(request, monkeypatch):
-    """Run a test under the production constants and under constants forcing the other paths."""
-    return use_path(request.param, monkeypatch)
-
 
 # ---------------------------------------------------------------- draws vs exact distributions
 
