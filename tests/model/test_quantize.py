@@ -1,9 +1,10 @@
-"""model/quantize.py: float32 -> GGUF blocks, as llama.cpp's reference quantizers write them.
+"""model/quant/quantize.py: float32 -> GGUF blocks, as llama.cpp's reference quantizers write them.
 
-Q8_0, Q4_0, BF16 and F16 are compared byte for byte with the `gguf` package's quantizers (which match
-llama.cpp's); Q4_K, which gguf does not write, with a plain scalar transcription of llama.cpp's
-quantize_row_q4_K_ref below, float32 operation by float32 operation. Round trips go through
-model/quants.py's dequantizers and are held to the error bound of llama.cpp's test-quantize-fns.
+Q8_0, Q5_0, Q4_0, BF16 and F16 are compared byte for byte with the `gguf` package's quantizers (which
+match llama.cpp's); Q6_K and Q4_K, which gguf does not write, with plain scalar transcriptions of
+llama.cpp's quantize_row_q6_K_ref and quantize_row_q4_K_ref below, float32 operation by float32
+operation. Round trips go through model/quant/dequantize.py's dequantizers and are held to the error
+bound of llama.cpp's test-quantize-fns.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def random_rows(rows: int, n: int, seed: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------- against gguf
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "BF16", "F16"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q4_0", "BF16", "F16"])
 @pytest.mark.parametrize("x", [special_rows(256), random_rows(33, 544)], ids=["special", "random"])
 def test_bit_identical_to_gguf(name, x):
     ours = qz.quantize(FMT[name], x)
@@ -210,6 +211,97 @@ def test_q4_k_blocks_read_back_by_gguf_as_by_nvllm():
     np.testing.assert_array_equal(ours, gguf_dequantize(blocks, GGMLQuantizationType.Q4_K))
 
 
+# ---------------------------------------------------------------- Q6_K against the reference
+
+
+def ref_make_qx_quants(x, nmax=32):
+    """make_qx_quants(n=16, nmax, rmse_type=1, qw=NULL), a line of C for a line of Python."""
+    amax, big = F(0), F(0)
+    for v in x:
+        if abs(v) > amax:
+            amax, big = abs(v), v
+    if amax < F(1e-15):
+        return [0] * len(x), F(0)
+
+    def sums(iscale):
+        sumlx = suml2 = F(0)
+        ls = []
+        for v in x:
+            q = max(-nmax, min(nmax - 1, ref_nearest_int(F(iscale * v))))
+            ls.append(q)
+            w = F(v * v)
+            sumlx = F(sumlx + F(F(w * v) * F(q)))
+            suml2 = F(suml2 + F(F(w * F(q)) * F(q)))
+        return ls, sumlx, suml2
+
+    ls, sumlx, suml2 = sums(F(F(-nmax) / big))
+    L = [q + nmax for q in ls]
+    scale = F(sumlx / suml2) if suml2 else F(0)
+    best = F(scale * sumlx)
+    for i in range(-9, 10):
+        if i == 0:
+            continue
+        ls, sumlx, suml2 = sums(F(-F(F(nmax) + F(F(0.1) * F(i))) / big))
+        if suml2 > 0 and F(sumlx * sumlx) > F(best * suml2):
+            L = [q + nmax for q in ls]
+            scale = F(sumlx / suml2)
+            best = F(scale * sumlx)
+    return L, scale
+
+
+def ref_quantize_row_q6_k(x: np.ndarray) -> bytes:
+    """quantize_row_q6_K_ref over one row (a whole number of 256-value super-blocks)."""
+    out = bytearray()
+    for b in range(len(x) // 256):
+        xb = x[256 * b:256 * (b + 1)]
+        L = [0] * 256
+        scales = [F(0)] * 16
+        max_scale = max_abs = F(0)
+        for j in range(16):
+            L[16 * j:16 * (j + 1)], scales[j] = ref_make_qx_quants(xb[16 * j:16 * (j + 1)])
+            if abs(scales[j]) > max_abs:
+                max_abs, max_scale = abs(scales[j]), scales[j]
+        if max_abs < F(1e-15):
+            out += bytes(210)
+            continue
+        iscale = F(F(-128) / max_scale)
+        d16 = np.float16(F(F(1) / iscale))
+        sc = [min(127, ref_nearest_int(F(iscale * s))) for s in scales]
+        for j in range(16):
+            d = F(F(d16) * F(sc[j]))
+            if not d:
+                continue
+            for i in range(16):
+                L[16 * j + i] = max(-32, min(31, ref_nearest_int(F(xb[16 * j + i] / d)))) + 32
+        ql, qh = [0] * 128, [0] * 64
+        for h in range(2):
+            j = 128 * h
+            for k in range(32):
+                ql[64 * h + k] = (L[j + k] & 0xF) | ((L[j + k + 64] & 0xF) << 4)
+                ql[64 * h + k + 32] = (L[j + k + 32] & 0xF) | ((L[j + k + 96] & 0xF) << 4)
+                qh[32 * h + k] = ((L[j + k] >> 4) | ((L[j + k + 32] >> 4) << 2) | ((L[j + k + 64] >> 4) << 4)
+                                  | ((L[j + k + 96] >> 4) << 6))
+        out += bytes(ql) + bytes(qh) + np.array(sc, np.int8).tobytes() + np.array([d16], "<f2").tobytes()
+    return bytes(out)
+
+
+@pytest.mark.parametrize("x", [special_rows(256), skewed_rows(256), random_rows(3, 512, seed=4)],
+                         ids=["special", "skewed", "random"])
+def test_q6_k_bit_identical_to_the_reference(x):
+    ours = qz.quantize(FMT["Q6_K"], x)
+    assert ours.shape == (len(x), x.shape[1] // 256 * 210)
+    for r in range(len(x)):
+        assert ours[r].tobytes() == ref_quantize_row_q6_k(x[r]), f"row {r}"
+
+
+@pytest.mark.parametrize("name", ["Q6_K", "Q5_0"])
+def test_blocks_read_back_by_gguf_as_by_nvllm(name):
+    x = random_rows(4, 512, seed=5)
+    blocks = qz.quantize(FMT[name], x)
+    ours = dequantize(FMT[name], blocks.reshape(-1), x.shape)
+    np.testing.assert_array_equal(ours, gguf_dequantize(blocks, GGMLQuantizationType[name]))
+
+
 # ---------------------------------------------------------------- round-trip error
 
 
@@ -218,7 +310,7 @@ def llama_test_data(n: int = 32 * 128) -> np.ndarray:
     return (0.1 + 2 * np.cos(np.arange(n, dtype=F))).astype(F)[None, :]
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "BF16", "F16"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "Q5_0", "Q4_0", "Q4_K", "BF16", "F16"])
 def test_round_trip_error_within_llama_cpp_bound(name):
     """test-quantize-fns' total error: sqrt(sum of squared errors) / n < 0.002."""
     x = llama_test_data()
@@ -283,8 +375,8 @@ def test_bad_input_is_refused_clearly():
         qz.quantize(FMT["Q8_0"], np.zeros((2, 64), np.float64))
     with pytest.raises(ValueError, match="multiple of its block"):
         qz.quantize(FMT["Q4_K"], np.zeros((2, 64), F))
-    with pytest.raises(ValueError, match="does not quantize to Q6_K"):
-        qz.quantize(FMT["Q6_K"], np.zeros((1, 256), F))
+    with pytest.raises(ValueError, match="does not quantize to Q5_K"):
+        qz.quantize(FMT["Q5_K"], np.zeros((1, 256), F))
     assert qz.quantize(FMT["Q4_K"], np.zeros((0, 256), F)).shape == (0, 144)
 
 

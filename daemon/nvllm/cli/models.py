@@ -1,4 +1,5 @@
-"""nvllm models pull | list: the models the registry knows, fetched into and listed from a folder."""
+"""nvllm models pull | list | synthesize: the models the registry knows, fetched into and listed from a
+folder; and random-weight GGUFs of real models' shapes, for benchmarks without downloads."""
 
 from __future__ import annotations
 
@@ -22,12 +23,52 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ml = msub.add_parser("list", help="models in DIR")
     ml.add_argument("--dir", default="models")
     ml.add_argument("--json", action="store_true")
+    ms = msub.add_parser("synthesize", help="write a random-weight GGUF of a real model's exact shape",
+                         description="A random-weight GGUF of a real model's shape, with a working tokenizer, "
+                                     "in the tensor types llama.cpp's quantize tool picks for --type: for speed "
+                                     "and memory figures without downloading weights (its answers are noise).")
+    ms.add_argument("shape", help="one of " + ", ".join(_shape_names()))
+    ms.add_argument("--type", default="Q4_K_M", help="F16, Q8_0 or Q4_K_M (default Q4_K_M)")
+    ms.add_argument("--out", required=True, help="the GGUF file to write")
+    ms.add_argument("--seed", type=int, default=0)
+    ms.add_argument("--quiet", action="store_true")
     m.set_defaults(func=cmd_models)
+
+
+def _shape_names() -> list[str]:
+    from nvllm.model.synthetic.shapes import SHAPES
+
+    return list(SHAPES)
+
+
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nvllm.model.synthetic.mixture import FILE_TYPES
+    from nvllm.model.synthetic.shapes import SHAPES
+    from nvllm.model.synthetic.writer import synthesize
+
+    if args.shape not in SHAPES:
+        print(f"nvllm models synthesize: unknown shape {args.shape!r}; known: {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    if args.type not in FILE_TYPES:
+        print(f"nvllm models synthesize: --type must be one of {', '.join(FILE_TYPES)}, got {args.type!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        path = synthesize(SHAPES[args.shape], args.type, Path(args.out), args.seed, progress=not args.quiet)
+    except OSError as e:
+        print(f"nvllm models synthesize: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from nvllm import registry
 
+    if args.action == "synthesize":
+        return cmd_synthesize(args)
     if args.action == "pull":
         try:
             path = registry.pull(args.name, args.dir, progress=not args.quiet, folder=args.folder)

@@ -1,10 +1,10 @@
-"""Quantizers: float32 weights [rows, in] -> the GGUF block bytes of Q8_0, Q4_0, Q4_K, BF16 and F16.
+"""Quantizers: float32 weights [rows, in] -> the GGUF block bytes of Q8_0, Q5_0, Q4_0, Q6_K, Q4_K, BF16, F16.
 
 The inverse of dequantize.py's dequantizers, in vectorised NumPy. Each follows llama.cpp's reference
 quantizer (quantize_row_*_ref in ggml-quants.c, the one its tools use without an importance matrix) in
-float32 and in the same order of operations, so the blocks are those llama.cpp would write: Q8_0, Q4_0,
-BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; Q4_K, which gguf does not write, bit for
-bit as a plain scalar transcription of the reference (tests/model/test_quantize.py holds one).
+float32 and in the same order of operations, so the blocks are those llama.cpp would write: Q8_0, Q5_0,
+Q4_0, BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; Q6_K and Q4_K, which gguf does not
+write, bit for bit as plain scalar transcriptions of the reference (tests/model/test_quantize.py holds them).
 
 choose_format() picks a matrix's format for model.quantization (model/weights/conversion.py applies it
 as the loader lays the matrices out): a matrix whose row length is not a whole number of the format's
@@ -25,7 +25,7 @@ KINDS: dict[str, str] = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "bf16":
 FALLBACK: dict[str, str] = {"Q4_K": "Q8_0", "Q4_0": "F32", "Q8_0": "F32"}
 _BY_NAME: dict[str, BlockFormat] = {f.name: f for f in FORMATS.values()}
 
-_CHUNK_VALUES = 1 << 20  # values quantized at a time: the temporaries stay a few MB
+_CHUNK_VALUES = 1 << 18  # values quantized at a time: the temporaries (1 MB each) stay in L2
 
 
 # ---------------------------------------------------------------- shared arithmetic
@@ -84,6 +84,19 @@ def _q4_0(x: np.ndarray) -> np.ndarray:
     q = np.trunc(x * _inverse(d)[:, None] + np.float32(8.5))  # (int8_t) truncates toward zero
     q = np.minimum(q, 15).astype(np.uint8).reshape(m, 2, QK // 2)  # value j and j + 16 share byte j
     return np.concatenate([_f16_bytes(d), q[:, 0] | (q[:, 1] << 4)], axis=1)
+
+
+def _q5_0(x: np.ndarray) -> np.ndarray:
+    """As Q4_0 with 32 levels: the scale is the value of largest magnitude over -16; each quant's fifth
+    bit goes to the 32-bit qh, bit j for value j."""
+    m = len(x)
+    big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]  # [m]
+    d = big / np.float32(-16)
+    q = np.minimum(np.trunc(x * _inverse(d)[:, None] + np.float32(16.5)), 31).astype(np.uint32)  # [m, 32]
+    qh = (((q >> 4) & 1) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)  # [m]
+    q = (q & 0x0F).astype(np.uint8).reshape(m, 2, QK // 2)
+    return np.concatenate([_f16_bytes(d), qh.astype("<u4").view(np.uint8).reshape(m, 4),
+                           q[:, 0] | (q[:, 1] << 4)], axis=1)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -194,8 +207,71 @@ def _q4_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([head, _pack_k4_scales(ls, lm), qs.reshape(m, QK_K // 2)], axis=1)
 
 
+# ---------------------------------------------------------------- Q6_K
+
+_Q6K_TRIES = [np.float32(0.1) * np.float32(i) for i in range(-9, 10) if i]  # make_qx_quants' is = -9..9
+
+
+def _fit_symmetric(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """make_qx_quants(n 16, nmax 32, rmse_type 1) for every sub-block at once: x [16, s] (a column per
+    sub-block) -> (quants L [16, s] in 0..63, scale [s]) with x ~ scale * (L - 32).
+
+    The first try maps the value of largest magnitude to -32; 18 nearby scales are then tried, and the
+    one whose quants best fit in the x^2-weighted least squares sense (largest sumlx^2 / suml2) is kept."""
+    big = np.take_along_axis(x, np.abs(x).argmax(axis=0)[None, :], axis=0)[0]  # [s]
+    zero = np.abs(big) < np.float32(1e-15)  # GROUP_MAX_EPS: an all-zero sub-block, quants 0, scale 0
+    big = np.where(zero, np.float32(1), big)
+    w = x * x
+
+    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lq = np.clip(_nearest_int(iscale * x), -32, 31)
+        wx = w * x
+        return lq, _running_sum(wx * lq), _running_sum((w * lq) * lq)
+
+    lq, sumlx, suml2 = fit(np.float32(-32) / big)
+    L = lq + 32
+    scale = np.where(suml2 != 0, sumlx / np.where(suml2 != 0, suml2, np.float32(1)), np.float32(0))
+    best = scale * sumlx
+    for step in _Q6K_TRIES:
+        lq, sumlx, suml2 = fit(-(np.float32(32) + step) / big)
+        take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L = np.where(take, lq + 32, L)
+        scale = np.where(take, sumlx / np.where(take, suml2, np.float32(1)), scale)
+        best = np.where(take, scale * sumlx, best)
+    L[:, zero] = 0
+    return L, np.where(zero, np.float32(0), scale)
+
+
+def _q6_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q6_K_ref: each super-block of 256 is 16 sub-blocks of 16, each fitted as scale * q
+    (q in -32..31); the scales are stored as int8 multiples of d = -(largest-magnitude scale) / 128, and
+    the quants are made again against those stored scales. A super-block of all-zero scales is all zero."""
+    m = len(x)
+    cols = np.ascontiguousarray(x.reshape(m * 16, 16).T)  # [16, 16m]: one column per sub-block
+    L, scales = _fit_symmetric(cols)
+    scales = scales.reshape(m, 16)
+    top = np.take_along_axis(scales, np.abs(scales).argmax(axis=1)[:, None], axis=1)[:, 0]  # [m]
+    empty = np.abs(top) < np.float32(1e-15)
+    iscale = np.float32(-128) / np.where(empty, np.float32(1), top)
+    d16 = np.where(empty, np.float32(0), np.float32(1) / iscale).astype("<f2")
+    ls = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # [m, 16]
+    d = d16.astype(np.float32)[:, None] * ls  # [m, 16] the stored scale of each sub-block
+    sub = x.reshape(m, 16, 16)
+    again = np.clip(_nearest_int(sub / np.where(d == 0, np.float32(1), d)[:, :, None]), -32, 31) + 32
+    first = L.T.reshape(m, 16, 16)  # a sub-block whose stored scale is 0 keeps its first quants
+    q = np.where((d == 0)[:, :, None], first, again).astype(np.uint8).reshape(m, 2, 4, 32)  # half, k, l
+    ql = (q[:, :, :2] & 0x0F) | ((q[:, :, 2:] & 0x0F) << 4)  # [m, 2, 2, 32]: ql[l + 32k] holds k and k + 2
+    qh = (q >> 4) << np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]
+    qh = qh[:, :, 0] | qh[:, :, 1] | qh[:, :, 2] | qh[:, :, 3]  # [m, 2, 32]
+    out = np.concatenate([ql.reshape(m, 128), qh.reshape(m, 64), ls.view(np.uint8),
+                          d16.view(np.uint8).reshape(m, 2)], axis=1)
+    out[empty] = 0
+    return out
+
+
 _QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k,
+    "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q4_0": _q4_0,
+    "Q6_K": _q6_k, "Q4_K": _q4_k,
 }
 WRITES = tuple(_QUANTIZERS)  # the formats this module writes
 

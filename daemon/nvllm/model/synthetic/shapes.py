@@ -1,0 +1,82 @@
+"""The real models `nvllm models synthesize` copies the shape of: every hyperparameter that sets the
+size and the cost of a forward pass, as each model's config.json gives it, and its special tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLAMA3 = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n'"
+          " + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+_QWEN_SPECIALS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>",
+                  151657: "<tool_call>", 151658: "</tool_call>"}
+_QWEN3_SPECIALS = {**_QWEN_SPECIALS, 151667: "<think>", 151668: "</think>"}
+_LLAMA3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128006: "<|start_header_id|>",
+                    128007: "<|end_header_id|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"}
+_SMOLLM2_SPECIALS = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One model's shape. `bpe` is how many ids the byte-level BPE vocabulary holds (from id `bpe_start`);
+    the `specials` sit at their own ids, and what is left of `vocab` is unused padding, as in the real file."""
+
+    name: str
+    arch: str                   # llama.cpp's architecture: "qwen2", "qwen3" or "llama"
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int                  # rows of the embedding
+    context: int
+    rope_theta: float
+    norm_eps: float
+    pre: str                    # tokenizer.ggml.pre
+    specials: dict[int, str]
+    bos: int
+    eos: int
+    bpe: int
+    bpe_start: int = 0
+    add_bos: bool = False
+    chat_template: str = CHATML
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: dict[str, float] = field(default_factory=dict)  # llama3's: factor, low, high, original
+
+    @property
+    def params(self) -> int:
+        """Parameters, the tied embedding counted once."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        attn = h * self.heads * self.head_dim * 2 + h * kv * 2
+        per_layer = attn + 3 * h * self.intermediate + 2 * h
+        return self.layers * per_layer + self.vocab * h + h
+
+
+def _qwen25(name: str, hidden: int, intermediate: int, layers: int, heads: int) -> Shape:
+    return Shape(name, "qwen2", hidden, intermediate, layers, heads, 2, hidden // heads, 151936, 32768, 1e6,
+                 1e-6, "qwen2", _QWEN_SPECIALS, bos=151643, eos=151645, bpe=151643, qkv_bias=True)
+
+
+def _qwen3(name: str, hidden: int, intermediate: int) -> Shape:
+    return Shape(name, "qwen3", hidden, intermediate, 28, 16, 8, 128, 151936, 40960, 1e6, 1e-6, "qwen2",
+                 _QWEN3_SPECIALS, bos=151643, eos=151645, bpe=151643, qk_norm=True)
+
+
+SHAPES: dict[str, Shape] = {s.name: s for s in [
+    _qwen25("qwen2.5-0.5b", 896, 4864, 24, 14),
+    _qwen25("qwen2.5-1.5b", 1536, 8960, 28, 12),
+    _qwen25("qwen2.5-3b", 2048, 11008, 36, 16),
+    _qwen3("qwen3-0.6b", 1024, 3072),
+    _qwen3("qwen3-1.7b", 2048, 6144),
+    Shape("llama-3.2-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, 1e-5, "llama-bpe",
+          _LLAMA3_SPECIALS, bos=128000, eos=128009, bpe=128000, add_bos=True, chat_template=LLAMA3,
+          rope_scaling={"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192.0}),
+    Shape("smollm2-360m", "llama", 960, 2560, 32, 15, 5, 64, 49152, 8192, 100000.0, 1e-5, "smollm",
+          _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
+]}

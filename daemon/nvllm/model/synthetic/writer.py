@@ -1,0 +1,168 @@
+"""A random-weight GGUF of a real model's exact shape, in the file types llama.cpp's tools make.
+
+The file is what llama.cpp's converter and quantize tool would write for such a model: the same
+metadata keys, tensor names and order, and each tensor in the block format mixture.py picks, quantized
+by model/quant/quantize.py (llama.cpp's reference quantizers). The weights are seeded normals, scaled
+as trained weights are (matrices ~ N(0, 0.02) rounded to float16, norm gains ~1), so speed and memory
+figures taken on the file are those of the real model; its answers are noise. The same seed gives the
+same values in every type: the Q4_K_M file is the F16 file quantized.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from nvllm.model.quant.formats import FORMATS
+from nvllm.model.quant.quantize import quantize
+from nvllm.model.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
+from nvllm.model.synthetic.shapes import Shape
+from nvllm.model.synthetic.vocab import vocabulary
+
+_BY_NAME = {f.name: f for f in FORMATS.values()}
+_ROWS_VALUES = 1 << 22  # values drawn and quantized at a time
+
+
+def tensor_specs(shape: Shape) -> list[TensorSpec]:
+    """Every tensor of the model, in the order llama.cpp's converter writes them."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    specs = []
+    if shape.rope_scaling:
+        specs.append(TensorSpec("rope_freqs.weight", "norm", (shape.head_dim // 2,)))
+    specs.append(TensorSpec("token_embd.weight", "token_embd", (shape.vocab, h)))
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        specs.append(TensorSpec(b + "attn_norm.weight", "norm", (h,)))
+        for part, rows in (("q", q), ("k", kv), ("v", kv)):
+            specs.append(TensorSpec(f"{b}attn_{part}.weight", f"attn_{part}", (rows, h)))
+            if shape.qkv_bias:
+                specs.append(TensorSpec(f"{b}attn_{part}.bias", "bias", (rows,)))
+        if shape.qk_norm:
+            specs += [TensorSpec(b + "attn_q_norm.weight", "norm", (shape.head_dim,)),
+                      TensorSpec(b + "attn_k_norm.weight", "norm", (shape.head_dim,))]
+        specs += [TensorSpec(b + "attn_output.weight", "attn_output", (h, q)),
+                  TensorSpec(b + "ffn_norm.weight", "norm", (h,)),
+                  TensorSpec(b + "ffn_gate.weight", "ffn_gate", (shape.intermediate, h)),
+                  TensorSpec(b + "ffn_up.weight", "ffn_up", (shape.intermediate, h)),
+                  TensorSpec(b + "ffn_down.weight", "ffn_down", (h, shape.intermediate))]
+    specs.append(TensorSpec("output_norm.weight", "norm", (h,)))
+    return specs
+
+
+def llama3_rope_divisors(shape: Shape) -> np.ndarray:
+    """rope_freqs.weight for llama3 rope scaling: per frequency, how much slower it turns."""
+    s = shape.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    out = []
+    for i in range(0, shape.head_dim, 2):
+        wavelen = 2 * math.pi * shape.rope_theta ** (i / shape.head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def _values(shape: Shape, spec: TensorSpec, rng: np.random.Generator, rows: int) -> np.ndarray:
+    """`rows` rows of the tensor's float32 values."""
+    if spec.name == "rope_freqs.weight":
+        return llama3_rope_divisors(shape)
+    if spec.role == "norm":
+        return (1 + 0.05 * rng.standard_normal(spec.shape, np.float32)).astype(np.float32)
+    if len(spec.shape) == 1:
+        return rng.standard_normal(spec.shape, np.float32) * np.float32(0.02)
+    # matrices as a 16-bit checkpoint holds them, so that a quantized file is the F16 file quantized
+    x = rng.standard_normal((rows, spec.shape[1]), np.float32) * np.float32(0.02)
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _encoded(shape: Shape, spec: TensorSpec, type_name: str, seed: int, index: int) -> np.ndarray:
+    """The tensor's bytes in `type_name`, drawn and quantized a slice of rows at a time."""
+    rng = np.random.default_rng([seed, index])
+    fmt = _BY_NAME[type_name]
+    if len(spec.shape) == 1:
+        return quantize(fmt, _values(shape, spec, rng, 1).reshape(1, -1)).reshape(-1)
+    rows, n = spec.shape
+    out = np.empty((rows, n // fmt.block_elems * fmt.block_bytes), np.uint8)
+    step = max(1, _ROWS_VALUES // n)
+    for r in range(0, rows, step):
+        out[r:r + step] = quantize(fmt, _values(shape, spec, rng, min(step, rows - r)))
+    return out
+
+
+def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> None:
+    w.add_type("model")
+    w.add_name(f"{shape.name} (synthetic, random weights, seed {seed})")
+    w.add_file_type(FILE_TYPES[file_type])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_block_count(shape.layers)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.intermediate)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.norm_eps)
+    if shape.head_dim * shape.heads != shape.hidden:
+        w.add_key_length(shape.head_dim)
+        w.add_value_length(shape.head_dim)
+    if shape.arch == "llama":
+        w.add_vocab_size(shape.vocab)
+        w.add_rope_dimension_count(shape.head_dim)
+    tokens, types, merges = vocabulary(shape, seed)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(shape.pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(shape.bos)
+    w.add_eos_token_id(shape.eos)
+    w.add_add_bos_token(shape.add_bos)
+    w.add_chat_template(shape.chat_template)
+
+
+def synthesize(shape: Shape, file_type: str, out: Path, seed: int = 0, progress: bool = False) -> Path:
+    """Write the file; returns its path. Tensors are drawn, quantized and written one at a time, so the
+    memory held is one tensor's blocks."""
+    specs = tensor_specs(shape)
+    types = tensor_types(file_type, specs, shape.layers)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    w = gguf.GGUFWriter(str(tmp), shape.arch)
+    _metadata(w, shape, file_type, seed)
+    for spec, t in zip(specs, types):
+        fmt = _BY_NAME[t]
+        rows, n = (spec.shape if len(spec.shape) == 2 else (1, spec.shape[0]))
+        w.add_tensor_info(spec.name, [rows, n // fmt.block_elems * fmt.block_bytes] if len(spec.shape) == 2
+                          else [n // fmt.block_elems * fmt.block_bytes], np.dtype(np.uint8),
+                          rows * (n // fmt.block_elems) * fmt.block_bytes, raw_dtype=gguf.GGMLQuantizationType[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    start = time.monotonic()
+    for i, (spec, t) in enumerate(zip(specs, types)):
+        w.write_tensor_data(_encoded(shape, spec, t, seed, i))
+        if progress and (spec.role == "ffn_down" or i == len(specs) - 1):
+            print(f"\r{spec.name.split('.')[1] if spec.role == 'ffn_down' else 'done'}: {i + 1}/{len(specs)} "
+                  f"tensors, {time.monotonic() - start:.0f} s", end="", file=sys.stderr, flush=True)
+    w.close()
+    if progress:
+        print(file=sys.stderr)
+    tmp.replace(out)
+    return out
+
+
+def iter_types(shape: Shape, file_type: str) -> Iterator[tuple[str, str]]:
+    """(tensor name, type) of the file synthesize would write, without writing it."""
+    specs = tensor_specs(shape)
+    yield from zip((s.name for s in specs), tensor_types(file_type, specs, shape.layers))
