@@ -299,24 +299,38 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
  *   V_sums_halves(w, x, lo, hi)     the four rows' sums over values 0..15 and over 16..31, apart.
  */
 
-/* Q6_K's 16 scales of the super-blocks at sb[0..3]: dw[g] = d * sc_g, lane i for row i. */
-INLINE void k6scales(const uint8_t *const *sb, f32x4 *dw) {
-    for (int i = 0; i < 4; i++) {
-        const float d = le_half(sb[i] + Q6_K_D);
-        for (int g = 0; g < 16; g++) dw[g][i] = d * (float)(int8_t)sb[i][Q6_K_SCALES + g];
+/* Q6_K's 16 scales of the super-blocks at sb[0..3]: dw[g] = d * sc_g, lane i for row i, with d the four
+ * rows' d as the variant's V_halves converts them (F16C, NEON's fcvt: one instruction for the four; the
+ * portable half_to_float, once per row and super-block, took 40% of a one-row Q6_K product on Zen 4). */
+INLINE void k6scales(const uint8_t *const *sb, f32x4 d, f32x4 *dw) {
+    for (int g = 0; g < 16; g++) {
+        const i32x4 sc = {(int8_t)sb[0][Q6_K_SCALES + g], (int8_t)sb[1][Q6_K_SCALES + g],
+                          (int8_t)sb[2][Q6_K_SCALES + g], (int8_t)sb[3][Q6_K_SCALES + g]};
+        dw[g] = d * __builtin_convertvector(sc, f32x4);
     }
 }
 
-/* dw[s] and mw[s] of the super-blocks at sb[0..3] (four rows), lane i for row i. */
-INLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
-    for (int i = 0; i < 4; i++) {
-        const float d = le_half(sb[i]), dmin = le_half(sb[i] + K_DMIN);
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            scale_min_k4(sb[i] + K_SCALES, s, &sc, &m);
-            dw[s][i] = d * (float)sc;
-            mw[s][i] = -(dmin * (float)m);
-        }
+/* The 8 six-bit scales and the 8 mins of a Q4_K/Q5_K super-block's 12 scale bytes, as bytes: what
+ * scale_min_k4 gives for each j, unpacked in 64-bit words. */
+INLINE void scales_mins_k4(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    uint64_t a;
+    uint32_t b;
+    memcpy(&a, q, sizeof a);
+    memcpy(&b, q + 8, sizeof b);
+    const uint32_t sc_lo = (uint32_t)(a & 0x3f3f3f3fu), mn_lo = (uint32_t)((a >> 32) & 0x3f3f3f3fu);
+    const uint32_t sc_hi = (b & 0x0f0f0f0fu) | (uint32_t)((a >> 6) & 0x03030303u) << 4;
+    const uint32_t mn_hi = ((b >> 4) & 0x0f0f0f0fu) | (uint32_t)((a >> 38) & 0x03030303u) << 4;
+    memcpy(sc, &sc_lo, 4), memcpy(sc + 4, &sc_hi, 4), memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
+}
+
+/* dw[s] and mw[s] of the super-blocks at sb[0..3] (four rows), lane i for row i; d and dmin as k6scales'. */
+INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f32x4 *mw) {
+    uint8_t sc[4][8], mn[4][8];
+    for (int i = 0; i < 4; i++) scales_mins_k4(sb[i] + K_SCALES, sc[i], mn[i]);
+    for (int s = 0; s < 8; s++) {
+        const i32x4 vs = {sc[0][s], sc[1][s], sc[2][s], sc[3][s]}, vm = {mn[0][s], mn[1][s], mn[2][s], mn[3][s]};
+        dw[s] = d * __builtin_convertvector(vs, f32x4);
+        mw[s] = -(dmin * __builtin_convertvector(vm, f32x4));
     }
 }
 
@@ -341,8 +355,9 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 *dw, f32x4 *mw) {
             for (int i = 0; i < 4; i++)   /* every line of the super-block, to L2: see PREFETCH_TILES */               \
                 for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o, 0, 1);                          \
             f32x4 dw[16], mw[8];                                                                                       \
-            if (fmt == Q6_K) k6scales(sb, dw);                                                                         \
-            else kscales(sb, dw, mw);                                                                                  \
+            if (fmt == Q6_K) k6scales(sb, V##_halves(sb[0] + Q6_K_D, sb[1] + Q6_K_D, sb[2] + Q6_K_D, sb[3] + Q6_K_D), dw); \
+            else kscales(sb, V##_halves(sb[0], sb[1], sb[2], sb[3]),                                                   \
+                         V##_halves(sb[0] + K_DMIN, sb[1] + K_DMIN, sb[2] + K_DMIN, sb[3] + K_DMIN), dw, mw);        \
             for (int s = 0; s < 8; s++) {                                                                              \
                 V##_bv wv[4];                                                                                          \
                 V##_kwblocks(fmt, sb, s, wv);                                                                          \
