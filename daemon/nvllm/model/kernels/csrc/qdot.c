@@ -495,19 +495,6 @@ typedef __m256i vn_bv;
         return _mm256_and_si256(both, _mm256_set1_epi8(15));                                                           \
     }                                                                                                                  \
     ATTR INLINE __m256i V##_sub8(__m256i v) { return _mm256_sub_epi8(v, _mm256_set1_epi8(8)); }                        \
-    /* Q5_0 / Q5_1's 32 quants as q5_bytes gives them: the nibbles, and bit j of qh spread to byte j */             \
-    ATTR INLINE __m256i V##_q5(const uint8_t *qh, const uint8_t *qs, int centred) {                                    \
-        uint32_t h;                                                                                                    \
-        memcpy(&h, qh, sizeof h);                                                                                      \
-        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,                          \
-                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);                         \
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);                                      \
-        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick);                                   \
-        const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),                  \
-                                               _mm256_set1_epi8(16));                                                  \
-        const __m256i q = _mm256_or_si256(V##_nibbles(qs), fifth);                                                     \
-        return centred ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;                                                 \
-    }                                                                                                                  \
     ATTR INLINE f32x4 V##_halves(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {         \
         uint16_t h0, h1, h2, h3;                                                                                       \
         memcpy(&h0, p0, 2), memcpy(&h1, p1, 2), memcpy(&h2, p2, 2), memcpy(&h3, p3, 2);                                \
@@ -526,6 +513,29 @@ typedef __m256i vn_bv;
     }
 X86_PRIMITIVES(av, AVX2_ATTR)
 X86_PRIMITIVES(vn, VNNI_ATTR)
+
+/* Q5_0 / Q5_1's 32 quants as q5_bytes gives them: the nibbles, and bit j of qh spread to byte j. AVX2
+ * spreads the bits with a shuffle and a compare; AVX-512 takes qh as a byte mask (one masked add). */
+AVX2_ATTR INLINE __m256i av_q5(const uint8_t *qh, const uint8_t *qs, int centred) {
+    uint32_t h;
+    memcpy(&h, qh, sizeof h);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick);
+    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                                           _mm256_set1_epi8(16));
+    const __m256i q = _mm256_or_si256(av_nibbles(qs), fifth);
+    return centred ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;
+}
+VNNI_ATTR INLINE __m256i vn_q5(const uint8_t *qh, const uint8_t *qs, int centred) {
+    uint32_t h;
+    memcpy(&h, qh, sizeof h);
+    const __m256i nib = vn_nibbles(qs), sixteen = _mm256_set1_epi8(16);
+    /* q - 16 for Q5_0: the nibble where the bit is set, the nibble less 16 where not */
+    return centred ? _mm256_mask_sub_epi8(nib, (__mmask32)~h, nib, sixteen)
+                   : _mm256_mask_add_epi8(nib, (__mmask32)h, nib, sixteen);
+}
 
 /* The four rows' sums from a variant's one-vector dot product V_dot_us (unsigned w by signed x); the
  * signed form moves w's sign onto x (|w| <= 128, |x| <= 127: nothing saturates). */
