@@ -2,6 +2,8 @@
 
     .venv/bin/python tools/quality.py                      # SmolLM2 folder and GGUF under models/
     .venv/bin/python tools/quality.py --formats q8_0,q4_k --tokens 1024
+    .venv/bin/python tools/quality.py --formats '' --activations exact,int8        # the GGUF's x rounding
+    .venv/bin/python tools/quality.py --folder '' --gguf FILE.gguf --activations exact,int8
 
 Offline and deterministic. For each format, every 2-D tensor of the float32 folder (the projections and
 the tied embedding) is quantized with nvllm's quantizers (model/quantize.py, llama.cpp's reference
@@ -22,6 +24,13 @@ the table gives, over every position but the first:
 The text is "Execution model" from the Python reference manual as this Python ships it
 (pydoc_data.topics, the text `help("execmodel")` prints): plain English prose, about 2k tokens. Its
 SHA-256 is printed, since another Python version may ship a revised text.
+
+--activations MODES scores the GGUF once per model.activations mode (exact: x in 16-bit blocks; int8: in
+8-bit ones, as llama.cpp does) against the same reference. With --folder '' there is no float32 folder
+(a synthesized GGUF of a real shape): the reference is then the GGUF itself with activations "float"
+(its weights decoded, x in float32), and the text is read with the GGUF's own tokenizer. The text is then
+fed DECODE_ROWS tokens at a time, so that every product takes the decode step's kernels (longer chunks go
+to BLAS on decoded weights, where x is never rounded), for every row of the table alike.
 """
 from __future__ import annotations
 
@@ -73,16 +82,16 @@ def read_text() -> str:
     return topics[TOPIC]
 
 
-def run_model(model: Model, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def run_model(model: Model, ids: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
     """Log-probabilities [T-1, V] of each next token after positions 0..T-2 (float32), and the
-    model's argmax there [T-1]: one sequence fed CHUNK tokens per forward through the KV cache."""
+    model's argmax there [T-1]: one sequence fed `chunk` tokens per forward through the KV cache."""
     t = len(ids)
     pages = -(-t // BLOCK)
     cache = model.make_kv_cache(pages + 1, BLOCK)
     table = np.arange(pages, dtype=np.int32)[None, :]  # [1, pages]
     out = []
-    for start in range(0, t - 1, CHUNK):
-        stop = min(t - 1, start + CHUNK)  # the last token is only ever a target
+    for start in range(0, t - 1, chunk):
+        stop = min(t - 1, start + chunk)  # the last token is only ever a target
         pos = np.arange(start, stop)
         fb = ForwardBatch.build(ids[start:stop], pos, pos, np.array([stop - start]), np.array([stop]), table,
                                 np.arange(stop - start))
@@ -153,15 +162,18 @@ def gguf_mb(path: Path) -> tuple[float, Counter]:
     return sum(n for _, n in matrices) / 1e6, Counter(name for name, _ in matrices)
 
 
-def load(path: Path, quantization: str = "") -> Model:
+def load(path: Path, quantization: str = "", activations: str = "exact") -> Model:
+    from nvllm.model.kernels import matmul
+
+    matmul.set_activations(activations)   # the engine's job; Model.forward alone is run here
     return load_model(load_settings(overrides={"model": {"path": str(path), "quantization": quantization}})).model
 
 
-def measure(name: str, make, ids: np.ndarray, base, size: tuple[float, Counter]
+def measure(name: str, make, ids: np.ndarray, base, size: tuple[float, Counter], chunk: int = CHUNK
             ) -> tuple[Scores, tuple[np.ndarray, np.ndarray]]:
     t0 = time.perf_counter()
     model = make()
-    logp, top = run_model(model, ids)
+    logp, top = run_model(model, ids, chunk)
     del model
     s = score(logp, top, ids, base, size[0], time.perf_counter() - t0)
     s.stored = ",".join(f"{k}:{n}" for k, n in size[1].most_common())
@@ -186,24 +198,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--through-loader", action="store_true",
                     help="load each format with model.quantization set instead of a re-quantized folder "
                          "(once the loader honours the setting; PROJ/EMBED is not possible then)")
+    ap.add_argument("--activations", default="",
+                    help="comma-separated model.activations modes (exact, int8, float) to score the GGUF in")
     args = ap.parse_args(argv)
     specs = [s for s in args.formats.split(",") if s]
     for spec in specs:
         check_spec(spec)
 
+    from nvllm.model.weights.gguf_file import read_gguf
     from nvllm.text.tokenizer import Tokenizer
 
+    modes = [m for m in args.activations.split(",") if m]
+    for m in modes:
+        if m not in ("exact", "int8", "float"):
+            raise SystemExit(f"quality.py: --activations: {m!r} is not one of exact, int8, float")
+    has_folder = bool(str(args.folder)) and str(args.folder) != "."
+    if not has_folder and not (modes and args.gguf.is_file()):
+        raise SystemExit("quality.py: --folder '' needs --gguf FILE and --activations")
     text = read_text()
-    ids = np.array(Tokenizer.from_dir(args.folder).encode(text, add_special_tokens=False), dtype=np.int64)
+    tok = (Tokenizer.from_dir(args.folder) if has_folder
+           else Tokenizer.from_gguf_metadata(read_gguf(args.gguf).metadata, str(args.gguf)))
+    ids = np.array(tok.encode(text, add_special_tokens=False), dtype=np.int64)
     if args.tokens:
         ids = ids[:args.tokens]
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     print(f"text: pydoc_data.topics[{TOPIC!r}] of Python {sys.version.split()[0]}, {len(text)} characters, "
           f"sha256 {digest}..., {len(ids)} tokens ({len(ids) - 1} predicted)", file=sys.stderr)
 
+    from nvllm.model.matrix.weight import DECODE_ROWS
+
+    chunk = DECODE_ROWS if modes else CHUNK
     rows: list[tuple[str, Scores]] = []
-    s, base = measure("f32", lambda: load(args.folder), ids, None, weight_mb_f32(args.folder))
-    rows.append(("f32 (folder)", s))
+    if has_folder:
+        s, base = measure("f32", lambda: load(args.folder), ids, None, weight_mb_f32(args.folder), chunk)
+        rows.append(("f32 (folder)", s))
+    else:
+        specs = []
+        s, base = measure("gguf float", lambda: load(args.gguf, activations="float"), ids, None, gguf_mb(args.gguf),
+                          chunk)
+        rows.append((f"{args.gguf.name}, x float", s))
     for spec in specs:
         if args.through_loader:
             s, _ = measure(spec, functools.partial(load, args.folder, spec), ids, base, (float("nan"), Counter()))
@@ -215,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                 s, _ = measure(spec, lambda: load(Path(tmp)), ids, base, size)
         rows.append((spec, s))
     if str(args.gguf) and args.gguf.is_file():
-        s, _ = measure("gguf", lambda: load(args.gguf), ids, base, gguf_mb(args.gguf))
-        rows.append((f"{args.gguf.name}", s))
+        for mode in modes or ["exact"]:
+            s, _ = measure(f"gguf {mode}", lambda m=mode: load(args.gguf, activations=m), ids, base,
+                           gguf_mb(args.gguf), chunk)
+            rows.append((f"{args.gguf.name}" + (f", x {mode}" if modes else ""), s))
 
     print(f"{'format':28} {'ppl':>9} {'top-1 =':>8} {'KL':>8} {'next ok':>8} {'MB':>7}  stored as")
     for name, s in rows:

@@ -51,11 +51,11 @@ class LLM:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, enable_prefix_caching: bool | None = None,
                  threads: int | None = None, quantization: str | None = None,
-                 blas_threads: int | None = None) -> None:
+                 activations: str | None = None, blas_threads: int | None = None) -> None:
         # blas_threads: model.threads' old name, still taken (config.py warns of it)
         settings = load_settings(overrides={
             "model": {"path": str(model), "threads": threads, "blas_threads": blas_threads,
-                      "quantization": quantization},
+                      "quantization": quantization, "activations": activations},
             "cache": {"block_size": block_size, "num_blocks": num_blocks,
                       "enable_prefix_caching": enable_prefix_caching},
             "scheduler": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,

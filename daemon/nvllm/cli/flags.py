@@ -1,4 +1,4 @@
-"""Flags that several subcommands share: sampling, quantization and threads."""
+"""Flags that several subcommands share: sampling, quantization, activations and threads."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def add_quantization_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=None, metavar="FORMAT",
                    help="a folder's weights in memory: f32, or re-quantized at load to q8_0, q4_0, q4_k, bf16 "
                         "or f16 (model.quantization; default: as stored, 16-bit matrices kept 16-bit)")
+
+
+def add_activations_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--activations", default=None, choices=("exact", "int8", "float"),
+                   help="how quantized weights meet x (model.activations): exact (x in 16-bit blocks, the "
+                        "default), int8 (8-bit, as llama.cpp: faster, coarser) or float (the reference)")
 
 
 def add_threads_flag(p: argparse.ArgumentParser, default: int | None = None) -> None:

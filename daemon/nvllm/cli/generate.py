@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nvllm.cli.flags import add_quantization_flag, add_sampling_flags, add_threads_flag, sampling_kwargs
+from nvllm.cli.flags import (
+    add_activations_flag,
+    add_quantization_flag,
+    add_sampling_flags,
+    add_threads_flag,
+    sampling_kwargs,
+)
 from nvllm.config import DEFAULT_MODEL_FILE
 
 
@@ -27,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument("--stats", action="store_true",
                    help="print tokens/s, prefix-cache hit rate and preemptions to stderr at the end")
     add_quantization_flag(g)
+    add_activations_flag(g)
     add_threads_flag(g)
     add_sampling_flags(g, greedy_default=True)
     g.set_defaults(func=cmd_generate)
@@ -64,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks,
-                  quantization=args.quantization, threads=args.threads)
+                  quantization=args.quantization, activations=args.activations, threads=args.threads)
     except (ConfigError, EngineBuildError, InvalidParameter) as e:
         print(f"nvllm generate: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob
 from nvllm.engine.structured import StructuredCompiler
 from nvllm.model.decoder import ForwardBatch, Model
-from nvllm.model.kernels import threads
+from nvllm.model.kernels import matmul, threads
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.sampling.batch import SamplingBatch
 from nvllm.model.sampling.sampler import SamplerOutput, sample
@@ -47,6 +47,7 @@ class LLMEngine:
         self.settings = settings
         self.max_model_len = max_model_len
         self.threads = threads.configure(settings.model.threads)   # BLAS's and the in-place kernels'
+        self.activations = matmul.set_activations(settings.model.activations)   # the kernels' variant
         self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
                                           settings.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,

@@ -309,7 +309,7 @@ class Daemon:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
         "model": {"path": args.model, "quantization": getattr(args, "quantization", None),
-                  "threads": getattr(args, "threads", None)},
+                  "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None)},
         "server": {"listen": args.listen},
         "http": {"listen": getattr(args, "http_listen", None)},
         "cache": {"num_blocks": args.num_blocks},

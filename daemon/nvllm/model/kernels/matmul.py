@@ -17,10 +17,11 @@ float scale each) and multiply by the weights' quants with integer dot products 
 twin, bit for bit, is qdot.py beside this file): 3-6 times faster for a one-row decode step than decoding the
 weights to float. Their results then differ from the exact float product by the rounding of x
 to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
-alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: ~10% faster
-for one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The variant is
-picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where no SIMD one
-runs: the portable C is slower than it); `set_int_variant` picks another, for tests and measurements.
+alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: 1.2-1.3x
+faster for a K-quant's one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens.
+The variant is picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where
+no SIMD one runs: the portable C is slower than it); `set_activations` picks the best one for
+model.activations (the engine calls it), `set_int_variant` any one, for tests and measurements.
 
 For prefill-sized x, `dequantized_matmul` hands BLAS the weights' rows decoded a chunk at a time by the
 same C decoders (`dequantize_rows`): BLAS's packed GEMM is 1.3-2x the tiles there.
@@ -47,7 +48,7 @@ FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
 FLOAT_VARIANTS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 # The integer dot products' formats and variants, by their number in csrc/qdot.c (float: x stays float32
 # and the weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones).
-INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")   # the K-quants with 16-bit x only
+INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
                 "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5}
 
@@ -134,12 +135,29 @@ def int_variant() -> str:
 
 
 def set_int_variant(name: str) -> None:
-    """Makes the INT_FORMATS use variant `name` (one of int_variants()) from the next call on; the K-quants
-    take the float path under the 8-bit ones."""
+    """Makes the INT_FORMATS use variant `name` (one of int_variants()) from the next call on."""
     if name not in int_variants():
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
     assert lib is not None  # int_variants() is empty without it
     lib.qdot_variant(INT_VARIANTS[name])
+
+
+# model.activations -> the variants that serve it, best first ("float" where none of them runs)
+ACTIVATIONS = {"exact": ("avx512vnni-i16", "avx2-i16", "neon-i16"),
+               "int8": ("avx512vnni", "neon-dotprod", "avx2", "neon"), "float": ()}
+
+
+def set_activations(kind: str) -> str:
+    """model.activations: makes the INT_FORMATS use the best variant this machine runs for `kind` and
+    returns its name ("float" where it has none; "" without the library)."""
+    if kind not in ACTIVATIONS:
+        raise ValueError(f"model.activations must be one of {', '.join(ACTIVATIONS)}, got {kind!r}")
+    if lib is None:
+        return ""
+    runs = int_variants()
+    name = next((v for v in ACTIVATIONS[kind] if v in runs), "float")
+    set_int_variant(name)
+    return name
 
 
 def pool_run(fn: int, arg: int, parts: int) -> None:

@@ -1,7 +1,7 @@
 """x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
 
 For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's
-in 0..31 with Q4_1's min term) and, with 16-bit x, Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1
+in 0..31 with Q4_1's min term) and Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1
 block whose scale is d * sc and whose min is -(dmin * m)) and Q6_K (each half of 16 values summed and
 scaled by its own d * sc), the C kernels quantize each row of x, 32 values at a time, to int16 (the
 "-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
@@ -19,7 +19,7 @@ from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.dequantize import k4_parts, q6_parts
 from nvllm.model.quant.formats import QK, QK_K
 
-# Those with integer kernels (the K-quants: 16-bit x only).
+# Those with integer kernels, for x in 16 or 8 bits alike.
 FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even

@@ -1,4 +1,4 @@
-/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and (16-bit x only) Q4_K, Q5_K, Q6_K: y = x @ W.T
+/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K: y = x @ W.T
  * with x quantized to 16 or 8 bits.
  *
  * Decoding every weight to float is what bounds matmul.c's tiles for the 4- and 8-bit formats (about
@@ -10,8 +10,8 @@
  *
  * Why 16 bits by default: x in int8 (llama.cpp's way) moves each output by up to amax / 254 per block,
  * which through SmolLM2-135M's 30 layers changed 3% of its top-1 tokens (tools/quality.py); int16 moves
- * it 258 times less and changes none there, at a small cost in speed (the weights, not x, are what a
- * decode step reads). The 8-bit variants stay, for measurements and for models that tolerate them.
+ * it 258 times less and changes none there, at a cost in speed (the K-quants' one-row products are
+ * 1.2-1.3x faster with 8-bit x, on Zen 4). The 8-bit variants are model.activations = "int8".
  *
  * The arithmetic, which kernels/qdot.py repeats in NumPy bit for bit (Q = 32767 for 16 bits, 127 for 8):
  *   x block (32 values v):  amax = max |v|; d = amax / Q; id = d ? 1 / d : 0;
@@ -282,7 +282,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
 
 /* ---------------------------------------------------------------- portable C */
 
-/* ---------------------------------------------------------------- Q4_K and Q5_K, for 16-bit x
+/* ---------------------------------------------------------------- Q4_K, Q5_K and Q6_K
  *
  * A super-block of 256 values is 8 sub-blocks of 32, each an x block's width: value j of sub-block s is
  * d * sc_s * q_j - dmin * m_s (q in 0..15, or 0..31 for Q5_K), so a sub-block meets its x block as a Q4_1
@@ -463,21 +463,26 @@ Q5_FROM_BYTES(s16, )
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
-INLINE s16_bv s16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
-    s16_bv v;
-    const int m = (1 << hbits) - 1, zero = hbits == 2 ? 32 : 0;
-    for (int j = 0; j < 32; j++)
-        v.b[j] = (int16_t)((((qs[j] >> shift) & 15) | (qh ? ((qh[j] >> bit) & m) << 4 : 0)) - zero);
-    return v;
-}
-INLINE void s16_sums_halves(const s16_bv *w, s16_bv x, i32x4 *lo, i32x4 *hi) {
-    for (int i = 0; i < 4; i++) {
-        int32_t a = 0, b = 0;
-        for (int j = 0; j < 16; j++) a += (int32_t)w[i].b[j] * (int32_t)x.b[j];
-        for (int j = 16; j < 32; j++) b += (int32_t)w[i].b[j] * (int32_t)x.b[j];
-        (*lo)[i] = a, (*hi)[i] = b;
+/* The K-quants' 32 quants of a sub-block, and Q6_K's half sums, in the portable lanes. */
+#define SCALAR_K(P, lane_t)                                                                                            \
+    INLINE P##_bv P##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {                   \
+        P##_bv v;                                                                                                      \
+        const int m = (1 << hbits) - 1, zero = hbits == 2 ? 32 : 0;                                                    \
+        for (int j = 0; j < 32; j++)                                                                                   \
+            v.b[j] = (lane_t)((((qs[j] >> shift) & 15) | (qh ? ((qh[j] >> bit) & m) << 4 : 0)) - zero);                \
+        return v;                                                                                                      \
+    }                                                                                                                  \
+    INLINE void P##_sums_halves(const P##_bv *w, P##_bv x, i32x4 *lo, i32x4 *hi) {                                     \
+        for (int i = 0; i < 4; i++) {                                                                                  \
+            int32_t a = 0, b = 0;                                                                                      \
+            for (int j = 0; j < 16; j++) a += (int32_t)w[i].b[j] * (int32_t)x.b[j];                                    \
+            for (int j = 16; j < 32; j++) b += (int32_t)w[i].b[j] * (int32_t)x.b[j];                                   \
+            (*lo)[i] = a, (*hi)[i] = b;                                                                                \
+        }                                                                                                              \
     }
-}
+SCALAR_K(sc, int8_t)
+SCALAR_K(s16, int16_t)
+QDOT_KTILES(sc, , xblock_t)
 QDOT_KTILES(s16, , xblock16_t)
 
 /* ---------------------------------------------------------------- x86-64: AVX2, AVX-512 VNNI */
@@ -576,6 +581,30 @@ X86_SUMS(vn, VNNI_ATTR)
 #define vn_loadx vn_load
 QDOT_KERNEL(av, AVX2_ATTR, xblock_t)
 QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
+
+/* The K-quants with 8-bit x: a sub-block's 32 quants as bytes (unsigned, or Q6_K's less 32), and Q6_K's
+ * sums over values 0..15 and 16..31 apart: the two hadds leave the low halves' sums in the low 128 bits. */
+#define X86_K8(V, ATTR)                                                                                                \
+    ATTR INLINE __m256i V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {             \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
+        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));             \
+        if (qh) {                                                                                                      \
+            const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(bit));       \
+            const __m256i m = _mm256_set1_epi8((char)((1 << hbits) - 1));                                              \
+            b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(h, m), 4));                                      \
+        }                                                                                                              \
+        return hbits == 2 ? _mm256_sub_epi8(b, _mm256_set1_epi8(32)) : b;                                              \
+    }                                                                                                                  \
+    ATTR INLINE void V##_sums_halves(const __m256i *w, __m256i x, i32x4 *lo, i32x4 *hi) {                              \
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(V##_dot_ss(w[0], x), V##_dot_ss(w[1], x)),               \
+                                            _mm256_hadd_epi32(V##_dot_ss(w[2], x), V##_dot_ss(w[3], x)));              \
+        *lo = (i32x4)_mm256_castsi256_si128(h);                                                                        \
+        *hi = (i32x4)_mm256_extracti128_si256(h, 1);                                                                   \
+    }
+X86_K8(av, AVX2_ATTR)
+X86_K8(vn, VNNI_ATTR)
+QDOT_KTILES(av, AVX2_ATTR, xblock_t)
+QDOT_KTILES(vn, VNNI_ATTR, xblock_t)
 
 /* 16-bit x: a block in two vectors of 16 int16 (values 0..15, then 16..31), the weights' quants widened
  * to the same lanes. The variants differ only in V_pairs(acc, w, x), which adds the products' pair sums
@@ -737,6 +766,40 @@ Q5_FROM_BYTES(sd, SDOT_ATTR)
 QDOT_KERNEL(ne, NEON_ATTR, xblock_t)
 QDOT_KERNEL(sd, SDOT_ATTR, xblock_t)
 
+/* The K-quants with 8-bit x: a sub-block's quants as two vectors of 16 bytes (lo: values 0..15). */
+INLINE ne_bv ne_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
+    uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
+    uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
+    if (qh) {
+        const int8x16_t down = vdupq_n_s8((int8_t)-bit);
+        const uint8x16_t m = vdupq_n_u8((uint8_t)((1 << hbits) - 1));
+        a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), down), m), 4));
+        b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), down), m), 4));
+    }
+    ne_bv v = {vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(b)};
+    if (hbits == 2) v.lo = vsubq_s8(v.lo, vdupq_n_s8(32)), v.hi = vsubq_s8(v.hi, vdupq_n_s8(32));
+    return v;
+}
+#define sd_kquants ne_kquants
+INLINE int32x4_t ne_half_dot(int8x16_t w, int8x16_t x) {
+    return vpaddlq_s16(vpaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)), vmull_high_s8(w, x)));
+}
+INLINE void ne_sums_halves(const ne_bv *w, ne_bv x, i32x4 *lo, i32x4 *hi) {
+    *lo = ne_total4(ne_half_dot(w[0].lo, x.lo), ne_half_dot(w[1].lo, x.lo), ne_half_dot(w[2].lo, x.lo),
+                    ne_half_dot(w[3].lo, x.lo));
+    *hi = ne_total4(ne_half_dot(w[0].hi, x.hi), ne_half_dot(w[1].hi, x.hi), ne_half_dot(w[2].hi, x.hi),
+                    ne_half_dot(w[3].hi, x.hi));
+}
+SDOT_ATTR INLINE void sd_sums_halves(const ne_bv *w, ne_bv x, i32x4 *lo, i32x4 *hi) {
+    const int32x4_t z = vdupq_n_s32(0);
+    *lo = sd_total4(vdotq_s32(z, w[0].lo, x.lo), vdotq_s32(z, w[1].lo, x.lo), vdotq_s32(z, w[2].lo, x.lo),
+                    vdotq_s32(z, w[3].lo, x.lo));
+    *hi = sd_total4(vdotq_s32(z, w[0].hi, x.hi), vdotq_s32(z, w[1].hi, x.hi), vdotq_s32(z, w[2].hi, x.hi),
+                    vdotq_s32(z, w[3].hi, x.hi));
+}
+QDOT_KTILES(ne, NEON_ATTR, xblock_t)
+QDOT_KTILES(sd, SDOT_ATTR, xblock_t)
+
 /* 16-bit x on NEON: a block in four vectors of 8 int16; smull/smlal to int32 lanes (8 products each,
  * below 2^25). */
 typedef struct {
@@ -880,10 +943,10 @@ int qdot_variant(int v) {
 
 INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
 
-/* 1 if variant v has an integer kernel for fmt (the K-quants: the 16-bit variants only). */
+/* 1 if variant v (one of qdot_variants, not 0) has an integer kernel for fmt. */
 int qdot_format(int fmt, int v) {
-    const int k_quant = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
-    return fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || (k_quant && wide(v));
+    return v > 0 && (fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q4_K ||
+                     fmt == Q5_K || fmt == Q6_K);
 }
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
@@ -913,16 +976,21 @@ void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, 
     const int64_t nb = in / 32;
     for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
         const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
-        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K) {   /* only the 16-bit variants get here */
+        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K) {
             switch (v) {
 #ifdef QDOT_X86
             case V_DOT16: vn16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
             case V_SIMD16: av16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+            case V_DOT: vn_krows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+            case V_SIMD: av_krows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
 #endif
 #ifdef QDOT_ARM
             case V_SIMD16: n16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+            case V_DOT: sd_krows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
+            case V_SIMD: ne_krows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
 #endif
-            default: s16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+            case V_SCALAR16: s16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
+            default: sc_krows(fmt, w, row_bytes, nb, r0, r1, x, t0, tn, y, y_stride); break;
             }
             continue;
         }
