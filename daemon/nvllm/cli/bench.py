@@ -19,6 +19,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--gen-len", type=int, default=64)
     b.add_argument("--prefill-len", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--target", default=None, help="measure a running daemon over gRPC instead")
+    b.add_argument("--query", default=None, metavar="URL",
+                   help="time the drone's query through a running daemon's HTTP API (e.g. http://127.0.0.1:8000): "
+                        "190 prompt tokens, the first 176 already cached, 20 answered")
+    b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
+    b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     add_threads_flag(b, default=0)
     add_quantization_flag(b)
@@ -40,6 +45,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"nvllm bench: {flag} takes positive whole numbers separated by commas, got {text!r}")
         return values
 
+    if args.query:
+        return _query(args)
     try:
         bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
@@ -48,4 +55,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _query(args: argparse.Namespace) -> int:
+    import json
+
+    from nvllm.bench_query import QueryError, drone_query, format_query
+
+    if args.repeats < 1:
+        print(f"nvllm bench: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    try:
+        key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
+        result = drone_query(args.query, args.repeats, key)
+    except OSError as e:
+        print(f"nvllm bench: --api-key-file: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except QueryError as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else format_query(result))
     return 0

@@ -77,6 +77,8 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
           _LLAMA3_SPECIALS, bos=128000, eos=128009, bpe=128000, add_bos=True, chat_template=LLAMA3,
           rope_scaling={"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 8192.0}),
+    Shape("smollm2-135m", "llama", 576, 1536, 30, 9, 3, 64, 49152, 8192, 100000.0, 1e-5, "smollm",
+          _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
     Shape("smollm2-360m", "llama", 960, 2560, 32, 15, 5, 64, 49152, 8192, 100000.0, 1e-5, "smollm",
           _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
 ]}
