@@ -10,13 +10,13 @@ cannot quantize to them), with finite scales.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from nvllm.model.synthetic.writer import llama3_rope_divisors
 from nvllm.model.weights.folder import _safetensors_files, _Tensors
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -90,22 +90,7 @@ def llama3_rope_factors(cfg: dict, head_dim: int) -> np.ndarray:
     """The rope_freqs.weight llama.cpp's converter writes for llama3 rope scaling (here from the
     scaling's own original_max_position_embeddings: the converter reads a top-level key that configs
     rarely have and falls back to 8192)."""
-    s = cfg["rope_scaling"]
-    base = float(cfg.get("rope_theta", 10000.0))
-    freqs = 1.0 / (np.float32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
-    factor, low, high = float(s["factor"]), float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
-    old = float(s.get("original_max_position_embeddings", 8192))
-    out = []
-    for f in freqs.astype(np.float64):
-        wavelen = 2 * math.pi / f
-        if wavelen < old / high:
-            out.append(1.0)
-        elif wavelen > old / low:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(out, dtype=np.float32)
+    return llama3_rope_divisors(float(cfg.get("rope_theta", 10000.0)), head_dim, cfg["rope_scaling"])
 
 
 def add_hparams(w: gguf.GGUFWriter, cfg: dict, arch: str, qtype: T) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import gguf
@@ -55,14 +55,16 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
     return specs
 
 
-def llama3_rope_divisors(shape: Shape) -> np.ndarray:
-    """rope_freqs.weight for llama3 rope scaling: per frequency, how much slower it turns."""
-    s = shape.rope_scaling
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old = s["original_max_position_embeddings"]
+def llama3_rope_divisors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter writes it for llama3 rope scaling: per frequency, how
+    many times slower it turns (1 for short wavelengths, `factor` for long ones, a blend between)."""
+    factor, low = float(scaling["factor"]), float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old = float(scaling.get("original_max_position_embeddings", 8192))
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
     out = []
-    for i in range(0, shape.head_dim, 2):
-        wavelen = 2 * math.pi * shape.rope_theta ** (i / shape.head_dim)
+    for f in freqs.astype(np.float64):
+        wavelen = 2 * math.pi / f
         if wavelen < old / high:
             out.append(1.0)
         elif wavelen > old / low:
@@ -76,7 +78,7 @@ def llama3_rope_divisors(shape: Shape) -> np.ndarray:
 def _values(shape: Shape, spec: TensorSpec, rng: np.random.Generator, rows: int) -> np.ndarray:
     """`rows` rows of the tensor's float32 values."""
     if spec.name == "rope_freqs.weight":
-        return llama3_rope_divisors(shape)
+        return llama3_rope_divisors(shape.rope_theta, shape.head_dim, shape.rope_scaling)
     if spec.role == "norm":
         return (1 + 0.05 * rng.standard_normal(spec.shape, np.float32)).astype(np.float32)
     if len(spec.shape) == 1:

@@ -355,7 +355,8 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
             for (int i = 0; i < 4; i++)   /* every line of the super-block, to L2: see PREFETCH_TILES */               \
                 for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o, 0, 1);                          \
             f32x4 dw[16], mw[8];                                                                                       \
-            if (fmt == Q6_K) k6scales(sb, V##_halves(sb[0] + Q6_K_D, sb[1] + Q6_K_D, sb[2] + Q6_K_D, sb[3] + Q6_K_D), dw); \
+            if (fmt == Q6_K)                                                                                           \
+                k6scales(sb, V##_halves(sb[0] + Q6_K_D, sb[1] + Q6_K_D, sb[2] + Q6_K_D, sb[3] + Q6_K_D), dw);          \
             else kscales(sb, V##_halves(sb[0], sb[1], sb[2], sb[3]),                                                   \
                          V##_halves(sb[0] + K_DMIN, sb[1] + K_DMIN, sb[2] + K_DMIN, sb[3] + K_DMIN), dw, mw);        \
             for (int s = 0; s < 8; s++) {                                                                              \
@@ -662,21 +663,11 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         *hi = B##_total4(V##_pairs(z, w[0].hi, x.hi), V##_pairs(z, w[1].hi, x.hi), V##_pairs(z, w[2].hi, x.hi),        \
                          V##_pairs(z, w[3].hi, x.hi));                                                                 \
     }                                                                                                                  \
+    /* the 8-bit form's bytes (Q6_K's already less 32), sign-extended */                                             \
     ATTR INLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {             \
-        const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
-        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(15));             \
-        if (qh) {                                                                                                      \
-            const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(bit));       \
-            const __m256i m = _mm256_set1_epi8((char)((1 << hbits) - 1));                                              \
-            b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(h, m), 4));                                      \
-        }                                                                                                              \
-        av16_bv v = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)),                                                  \
-                     _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1))};                                            \
-        if (hbits == 2) {   /* Q6_K's quants less 32 */                                                                \
-            v.lo = _mm256_sub_epi16(v.lo, _mm256_set1_epi16(32));                                                      \
-            v.hi = _mm256_sub_epi16(v.hi, _mm256_set1_epi16(32));                                                      \
-        }                                                                                                              \
-        return v;                                                                                                      \
+        const __m256i b = B##_kquants(qs, qh, shift, bit, hbits);                                                      \
+        return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(b)),                                              \
+                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1))};                                        \
     }
 X86_16(av16, av, AVX2_ATTR)
 X86_16(vn16, vn, VNNI_ATTR)
@@ -846,19 +837,8 @@ Q5_FROM_BYTES(n16, NEON_ATTR)
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
 INLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
-    uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
-    uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(15));
-    if (qh) {
-        const int8x16_t down = vdupq_n_s8((int8_t)-bit);
-        const uint8x16_t m = vdupq_n_u8((uint8_t)((1 << hbits) - 1));
-        a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), down), m), 4));
-        b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), down), m), 4));
-    }
-    n16_bv v = {{vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(a))), vreinterpretq_s16_u16(vmovl_high_u8(a)),
-                 vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(b))), vreinterpretq_s16_u16(vmovl_high_u8(b))}};
-    if (hbits == 2)   /* Q6_K's quants less 32 */
-        for (int i = 0; i < 4; i++) v.v[i] = vsubq_s16(v.v[i], vdupq_n_s16(32));
-    return v;
+    const ne_bv b = ne_kquants(qs, qh, shift, bit, hbits);   /* Q6_K's already less 32: sign-extended */
+    return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
 }
 /* values 0..15 are v[0], v[1]; 16..31 are v[2], v[3] */
 INLINE int32x4_t n16_half_dot(n16_bv w, n16_bv x, int h) {
