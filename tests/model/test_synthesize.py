@@ -106,6 +106,18 @@ def test_quantized_file_is_the_f16_file_quantized(tiny_files):
     assert 0.018 < w.std() < 0.022 and abs(w.mean()) < 1e-3
 
 
+def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    import nvllm.model.synthetic.writer as writer
+
+    def broken(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer, "_encoded", broken)
+    with pytest.raises(OSError, match="No space"):
+        synthesize(TINY, "Q8_0", tmp_path / "x.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_same_seed_same_file_other_seed_other_weights(tiny_files, tmp_path):
     again = synthesize(TINY, "Q8_0", tmp_path / "again.gguf", seed=3)
     assert again.read_bytes() == tiny_files["Q8_0"].read_bytes()

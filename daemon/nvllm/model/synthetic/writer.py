@@ -139,25 +139,29 @@ def synthesize(shape: Shape, file_type: str, out: Path, seed: int = 0, progress:
     specs = tensor_specs(shape)
     types = tensor_types(file_type, specs, shape.layers)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".part")
-    w = gguf.GGUFWriter(str(tmp), shape.arch)
-    _metadata(w, shape, file_type, seed)
-    for spec, t in zip(specs, types):
-        fmt = _BY_NAME[t]
-        rows, n = (spec.shape if len(spec.shape) == 2 else (1, spec.shape[0]))
-        w.add_tensor_info(spec.name, [rows, n // fmt.block_elems * fmt.block_bytes] if len(spec.shape) == 2
-                          else [n // fmt.block_elems * fmt.block_bytes], np.dtype(np.uint8),
-                          rows * (n // fmt.block_elems) * fmt.block_bytes, raw_dtype=gguf.GGMLQuantizationType[t])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    start = time.monotonic()
-    for i, (spec, t) in enumerate(zip(specs, types)):
-        w.write_tensor_data(_encoded(shape, spec, t, seed, i))
-        if progress and (spec.role == "ffn_down" or i == len(specs) - 1):
-            print(f"\r{spec.name.split('.')[1] if spec.role == 'ffn_down' else 'done'}: {i + 1}/{len(specs)} "
-                  f"tensors, {time.monotonic() - start:.0f} s", end="", file=sys.stderr, flush=True)
-    w.close()
+    tmp = out.with_name(out.name + ".part")   # renamed when whole: a stopped run leaves no broken FILE
+    try:
+        w = gguf.GGUFWriter(str(tmp), shape.arch)
+        _metadata(w, shape, file_type, seed)
+        for spec, t in zip(specs, types):
+            fmt = _BY_NAME[t]
+            row_bytes = spec.shape[-1] // fmt.block_elems * fmt.block_bytes
+            rows = spec.shape[0] if len(spec.shape) == 2 else 1
+            w.add_tensor_info(spec.name, [*spec.shape[:-1], row_bytes], np.dtype(np.uint8), rows * row_bytes,
+                              raw_dtype=gguf.GGMLQuantizationType[t])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        start = time.monotonic()
+        for i, (spec, t) in enumerate(zip(specs, types)):
+            w.write_tensor_data(_encoded(shape, spec, t, seed, i))
+            if progress and spec.role == "ffn_down":
+                print(f"\rlayer {spec.name.split('.')[1]} of {shape.layers}: {i + 1}/{len(specs)} tensors, "
+                      f"{time.monotonic() - start:.0f} s", end="", file=sys.stderr, flush=True)
+        w.close()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if progress:
         print(file=sys.stderr)
     tmp.replace(out)
