@@ -11,7 +11,7 @@ from nvllm.config import DEFAULT_MODEL
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    m = sub.add_parser("models", help="pull or list models")
+    m = sub.add_parser("models", help="pull, list or synthesize models")
     msub = m.add_subparsers(dest="action", required=True)
     mp = msub.add_parser("pull", help="fetch a known model's GGUF into DIR (the folder too with --folder)")
     mp.add_argument("name")
