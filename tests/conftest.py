@@ -114,6 +114,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.write_line(f"(written to {config.stash[_FIGURES_PATH]})")
 
 
+@pytest.fixture()
+def keep_int_variant():
+    """Puts the process's integer-kernel variant back after the test: building an engine, set_activations
+    and set_int_variant all change it for the whole process."""
+    from nvllm.model.kernels import matmul as mk
+
+    was = mk.int_variant()
+    yield
+    if was:
+        mk.set_int_variant(was)
+
+
 @pytest.fixture(params=["c-kernels", "numpy"])
 def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the test on both paths: the C kernels, and the NumPy code that stands in where they were

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         if m not in ("exact", "int8", "float"):
             raise SystemExit(f"quality.py: --activations: {m!r} is not one of exact, int8, float")
-    has_folder = bool(str(args.folder)) and str(args.folder) != "."
+    has_folder = str(args.folder) not in ("", ".")   # --folder '' arrives as Path(".")
     if not has_folder and not (modes and args.gguf.is_file()):
         raise SystemExit("quality.py: --folder '' needs --gguf FILE and --activations")
     text = read_text()

@@ -19,12 +19,7 @@ from nvllm.server.app import settings_from_args
 needs_lib = pytest.mark.skipif(mk.lib is None, reason="the C matmul was not built (no C compiler at install)")
 
 
-@pytest.fixture(autouse=True)
-def _restore_variant():
-    was = mk.int_variant()
-    yield
-    if was:
-        mk.set_int_variant(was)
+pytestmark = pytest.mark.usefixtures("keep_int_variant")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.quant.formats import FORMATS
 
 # Also run under emulated aarch64 (deploy/aarch64-check.sh): NEON, NEON with sdot, and the scalar code.
-pytestmark = pytest.mark.aarch64
+pytestmark = [pytest.mark.aarch64, pytest.mark.usefixtures("keep_int_variant")]
 
 FORMAT = {f.name: f for f in FORMATS.values()}
 RTOL = 1e-5
@@ -50,14 +50,6 @@ def bits(variant: str) -> int:
     return 16 if variant.endswith("-i16") else 8
 
 needs_lib = pytest.mark.skipif(mk.lib is None, reason="the C matmul was not built (no C compiler at install)")
-
-
-@pytest.fixture(autouse=True)
-def restore_variant():
-    was = mk.int_variant()
-    yield
-    if mk.lib is not None:
-        mk.set_int_variant(was)
 
 
 def rng_for(*what: object) -> np.random.Generator:

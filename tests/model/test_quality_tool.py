@@ -8,22 +8,18 @@ import sys
 import pytest
 
 from helpers.paths import ROOT
-from nvllm.model.kernels import matmul as mk
 from nvllm.model.synthetic.shapes import Shape
 from nvllm.model.synthetic.writer import synthesize
 
 
 @pytest.fixture()
-def quality():
+def quality(keep_int_variant):
     spec = importlib.util.spec_from_file_location("quality_tool", ROOT / "tools" / "quality.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules["quality_tool"] = mod   # its dataclasses look their module up there
     spec.loader.exec_module(mod)
-    was = mk.int_variant()
-    yield mod
-    if was:
-        mk.set_int_variant(was)
+    return mod
 
 
 def test_activations_are_scored_against_the_float_path(quality, tmp_path, capsys):
