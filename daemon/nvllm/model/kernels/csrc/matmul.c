@@ -345,7 +345,8 @@ typedef struct {
 int qdot_format(int fmt, int v);
 int qdot_variant(int v);
 size_t qdot_x_bytes(int v, int64_t T, int64_t in);
-void qdot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx);
+void qdot_quantize_x(int v, int fmt, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn,
+                     void *qx);
 void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int64_t r0, int64_t r1,
                const void *qx, int64_t T, float *y, int64_t y_stride);
 
@@ -780,7 +781,7 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     void *qx = NULL;
     if (in > 0 && (j.qv = qdot_variant(-1)) > 0 && qdot_format(fmt, j.qv)) {
         if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
-        qdot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
+        qdot_quantize_x(j.qv, fmt, x, x_stride, in, 0, T, qx);
         j.qx = qx;
     }
     run(&j);

@@ -295,43 +295,98 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
  * QDOT_KTILES(V, ATTR, XB) defines V_krows from the variant's V_sums_us, V_loadx and
  *   V_kquants(qs, qh, shift, bit, hbits)   the 32 values ((qs[j] >> shift) & 15) | (((qh[j] >> bit) & m) << 4),
  *                                   m = 2^hbits - 1 (no high bits where qh is NULL), in the variant's
- *                                   registers, less 32 when hbits is 2 (Q6_K's quants are signed);
+ *                                   registers (in the order K_EVEN_ODD gives x's blocks), less 32 when hbits
+ *                                   is 2 (Q6_K's quants are signed);
  *   V_sums_halves(w, x, lo, hi)     the four rows' sums over values 0..15 and over 16..31, apart.
  */
 
+/* The scales of four rows' super-blocks are unpacked for the four rows at once, in the portable vector types
+ * (each variant's compiler turns them into its own shuffles and conversions): transposed to lane i for row
+ * i and converted in eights, rather than gathered a byte at a time (which, with the portable half_to_float
+ * before V_halves replaced it, had taken 40% of a one-row Q6_K product on Zen 4). */
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+typedef uint64_t u64x4 __attribute__((vector_size(32)));
+
+/* From four rows' 8 bytes (row i's in bytes 8i .. 8i + 7 of r), bytes k = 2h and 2h + 1 of every row as
+ * int32 lanes, row i in lane i, then lane 4 + i (ZXh: zero-extended; SXh: the byte at the top of its lane,
+ * for an arithmetic shift to sign-extend it). One shuffle each: gcc's own widening of byte vectors to
+ * float goes a byte at a time. */
+#define ZX0(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        0, 32, 32, 32, 8, 32, 32, 32, 16, 32, 32, 32, 24, 32, 32, 32,                                                \
+        1, 32, 32, 32, 9, 32, 32, 32, 17, 32, 32, 32, 25, 32, 32, 32)
+#define ZX1(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        2, 32, 32, 32, 10, 32, 32, 32, 18, 32, 32, 32, 26, 32, 32, 32,                                               \
+        3, 32, 32, 32, 11, 32, 32, 32, 19, 32, 32, 32, 27, 32, 32, 32)
+#define ZX2(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        4, 32, 32, 32, 12, 32, 32, 32, 20, 32, 32, 32, 28, 32, 32, 32,                                               \
+        5, 32, 32, 32, 13, 32, 32, 32, 21, 32, 32, 32, 29, 32, 32, 32)
+#define ZX3(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        6, 32, 32, 32, 14, 32, 32, 32, 22, 32, 32, 32, 30, 32, 32, 32,                                               \
+        7, 32, 32, 32, 15, 32, 32, 32, 23, 32, 32, 32, 31, 32, 32, 32)
+#define SX0(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        32, 32, 32, 0, 32, 32, 32, 8, 32, 32, 32, 16, 32, 32, 32, 24,                                                \
+        32, 32, 32, 1, 32, 32, 32, 9, 32, 32, 32, 17, 32, 32, 32, 25)
+#define SX1(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        32, 32, 32, 2, 32, 32, 32, 10, 32, 32, 32, 18, 32, 32, 32, 26,                                               \
+        32, 32, 32, 3, 32, 32, 32, 11, 32, 32, 32, 19, 32, 32, 32, 27)
+#define SX2(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        32, 32, 32, 4, 32, 32, 32, 12, 32, 32, 32, 20, 32, 32, 32, 28,                                               \
+        32, 32, 32, 5, 32, 32, 32, 13, 32, 32, 32, 21, 32, 32, 32, 29)
+#define SX3(r, z)                                                                                                    \
+    __builtin_shufflevector((r), (z),                                                                                \
+        32, 32, 32, 6, 32, 32, 32, 14, 32, 32, 32, 22, 32, 32, 32, 30,                                               \
+        32, 32, 32, 7, 32, 32, 32, 15, 32, 32, 32, 23, 32, 32, 32, 31)
+
+/* out[2h], out[2h + 1] = d * bytes 2h, 2h + 1 (lane i row i) of the four rows' 8 bytes in r */
+INLINE void scale_pairs(u8x32 r, int sign, f32x4 d, f32x4 *out) {
+    const u8x32 z = {0};
+    const f32x8 d8 = __builtin_shufflevector(d, d, 0, 1, 2, 3, 0, 1, 2, 3);
+    i32x8 v[4];
+    if (sign)
+        v[0] = (i32x8)SX0(r, z) >> 24, v[1] = (i32x8)SX1(r, z) >> 24, v[2] = (i32x8)SX2(r, z) >> 24,
+        v[3] = (i32x8)SX3(r, z) >> 24;
+    else
+        v[0] = (i32x8)ZX0(r, z), v[1] = (i32x8)ZX1(r, z), v[2] = (i32x8)ZX2(r, z), v[3] = (i32x8)ZX3(r, z);
+    for (int h = 0; h < 4; h++) {
+        const f32x8 f = d8 * __builtin_convertvector(v[h], f32x8);
+        out[2 * h] = __builtin_shufflevector(f, f, 0, 1, 2, 3);
+        out[2 * h + 1] = __builtin_shufflevector(f, f, 4, 5, 6, 7);
+    }
+}
+
 /* Q6_K's 16 scales of the super-blocks at sb[0..3]: dw[g] = d * sc_g, lane i for row i, with d the four
- * rows' d as the variant's V_halves converts them (F16C, NEON's fcvt: one instruction for the four; the
- * portable half_to_float, once per row and super-block, took 40% of a one-row Q6_K product on Zen 4). */
+ * rows' d as the variant's V_halves converts them. */
 INLINE void k6scales(const uint8_t *const *sb, f32x4 d, f32x4 *dw) {
-    for (int g = 0; g < 16; g++) {
-        const i32x4 sc = {(int8_t)sb[0][Q6_K_SCALES + g], (int8_t)sb[1][Q6_K_SCALES + g],
-                          (int8_t)sb[2][Q6_K_SCALES + g], (int8_t)sb[3][Q6_K_SCALES + g]};
-        dw[g] = d * __builtin_convertvector(sc, f32x4);
+    for (int half = 0; half < 2; half++) {   /* scales 0..7, then 8..15 */
+        u64x4 r;
+        for (int i = 0; i < 4; i++) memcpy((uint64_t *)&r + i, sb[i] + Q6_K_SCALES + 8 * half, 8);
+        scale_pairs((u8x32)r, 1, d, dw + 8 * half);
     }
 }
 
-/* The 8 six-bit scales and the 8 mins of a Q4_K/Q5_K super-block's 12 scale bytes, as bytes: what
- * scale_min_k4 gives for each j, unpacked in 64-bit words. */
-INLINE void scales_mins_k4(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
-    uint64_t a;
-    uint32_t b;
-    memcpy(&a, q, sizeof a);
-    memcpy(&b, q + 8, sizeof b);
-    const uint32_t sc_lo = (uint32_t)(a & 0x3f3f3f3fu), mn_lo = (uint32_t)((a >> 32) & 0x3f3f3f3fu);
-    const uint32_t sc_hi = (b & 0x0f0f0f0fu) | (uint32_t)((a >> 6) & 0x03030303u) << 4;
-    const uint32_t mn_hi = ((b >> 4) & 0x0f0f0f0fu) | (uint32_t)((a >> 38) & 0x03030303u) << 4;
-    memcpy(sc, &sc_lo, 4), memcpy(sc + 4, &sc_hi, 4), memcpy(mn, &mn_lo, 4), memcpy(mn + 4, &mn_hi, 4);
-}
-
-/* dw[s] and mw[s] of the super-blocks at sb[0..3] (four rows), lane i for row i; d and dmin as k6scales'. */
+/* dw[s] = d * sc_s and mw[s] = -(dmin * m_s) of the super-blocks at sb[0..3] (four rows), lane i for row i; d
+ * and dmin as k6scales'. The 8 six-bit scales and 8 mins of each row's 12 scale bytes are what
+ * scale_min_k4 gives for each j, unpacked in 64-bit lanes, a row a lane. */
 INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f32x4 *mw) {
-    uint8_t sc[4][8], mn[4][8];
-    for (int i = 0; i < 4; i++) scales_mins_k4(sb[i] + K_SCALES, sc[i], mn[i]);
-    for (int s = 0; s < 8; s++) {
-        const i32x4 vs = {sc[0][s], sc[1][s], sc[2][s], sc[3][s]}, vm = {mn[0][s], mn[1][s], mn[2][s], mn[3][s]};
-        dw[s] = d * __builtin_convertvector(vs, f32x4);
-        mw[s] = -(dmin * __builtin_convertvector(vm, f32x4));
+    u64x4 a, b = {0};
+    for (int i = 0; i < 4; i++) {
+        memcpy((uint64_t *)&a + i, sb[i] + K_SCALES, 8);
+        memcpy((uint64_t *)&b + i, sb[i] + K_SCALES + 8, 4);
     }
+    const uint64_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+    const u64x4 sc = (a & six) | (((b & four) | ((a >> 6) & two) << 4) << 32);
+    const u64x4 mn = ((a >> 32) & six) | ((((b >> 4) & four) | ((a >> 38) & two) << 4) << 32);
+    f32x4 m[8];
+    scale_pairs((u8x32)sc, 0, d, dw);
+    scale_pairs((u8x32)mn, 0, dmin, m);
+    for (int s = 0; s < 8; s++) mw[s] = -m[s];
 }
 
 #define QDOT_KTILES(V, ATTR, XB)                                                                                       \
@@ -655,19 +710,30 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         for (int i = 0; i < 4; i++) p[i] = V##_dot(w[i], x0), q[i] = V##_dot(w[i], x1);                                \
         return B##_total8(p, q);                                                                                       \
     }                                                                                                                  \
-    /* Q6_K: the sums over values 0..15 and over 16..31 apart */                                                      \
-    ATTR INLINE void V##_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {                              \
-        const __m256i z = _mm256_setzero_si256();                                                                      \
-        *lo = B##_total4(V##_pairs(z, w[0].lo, x.lo), V##_pairs(z, w[1].lo, x.lo), V##_pairs(z, w[2].lo, x.lo),        \
-                         V##_pairs(z, w[3].lo, x.lo));                                                                 \
-        *hi = B##_total4(V##_pairs(z, w[0].hi, x.hi), V##_pairs(z, w[1].hi, x.hi), V##_pairs(z, w[2].hi, x.hi),        \
-                         V##_pairs(z, w[3].hi, x.hi));                                                                 \
-    }                                                                                                                  \
-    /* the 8-bit form's bytes (Q6_K's already less 32), sign-extended */                                             \
+    /* The K-quants: a sub-block's quants as K_EVEN_ODD lays x out, values 0, 2, .., 30 in lo and 1, 3, .., 31 in hi,  \
+     * cut from the 16-bit pairs of bytes with shifts and masks (no widening shuffles); Q6_K's less 32.           */ \
     ATTR INLINE av16_bv V##_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {             \
-        const __m256i b = B##_kquants(qs, qh, shift, bit, hbits);                                                      \
-        return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(b)),                                              \
-                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1))};                                        \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs), m4 = _mm256_set1_epi16(15);                         \
+        __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), m4);                              \
+        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift + 8)), m4);                          \
+        if (qh) {                                                                                                      \
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh), m = _mm256_set1_epi16((1 << hbits) - 1);        \
+            const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit)), m);                      \
+            const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit + 8)), m);                  \
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4)), hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));   \
+        }                                                                                                              \
+        if (hbits == 2) {                                                                                              \
+            const __m256i c = _mm256_set1_epi16(32);                                                                   \
+            lo = _mm256_sub_epi16(lo, c), hi = _mm256_sub_epi16(hi, c);                                                \
+        }                                                                                                              \
+        return (av16_bv){lo, hi};                                                                                      \
+    }                                                                                                                  \
+    /* Q6_K: the sums over values 0..15 and 16..31 apart, which that layout keeps in the low and high 128 bits */    \
+    ATTR INLINE void V##_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {                              \
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(V##_dot(w[0], x), V##_dot(w[1], x)),                     \
+                                            _mm256_hadd_epi32(V##_dot(w[2], x), V##_dot(w[3], x)));                    \
+        *lo = (i32x4)_mm256_castsi256_si128(h);                                                                        \
+        *hi = (i32x4)_mm256_extracti128_si256(h, 1);                                                                   \
     }
 X86_16(av16, av, AVX2_ATTR)
 X86_16(vn16, vn, VNNI_ATTR)
@@ -923,6 +989,16 @@ int qdot_variant(int v) {
 
 INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-bit blocks */
 
+/* 1 where variant v's kernels for fmt take each 16-bit block of x as its even values, then its odd ones (the
+ * x86 K-quant tiles: their weights' quants come out of 16-bit pairs of bytes that way); the integer sums,
+ * and so every result, are the same in any order of a block's values. */
+#ifdef QDOT_X86
+#define K_EVEN_ODD(v, fmt)                                                                                             \
+    (((v) == V_SIMD16 || (v) == V_DOT16) && ((fmt) == Q4_K || (fmt) == Q5_K || (fmt) == Q6_K))
+#else
+#define K_EVEN_ODD(v, fmt) 0
+#endif
+
 /* 1 if variant v (one of qdot_variants, not 0) has an integer kernel for fmt. */
 int qdot_format(int fmt, int v) {
     return v > 0 && (fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q4_K ||
@@ -934,14 +1010,24 @@ size_t qdot_x_bytes(int v, int64_t T, int64_t in) {
     return (size_t)T * (size_t)(in / 32) * (wide(v) ? sizeof(xblock16_t) : sizeof(xblock_t));
 }
 
-/* Rows t0 .. t0+tn of x (row stride x_stride floats, `in` a multiple of 32) into qx for variant v, laid
- * out as qdot_x_bytes counts: each row on its own, so its blocks do not depend on the others. */
-void qdot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx) {
+/* Rows t0 .. t0+tn of x (row stride x_stride floats, `in` a multiple of 32) into qx for variant v and weights
+ * in format fmt, laid out as qdot_x_bytes counts (and K_EVEN_ODD orders a block): each row on its own, so its
+ * blocks do not depend on the others. */
+void qdot_quantize_x(int v, int fmt, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn,
+                     void *qx) {
     const int64_t nb = in / 32;
+    const int even_odd = K_EVEN_ODD(v, fmt);
     for (int64_t t = t0; t < t0 + tn; t++)
         for (int64_t b = 0; b < nb; b++) {
-            if (wide(v)) quantize_block16(x + t * x_stride + 32 * b, (xblock16_t *)qx + t * nb + b);
-            else quantize_block(x + t * x_stride + 32 * b, (xblock_t *)qx + t * nb + b);
+            if (wide(v)) {
+                xblock16_t *xb = (xblock16_t *)qx + t * nb + b;
+                quantize_block16(x + t * x_stride + 32 * b, xb);
+                if (even_odd) {
+                    int16_t q[32];
+                    for (int j = 0; j < 16; j++) q[j] = xb->q[2 * j], q[16 + j] = xb->q[2 * j + 1];
+                    memcpy(xb->q, q, sizeof q);
+                }
+            } else quantize_block(x + t * x_stride + 32 * b, (xblock_t *)qx + t * nb + b);
         }
 }
 
