@@ -23,7 +23,9 @@ from nvllm.bench_floors import (
     floor_pass,
     machine_info,
     measure_bandwidth_gbs,
+    measure_int_peak_gops,
     measure_sgemm_gflops,
+    one_row_rates,
     weight_formats,
     weight_matmul_params,
 )
@@ -139,6 +141,14 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
                    "weight_read_ms": round(floors.weight_bytes / floors.bandwidth_gbs / 1e6, 2)},
         "prefill": [], "decode": [],
     }
+    # measured with the engine's threads and kernel variant in place (it sets them), before any request
+    progress("measuring the integer peak and the one-row kernels")
+    peak = measure_int_peak_gops(engine.threads)
+    if peak is not None:
+        result["floors"]["int_peak"] = {"variant": peak[0], "gops": round(peak[1], 1)}
+    result["floors"]["one_row_gbs"] = {
+        name: {"gbs": round(r, 2), "of_bandwidth": round(r / floors.bandwidth_gbs, 3)}
+        for name, r in one_row_rates(w).items()}
     for n in prefill_lens:
         progress(f"prefill {n} tokens")
         prompt = random_prompt(rng, mc.vocab_size, n)

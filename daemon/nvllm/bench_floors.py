@@ -4,10 +4,15 @@
                 back to back, nothing else: what a perfect engine on this BLAS would take.
   roofline      this machine's limits: reading every weight once at the measured memory bandwidth,
                 or the step's FLOPs at the measured peak sgemm rate, whichever is slower.
+  integer peak  the multiply-accumulates per second (two operations each) of the dot instruction the
+                integer kernels in use are built on, beside sgemm's GFLOP/s.
+  one row       each weight format's matrices times one row of x (a decode step's matmuls), in bytes of
+                weights per second: what the one-row kernels reach of the memory bandwidth.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from nvllm.model.kernels import matmul
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.weights.layout import ModelWeights
 
@@ -69,6 +75,35 @@ def measure_sgemm_gflops(n: int = 1536) -> float:
     a = np.ones((n, n), dtype=np.float32)
     b = np.ones((n, n), dtype=np.float32)
     return 2 * n ** 3 / _best(lambda: a @ b, 3) / 1e9
+
+
+def measure_int_peak_gops(threads: int) -> tuple[str, float] | None:
+    """The integer peak of the kernels' variant in use, on `threads` threads: (variant, GOP/s); None where
+    the quantized formats are multiplied in float (no library, or no integer variant runs)."""
+    variant = matmul.int_variant()
+    if variant in ("", "float"):
+        return None
+    return variant, matmul.int_peak_gops(variant, threads)
+
+
+def one_row_rates(w: ModelWeights, repeats: int = 5) -> dict[str, float]:
+    """GB/s of weights each storage format's matrices are multiplied at by one row of x, every matrix of
+    the format in turn (the parts of a fused matrix each with its own), best of `repeats`."""
+    by_format: dict[str, list[Weight]] = {}
+    for a in matrices(w) + [w.lm_head]:
+        for part in getattr(a, "parts", (a,)):
+            by_format.setdefault(part.formats[0], []).append(part)
+    rates = {}
+    for name, parts in sorted(by_format.items()):
+        calls = [(p, np.ones((1, p.shape[1]), dtype=np.float32), np.empty((1, p.shape[0]), dtype=np.float32))
+                 for p in parts]
+        rates[name] = sum(p.nbytes for p in parts) / _best(functools.partial(_apply_all, calls), repeats) / 1e9
+    return rates
+
+
+def _apply_all(calls: list[tuple[Weight, np.ndarray, np.ndarray]]) -> None:
+    for weight, x, out in calls:
+        weight.apply(x, out)
 
 
 @dataclass

@@ -19,7 +19,12 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"model: {r['model']['path']} ({r['model']['parameters'] / 1e6:.0f}M parameters, "
                      f"{r['model']['weight_bytes'] / 2**20:.0f} MiB of weights as {formats or 'F32'})")
         lines.append(f"floors: memory bandwidth {f['memory_bandwidth_gbs']} GB/s "
-                     f"(weights read in {f['weight_read_ms']} ms), peak sgemm {f['sgemm_gflops']} GFLOP/s")
+                     f"(weights read in {f['weight_read_ms']} ms), peak sgemm {f['sgemm_gflops']} GFLOP/s"
+                     + (f", integer peak {f['int_peak']['gops']} GOP/s ({f['int_peak']['variant']})"
+                        if "int_peak" in f else ""))
+        if f.get("one_row_gbs"):
+            lines.append("one row of x: " + ", ".join(
+                f"{name} {v['gbs']} GB/s ({v['of_bandwidth']} of bandwidth)" for name, v in f["one_row_gbs"].items()))
     if r.get("prefill"):
         lines.append("")
         lines.append(f"{'prefill':>10} {'tokens/s':>10} {'seconds':>9} {'matmul floor':>13} {'of floor':>9} "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from nvllm import bench
+from nvllm.model.kernels import matmul
 
 
 def test_in_process_bench_reports_figures_beside_floors(tiny_models):
@@ -15,6 +16,12 @@ def test_in_process_bench_reports_figures_beside_floors(tiny_models):
     assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
     assert r["machine"]["threads"] >= 1 and r["machine"]["cores"] >= 1
     assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
+    # every format the model holds has its one-row rate, as a fraction of the bandwidth measured
+    rows = r["floors"]["one_row_gbs"]
+    assert set(rows) == set(r["model"]["weight_formats"]) and rows
+    assert all(v["gbs"] > 0 and v["of_bandwidth"] > 0 for v in rows.values())
+    if matmul.int_variant() not in ("", "float"):
+        assert r["floors"]["int_peak"]["variant"] == matmul.int_variant() and r["floors"]["int_peak"]["gops"] > 0
     assert [p["prompt_tokens"] for p in r["prefill"]] == [16, 48]
     for p in r["prefill"]:
         assert p["tokens_per_s"] > 0 and p["matmul_floor_s"] > 0 and p["fraction_of_floor"] > 0
@@ -24,7 +31,7 @@ def test_in_process_bench_reports_figures_beside_floors(tiny_models):
                     "itl_ms_p50", "itl_ms_p99", "floor_tokens_per_s"):
             assert d[key] > 0, key
     table = bench.format_table(r)
-    assert "of floor" in table and "peak resident memory" in table
+    assert "of floor" in table and "peak resident memory" in table and "one row of x" in table
 
 
 def test_cli_bench_prints_one_json_object(tiny_models):

@@ -247,6 +247,27 @@ def test_the_float_variant_is_the_exact_path() -> None:
 
 
 @needs_lib
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_has_an_integer_peak(variant: str) -> None:
+    # products counted, not timed: reps rounds of four vectors' worth
+    v = mk.INT_VARIANTS[variant]
+    per_round = mk.lib.qdot_peak(v, 1)
+    assert per_round >= 4 and mk.lib.qdot_peak(v, 1000) == 1000 * per_round
+    assert mk.int_peak_gops(variant, 1, seconds=0.01) > 0
+    assert mk.int_peak_gops(variant, 2, seconds=0.01) > 0
+
+
+@needs_lib
+def test_the_integer_peak_refuses_what_has_none() -> None:
+    for name in ("float", "sse9"):
+        with pytest.raises(ValueError, match="variant"):
+            mk.int_peak_gops(name, 1)
+    with pytest.raises(ValueError, match="threads"):
+        mk.int_peak_gops(VARIANTS[0], 0)
+    assert mk.lib.qdot_peak(0, 10) == 0 and mk.lib.qdot_peak(99, 10) == 0
+
+
 @pytest.mark.parametrize("name", ["sse9", "", "FLOAT", 3])
 def test_an_unknown_variant_is_refused_naming_it(name: object) -> None:
     with pytest.raises(ValueError, match=r"^variant: "):

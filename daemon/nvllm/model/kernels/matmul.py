@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from nvllm.model.kernels.threads import MAX as MAX_THREADS
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 
-ABI = 7  # must equal matmul_abi() in csrc/matmul.c
+ABI = 8  # must equal matmul_abi() in csrc/matmul.c
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # The plain float tile's variants, by their number in csrc/matmul.c (portable: the build's baseline target).
@@ -80,6 +81,8 @@ def _load() -> ctypes.CDLL | None:
         lib.qdot_variant.restype = ctypes.c_int
         lib.qdot_variant_name.argtypes = [ctypes.c_int]
         lib.qdot_variant_name.restype = ctypes.c_char_p
+        lib.qdot_peak.argtypes = [ctypes.c_int, _I64]
+        lib.qdot_peak.restype = _I64
     return lib
 
 
@@ -166,6 +169,38 @@ def pool_run(fn: int, arg: int, parts: int) -> None:
     (kernels.PagedDecode). fn must not call back into this library."""
     assert lib is not None  # passed as pool_run only with the library loaded
     lib.matmul_pool_run(fn, arg, int(parts))
+
+
+class _PeakJob(ctypes.Structure):
+    _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # qdot.c's peak_job_t
+
+
+def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
+    """The integer peak of `variant` (one of int_variants(), not "float") on `threads` of the pool's threads:
+    its dot instruction's multiply-accumulates per second, counted as two operations each (as a GFLOP/s
+    figure counts a multiply-add), in billions; the best of three runs of about `seconds` each."""
+    if variant not in int_variants() or variant == "float":
+        raise ValueError(f"variant: {variant!r} has no integer peak here (runs: {', '.join(int_variants())})")
+    _check_threads(threads)
+    assert lib is not None  # int_variants() is empty without it
+    v = INT_VARIANTS[variant]
+    reps = 1 << 12
+    while True:   # rounds enough for `seconds` on one thread
+        t = time.perf_counter()
+        lib.qdot_peak(v, reps)
+        dt = time.perf_counter() - t
+        if dt >= seconds / 4 or reps >= 1 << 40:
+            break
+        reps *= 4
+    job = _PeakJob(v, max(1, int(reps * seconds / max(dt, 1e-9))))
+    part = ctypes.cast(lib.qdot_peak_part, ctypes.c_void_p).value or 0
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        pool_run(part, ctypes.addressof(job), threads)
+        dt = time.perf_counter() - t
+        best = max(best, 2 * sum(job.done[:threads]) / dt / 1e9)
+    return best
 
 
 def _ptr(a: np.ndarray) -> int:

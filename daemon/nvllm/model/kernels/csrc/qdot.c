@@ -963,6 +963,106 @@ const char *qdot_variant_name(int v) {
     }
 }
 
+/* ---------------------------------------------------------------- the integer peak
+ *
+ * What nvllm bench sets the integer kernels beside, as it sets the float ones beside BLAS's sgemm: rounds of
+ * PEAK_REGS independent multiply-accumulates of a variant's own dot instruction (the one its tiles are built
+ * on), on registers, so nothing but the instruction's throughput bounds them. The empty asm tells the
+ * compiler the operands change each round, so it cannot take the products out of the loop. */
+#define PEAK_REGS 4   /* four a and four sums: with b and the products, no spill of AVX2's 16 registers */
+/* Named variables, not arrays: gcc keeps an array of vectors that an asm touches in memory. */
+#define PEAK_ROUNDS(KEEP, STEP)                                                                                        \
+    for (int64_t r = 0; r < reps; r++) {                                                                               \
+        KEEP(a0); KEEP(a1); KEEP(a2); KEEP(a3);                                                                        \
+        c0 = STEP(c0, a0, b), c1 = STEP(c1, a1, b), c2 = STEP(c2, a2, b), c3 = STEP(c3, a3, b);                        \
+    }
+
+#ifdef QDOT_X86
+#define X86_KEEP(a) __asm__ volatile("" : "+x"(a))
+#define X86_PEAK(NAME, ATTR, MACS, STEP)                                                                               \
+    ATTR static int64_t NAME(int64_t reps, const uint8_t *seed) {                                                     \
+        const __m256i *p = (const __m256i *)seed;                                                                      \
+        const __m256i b = _mm256_loadu_si256(p);                                                                       \
+        __m256i a0 = b, a1 = b, a2 = b, a3 = b, c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;                \
+        PEAK_ROUNDS(X86_KEEP, STEP)                                                                                    \
+        __m256i t = _mm256_xor_si256(_mm256_xor_si256(c0, c1), _mm256_xor_si256(c2, c3));                              \
+        X86_KEEP(t);                                                                                                   \
+        return reps * PEAK_REGS * (MACS);                                                                              \
+    }
+#define AV_STEP(c, a, b) _mm256_add_epi32((c), _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1)))
+#define AV16_STEP(c, a, b) _mm256_add_epi32((c), _mm256_madd_epi16((a), (b)))
+X86_PEAK(av_peak, AVX2_ATTR, 32, AV_STEP)
+X86_PEAK(av16_peak, AVX2_ATTR, 16, AV16_STEP)
+X86_PEAK(vn_peak, VNNI_ATTR, 32, _mm256_dpbusd_epi32)
+X86_PEAK(vn16_peak, VNNI_ATTR, 16, _mm256_dpwssd_epi32)
+#endif
+
+#ifdef QDOT_ARM
+#define ARM_KEEP(a) __asm__ volatile("" : "+w"(a))
+#define ARM_PEAK(NAME, ATTR, MACS, T, LOAD, STEP)                                                                      \
+    ATTR static int64_t NAME(int64_t reps, const uint8_t *seed) {                                                     \
+        const T b = LOAD(seed);                                                                                        \
+        T a0 = b, a1 = b, a2 = b, a3 = b;                                                                              \
+        int32x4_t c0 = vdupq_n_s32(0), c1 = c0, c2 = c0, c3 = c0;                                                      \
+        PEAK_ROUNDS(ARM_KEEP, STEP)                                                                                    \
+        int32x4_t t = veorq_s32(veorq_s32(c0, c1), veorq_s32(c2, c3));                                                 \
+        ARM_KEEP(t);                                                                                                   \
+        return reps * PEAK_REGS * (MACS);                                                                              \
+    }
+#define NE_LOAD8(p) vld1q_s8((const int8_t *)(p))
+#define NE_LOAD16(p) vld1q_s16((const int16_t *)(p))
+/* plain NEON's 8-bit product is smull + a pairwise add (16 products); 16-bit, smlal and smlal2 (8) */
+#define NE_STEP(c, a, b) vpadalq_s16((c), vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(b)), (a), (b)))
+#define N16_STEP(c, a, b) vmlal_high_s16(vmlal_s16((c), vget_low_s16(a), vget_low_s16(b)), (a), (b))
+ARM_PEAK(ne_peak, NEON_ATTR, 16, int8x16_t, NE_LOAD8, NE_STEP)
+ARM_PEAK(n16_peak, NEON_ATTR, 8, int16x8_t, NE_LOAD16, N16_STEP)
+ARM_PEAK(sd_peak, SDOT_ATTR, 16, int8x16_t, NE_LOAD8, vdotq_s32)
+#endif
+
+/* The portable variants' own loop: what the compiler makes of PEAK_REGS int32 multiply-accumulates. */
+static int64_t scalar_peak(int64_t reps, const uint8_t *seed) {
+    const int32_t b = (int8_t)seed[0];
+    int32_t a0 = b, a1 = b, a2 = b, a3 = b, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+#define SCALAR_KEEP(a) __asm__ volatile("" : "+r"(a))
+#define SCALAR_STEP(c, a, b) ((c) + (a) * (b))
+    PEAK_ROUNDS(SCALAR_KEEP, SCALAR_STEP)
+    int32_t t = c0 ^ c1 ^ c2 ^ c3;
+    SCALAR_KEEP(t);
+    return reps * PEAK_REGS;
+}
+
+/* `reps` rounds of variant v's peak loop; returns the multiply-accumulates made (0 for a variant this machine
+ * does not run). */
+int64_t qdot_peak(int v, int64_t reps) {
+    static const uint8_t seed[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+    if (v <= 0 || v > V_DOT16 || !(qdot_variants() >> v & 1) || reps <= 0) return 0;
+    switch (v) {
+#ifdef QDOT_X86
+    case V_SIMD: return av_peak(reps, seed);
+    case V_SIMD16: return av16_peak(reps, seed);
+    case V_DOT: return vn_peak(reps, seed);
+    case V_DOT16: return vn16_peak(reps, seed);
+#endif
+#ifdef QDOT_ARM
+    case V_SIMD: return ne_peak(reps, seed);
+    case V_SIMD16: return n16_peak(reps, seed);
+    case V_DOT: return sd_peak(reps, seed);
+#endif
+    default: return scalar_peak(reps, seed);
+    }
+}
+
+/* qdot_peak on the matmul pool's threads (matmul_pool_run): part p runs job->reps rounds into job->done[p]. */
+typedef struct {
+    int v;
+    int64_t reps;
+    int64_t done[64];
+} peak_job_t;
+void qdot_peak_part(void *arg, int part) {
+    peak_job_t *j = (peak_job_t *)arg;
+    if (part >= 0 && part < 64) j->done[part] = qdot_peak(j->v, j->reps);
+}
+
 static int chosen = -1;   /* the variant in use; -1 until the first call picks the best */
 
 /* Makes the formats with integer kernels use variant v (a bit of qdot_variants; 0: float) from the next
