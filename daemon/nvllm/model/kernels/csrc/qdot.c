@@ -308,41 +308,18 @@ typedef uint8_t u8x32 __attribute__((vector_size(32)));
 typedef uint64_t u64x4 __attribute__((vector_size(32)));
 
 /* From four rows' 8 bytes (row i's in bytes 8i .. 8i + 7 of r), bytes k = 2h and 2h + 1 of every row as
- * int32 lanes, row i in lane i, then lane 4 + i (ZXh: zero-extended; SXh: the byte at the top of its lane,
+ * int32 lanes, row i in lane i, then lane 4 + i (ZX: zero-extended; SX: the byte at the top of its lane,
  * for an arithmetic shift to sign-extend it). One shuffle each: gcc's own widening of byte vectors to
- * float goes a byte at a time. */
-#define ZX0(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        0, 32, 32, 32, 8, 32, 32, 32, 16, 32, 32, 32, 24, 32, 32, 32,                                                \
-        1, 32, 32, 32, 9, 32, 32, 32, 17, 32, 32, 32, 25, 32, 32, 32)
-#define ZX1(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        2, 32, 32, 32, 10, 32, 32, 32, 18, 32, 32, 32, 26, 32, 32, 32,                                               \
-        3, 32, 32, 32, 11, 32, 32, 32, 19, 32, 32, 32, 27, 32, 32, 32)
-#define ZX2(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        4, 32, 32, 32, 12, 32, 32, 32, 20, 32, 32, 32, 28, 32, 32, 32,                                               \
-        5, 32, 32, 32, 13, 32, 32, 32, 21, 32, 32, 32, 29, 32, 32, 32)
-#define ZX3(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        6, 32, 32, 32, 14, 32, 32, 32, 22, 32, 32, 32, 30, 32, 32, 32,                                               \
-        7, 32, 32, 32, 15, 32, 32, 32, 23, 32, 32, 32, 31, 32, 32, 32)
-#define SX0(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        32, 32, 32, 0, 32, 32, 32, 8, 32, 32, 32, 16, 32, 32, 32, 24,                                                \
-        32, 32, 32, 1, 32, 32, 32, 9, 32, 32, 32, 17, 32, 32, 32, 25)
-#define SX1(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        32, 32, 32, 2, 32, 32, 32, 10, 32, 32, 32, 18, 32, 32, 32, 26,                                               \
-        32, 32, 32, 3, 32, 32, 32, 11, 32, 32, 32, 19, 32, 32, 32, 27)
-#define SX2(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        32, 32, 32, 4, 32, 32, 32, 12, 32, 32, 32, 20, 32, 32, 32, 28,                                               \
-        32, 32, 32, 5, 32, 32, 32, 13, 32, 32, 32, 21, 32, 32, 32, 29)
-#define SX3(r, z)                                                                                                    \
-    __builtin_shufflevector((r), (z),                                                                                \
-        32, 32, 32, 6, 32, 32, 32, 14, 32, 32, 32, 22, 32, 32, 32, 30,                                               \
-        32, 32, 32, 7, 32, 32, 32, 15, 32, 32, 32, 23, 32, 32, 32, 31)
+ * float goes a byte at a time. SRC(h, j) is the byte of r that lane j takes; 32 is a zero of z. */
+#define SRC(h, j) (8 * ((j) % 4) + 2 * (h) + (j) / 4)
+#define ZX(r, z, h)                                                                                                    \
+    __builtin_shufflevector((r), (z), SRC(h, 0), 32, 32, 32, SRC(h, 1), 32, 32, 32, SRC(h, 2), 32, 32, 32,            \
+                            SRC(h, 3), 32, 32, 32, SRC(h, 4), 32, 32, 32, SRC(h, 5), 32, 32, 32, SRC(h, 6), 32, 32,   \
+                            32, SRC(h, 7), 32, 32, 32)
+#define SX(r, z, h)                                                                                                    \
+    __builtin_shufflevector((r), (z), 32, 32, 32, SRC(h, 0), 32, 32, 32, SRC(h, 1), 32, 32, 32, SRC(h, 2), 32, 32,    \
+                            32, SRC(h, 3), 32, 32, 32, SRC(h, 4), 32, 32, 32, SRC(h, 5), 32, 32, 32, SRC(h, 6), 32,   \
+                            32, 32, SRC(h, 7))
 
 /* out[2h], out[2h + 1] = d * bytes 2h, 2h + 1 (lane i row i) of the four rows' 8 bytes in r */
 INLINE void scale_pairs(u8x32 r, int sign, f32x4 d, f32x4 *out) {
@@ -350,10 +327,10 @@ INLINE void scale_pairs(u8x32 r, int sign, f32x4 d, f32x4 *out) {
     const f32x8 d8 = __builtin_shufflevector(d, d, 0, 1, 2, 3, 0, 1, 2, 3);
     i32x8 v[4];
     if (sign)
-        v[0] = (i32x8)SX0(r, z) >> 24, v[1] = (i32x8)SX1(r, z) >> 24, v[2] = (i32x8)SX2(r, z) >> 24,
-        v[3] = (i32x8)SX3(r, z) >> 24;
+        v[0] = (i32x8)SX(r, z, 0) >> 24, v[1] = (i32x8)SX(r, z, 1) >> 24, v[2] = (i32x8)SX(r, z, 2) >> 24,
+        v[3] = (i32x8)SX(r, z, 3) >> 24;
     else
-        v[0] = (i32x8)ZX0(r, z), v[1] = (i32x8)ZX1(r, z), v[2] = (i32x8)ZX2(r, z), v[3] = (i32x8)ZX3(r, z);
+        v[0] = (i32x8)ZX(r, z, 0), v[1] = (i32x8)ZX(r, z, 1), v[2] = (i32x8)ZX(r, z, 2), v[3] = (i32x8)ZX(r, z, 3);
     for (int h = 0; h < 4; h++) {
         const f32x8 f = d8 * __builtin_convertvector(v[h], f32x8);
         out[2 * h] = __builtin_shufflevector(f, f, 0, 1, 2, 3);
