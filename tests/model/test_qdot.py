@@ -251,6 +251,7 @@ def test_the_float_variant_is_the_exact_path() -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_has_an_integer_peak(variant: str) -> None:
     # products counted, not timed: reps rounds of four vectors' worth
+    assert mk.lib is not None  # needs_lib
     v = mk.INT_VARIANTS[variant]
     per_round = mk.lib.qdot_peak(v, 1)
     assert per_round >= 4 and mk.lib.qdot_peak(v, 1000) == 1000 * per_round
@@ -265,6 +266,7 @@ def test_the_integer_peak_refuses_what_has_none() -> None:
             mk.int_peak_gops(name, 1)
     with pytest.raises(ValueError, match="threads"):
         mk.int_peak_gops(VARIANTS[0], 0)
+    assert mk.lib is not None  # needs_lib
     assert mk.lib.qdot_peak(0, 10) == 0 and mk.lib.qdot_peak(99, 10) == 0
 
 
