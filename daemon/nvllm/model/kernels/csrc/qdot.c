@@ -1030,14 +1030,15 @@ int64_t qdot_peak(int v, int64_t reps) {
 }
 
 /* qdot_peak on the matmul pool's threads (matmul_pool_run): part p runs job->reps rounds into job->done[p]. */
+#define PEAK_PARTS 64   /* matmul.c's MAX_THREADS, and matmul.py's _PeakJob */
 typedef struct {
     int v;
     int64_t reps;
-    int64_t done[64];
+    int64_t done[PEAK_PARTS];
 } peak_job_t;
 void qdot_peak_part(void *arg, int part) {
     peak_job_t *j = (peak_job_t *)arg;
-    if (part >= 0 && part < 64) j->done[part] = qdot_peak(j->v, j->reps);
+    if (part >= 0 && part < PEAK_PARTS) j->done[part] = qdot_peak(j->v, j->reps);
 }
 
 static int chosen = -1;   /* the variant in use; -1 until the first call picks the best */
