@@ -15,8 +15,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from helpers.paths import GOLDEN
+from helpers.schedule import run_schedule
 from nvllm import LLM, SamplingParams
-from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.model.decoder import Model
 from nvllm.model.weights.gguf_file import read_gguf
 from nvllm.model.weights.gguf_weights import load_gguf_weights
 
@@ -75,50 +76,6 @@ class Golden:
             out.append((self.t[f"batch_{i}_ids"], self.logits(f"batch_{i}_logits")))
             i += 1
         return out
-
-
-def run_schedule(model: Model, prompts: list[np.ndarray], steps: list[list[int]],
-                 block_size: int = 16) -> list[np.ndarray]:
-    """Feed the prompts to the model in steps; steps[k][i] = tokens of prompt i in step k (0 = none).
-
-    Each prompt's pages are scattered over the pool in a shuffled order, so block tables matter.
-    Returns each prompt's logits at every position.
-    """
-    total = sum(-(-len(p) // block_size) for p in prompts)
-    cache = model.make_kv_cache(total + 1, block_size)
-    order = np.random.default_rng(0).permutation(total + 1)[:total]
-    tables, start = [], 0
-    for p in prompts:
-        n = -(-len(p) // block_size)
-        tables.append(order[start:start + n])
-        start += n
-    width = max(len(t) for t in tables)
-    done = [0] * len(prompts)
-    logits: list[list[np.ndarray]] = [[] for _ in prompts]
-    for step in steps:
-        ids, pos, slots, qlens, clens, rows, who = [], [], [], [], [], [], []
-        for i, n in enumerate(step):
-            if n == 0:
-                continue
-            p = np.arange(done[i], done[i] + n)
-            ids.append(prompts[i][p])
-            pos.append(p)
-            slots.append(tables[i][p // block_size] * block_size + p % block_size)
-            qlens.append(n)
-            clens.append(done[i] + n)
-            rows.append(np.zeros(width, dtype=np.int32))
-            rows[-1][:len(tables[i])] = tables[i]
-            who.append((i, n))
-            done[i] += n
-        fb = ForwardBatch.build(np.concatenate(ids), np.concatenate(pos), np.concatenate(slots), np.array(qlens),
-                                np.array(clens), np.stack(rows), np.arange(sum(qlens)))
-        out = model.forward(fb, cache)
-        at = 0
-        for i, n in who:
-            logits[i].append(out[at:at + n])
-            at += n
-    assert done == [len(p) for p in prompts]
-    return [np.concatenate(chunks) for chunks in logits]
 
 
 @pytest.fixture(scope="module", params=MODEL_PARAMS)

@@ -12,8 +12,10 @@ import numpy as np
 
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from nvllm.model.config import ModelConfig, rope_inv_freq
-from nvllm.model.kernels import ops
+from nvllm.model.kernels import matmul, ops, threads
+from nvllm.model.kernels.step import DecodeLayers, LayerSpec
 from nvllm.model.kv_cache import KVCache
+from nvllm.model.matrix.weight import DECODE_ROWS
 from nvllm.model.weights.folder import load_weights
 from nvllm.model.weights.layout import ModelWeights
 
@@ -76,6 +78,10 @@ class Model:
         self.kv_size = c.num_kv_heads * c.head_dim
         self.scale = float(c.head_dim ** -0.5)
         self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
+        # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
+        # False runs them layer by layer here, the twin the tests hold it to.
+        self.layers_in_c = True
+        self._steps: dict[bool, tuple[np.ndarray, DecodeLayers | None]] = {}   # by one row: (pool, plan)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, quantization: str = "") -> Model:
@@ -113,6 +119,31 @@ class Model:
             heads = qkv[:, start:end].reshape(-1, hd)           # [T, n*hd] -> [T*n, hd], a contiguous copy
             qkv[:, start:end] = rms_norm(heads, weight, c.rms_norm_eps).reshape(T, end - start)
 
+    def _decode_layers(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodeLayers | None:
+        """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
+        to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
+        T, meta = batch.token_ids.shape[0], batch.attn
+        if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
+                or meta.prefill_rows.size or meta.decode_span != (0, T)):
+            return None
+        key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
+        pool, plan = self._steps.get(key, (None, None))
+        if pool is not kv_cache.pool:
+            plan, c = None, self.config
+            specs = []
+            for layer in self.weights.layers:
+                mats = [m.decode_blocks(T) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+                if any(m is None for m in mats):
+                    break
+                qkv, o, gate_up, down = (m or () for m in mats)
+                specs.append(LayerSpec(layer.input_norm, qkv, o, layer.post_norm, gate_up, down, layer.qkv_bias,
+                                       layer.q_norm, layer.k_norm))
+            else:
+                plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
+                                    c.intermediate_size, c.rms_norm_eps)
+            self._steps[key] = (kv_cache.pool, plan)
+        return plan
+
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
         """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32.
         Raises NonFiniteLogits if any of them is NaN or inf."""
@@ -125,7 +156,12 @@ class Model:
         rope_write = (ops.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
                       if ops.lib is not None else None)
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
-        for i, layer in enumerate(w.layers):
+        in_c = self._decode_layers(batch, kv_cache)
+        if in_c is not None:
+            assert rope_write is not None and batch.attn.paged_decode is not None  # ops.lib is loaded
+            x = np.array(x, dtype=np.float32, order="C")                        # written in place
+            in_c(x, rope_write, batch.attn.paged_decode, threads.count)
+        for i, layer in enumerate(w.layers if in_c is None else ()):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv.apply(h)                                            # [T, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:

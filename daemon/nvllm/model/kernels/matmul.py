@@ -42,7 +42,7 @@ from nvllm.model.kernels.threads import MAX as MAX_THREADS
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 
-ABI = 8  # must equal matmul_abi() in csrc/matmul.c
+ABI = 9  # must equal matmul_abi() in csrc/matmul.c
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # The plain float tile's variants, by their number in csrc/matmul.c (portable: the build's baseline target).
@@ -83,6 +83,8 @@ def _load() -> ctypes.CDLL | None:
         lib.qdot_variant_name.restype = ctypes.c_char_p
         lib.qdot_peak.argtypes = [ctypes.c_int, _I64]
         lib.qdot_peak.restype = _I64
+        lib.decode_layers.argtypes = [_P]   # csrc/step.c, wrapped by step.py
+        lib.decode_layers.restype = ctypes.c_int
     return lib
 
 
@@ -181,7 +183,7 @@ def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
     figure counts a multiply-add), in billions; the best of three runs of about `seconds` each."""
     if variant not in int_variants() or variant == "float":
         raise ValueError(f"variant: {variant!r} has no integer peak here (runs: {', '.join(int_variants())})")
-    _check_threads(threads)
+    check_threads(threads)
     assert lib is not None  # int_variants() is empty without it
     v = INT_VARIANTS[variant]
     reps = 1 << 12
@@ -227,7 +229,7 @@ def _check_weight(w: BlockMatrix) -> None:
                          f"got strides {b.strides}")
 
 
-def _weight_args(w: BlockMatrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
+def weight_args(w: BlockMatrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
     """(blocks, shape, GGUF type id, blocks' address, row bytes) of a checked weight, kept on it: a decode
     step multiplies by each weight again and again, and checking it and taking its address cost as much as
     the product by a small matrix. Checked again if its blocks or shape are replaced."""
@@ -267,15 +269,14 @@ def _check_out(out: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> None:
         raise ValueError("out: overlaps x; the kernel reads x while it writes out")
 
 
-def _check_threads(threads: int) -> None:
+def check_threads(threads: int) -> None:
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= MAX_THREADS:
         raise ValueError(f"threads: need an integer in [1, {MAX_THREADS}], got {threads!r}")
 
 
-def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, in] float32 -> x @ w.T [T, out] float32 for a C-contiguous float32 w [out, in], by the plain
-    float tile (as a BlockMatrix of format F32 over the same memory, never a copy); into `out` when
-    given."""
+def float_blocks(w: np.ndarray) -> BlockMatrix:
+    """A C-contiguous float32 w [out, in] as a BlockMatrix of format F32 over the same memory (no copy):
+    what the plain float tile multiplies."""
     if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim != 2:
         got = f"{w.dtype} {list(w.shape)}" if isinstance(w, np.ndarray) else type(w).__name__
         raise ValueError(f"w: need a float32 [out, in] array, got {got}")
@@ -283,16 +284,22 @@ def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | N
         raise ValueError(f"w: need rows of {w.shape[1]} values one after the other (C-contiguous), "
                          f"got strides {w.strides}")
     blocks = w.view(np.uint8) if w.size else np.zeros((w.shape[0], 4 * w.shape[1]), np.uint8)
-    return quant_matmul(BlockMatrix(_F32, blocks, w.shape), x, threads, out)
+    return BlockMatrix(_F32, blocks, w.shape)
+
+
+def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, in] float32 -> x @ w.T [T, out] float32 for a C-contiguous float32 w [out, in], by the plain
+    float tile (float_blocks); into `out` when given."""
+    return quant_matmul(float_blocks(w), x, threads, out)
 
 
 def quant_matmul(w: BlockMatrix, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given. Built for
     decode-sized x (QuantizedWeight.apply sends it up to DECODE_ROWS rows; dequantized_matmul takes longer ones)."""
-    _, _, ggml_type, blocks, row_bytes = _weight_args(w)
+    _, _, ggml_type, blocks, row_bytes = weight_args(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
-    _check_threads(threads)
+    check_threads(threads)
     T = x.shape[0]
     if out is None:
         out = np.empty((T, n_out), np.float32)
@@ -323,8 +330,8 @@ def dequantize_rows(w: BlockMatrix, start: int, stop: int, threads: int = 1,
     """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quant/dequantize.py's),
     on `threads` threads, into `out` when given; NumPy's where the library was not built or the format
     has no kernel."""
-    _, _, ggml_type, blocks, row_bytes = _weight_args(w)
-    _check_threads(threads)
+    _, _, ggml_type, blocks, row_bytes = weight_args(w)
+    check_threads(threads)
     n_out, n_in = w.shape
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= n_out):
         raise ValueError(f"start, stop: need 0 <= start <= stop <= {n_out}, got {start!r}, {stop!r}")

@@ -128,6 +128,7 @@ class PagedDecode:
         self._keep = (block_tables, context_lens)
         self._fixed = (_ptr(block_tables), block_tables.shape[1], _ptr(context_lens))
         self._jobs: dict[int, tuple[_DecodeJob, np.ndarray]] = {}   # by parts: the job and its bounds
+        self._bounds: dict[int, np.ndarray] = {}                     # by parts: split_by_work's bounds
 
     def _check_tables(self, num_blocks: int, block_size: int) -> None:
         tables, ctx = self._keep
@@ -144,6 +145,19 @@ class PagedDecode:
                              f"pool's [0, {num_blocks})")
         self._checked = (num_blocks, block_size)
 
+    def bounds(self, parts: int) -> np.ndarray:
+        """split_by_work's bounds for `parts` runs of sequences, made once per part count."""
+        if parts not in self._bounds:
+            self._bounds[parts] = split_by_work(self._keep[1], parts)
+        return self._bounds[parts]
+
+    def addresses(self, num_blocks: int, block_size: int) -> tuple[int, int, int]:
+        """(block tables, their row stride, context lengths): the checked copies' addresses, for a kernel
+        that attends within a pool of num_blocks pages of block_size (kernels/step.py's)."""
+        if self._checked != (num_blocks, block_size):
+            self._check_tables(num_blocks, block_size)
+        return self._fixed
+
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
                  pool_run: Callable[[int, int, int], None] | None = None) -> None:
         """With pool_run (matmul.pool_run) and parts > 1, the sequences are split into `parts` runs
@@ -158,9 +172,7 @@ class PagedDecode:
         if out.shape != (S, nh, hd) or nh % nkv:
             raise ValueError(f"out: need [{S}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads, "
                              f"got {list(out.shape)}")
-        if self._checked != (nb, bs):
-            self._check_tables(nb, bs)
-        tables, width, ctx = self._fixed
+        tables, width, ctx = self.addresses(nb, bs)
         k = _ptr(kv_pool)
         parts = min(int(parts), S)
         if pool_run is None or parts < 2:
@@ -169,7 +181,7 @@ class PagedDecode:
                                             _ptr(out), S, nh, nkv, hd, bs)
         else:
             if parts not in self._jobs:
-                bounds = split_by_work(self._keep[1], parts)
+                bounds = self.bounds(parts)
                 job = _DecodeJob(block_tables=tables, table_stride=width, context_lens=ctx, bounds=_ptr(bounds))
                 self._jobs[parts] = (job, bounds)
             job = self._jobs[parts][0]
@@ -262,6 +274,20 @@ class RopeWriteKV:
         self._keep = (cos, sin, slot_mapping)   # the addresses below point into these
         self._ptrs = (_ptr(cos), _ptr(sin), _ptr(slot_mapping))
 
+    @property
+    def heads(self) -> tuple[int, int, int, float]:
+        """(q heads, KV heads, head size, q's scale)."""
+        return self._heads + (self._scale,)
+
+    def addresses(self, num_slots: int) -> tuple[int, int, int]:
+        """(cos, sin, slots): the checked copies' addresses, for a kernel that writes within a pool of
+        num_slots slots (kernels/step.py's)."""
+        if self._max_slot >= num_slots:
+            t = int(np.argmax(self._keep[2] >= num_slots))
+            raise ValueError(f"slot_mapping: token {t} has slot {int(self._keep[2][t])}, outside the pool's "
+                             f"[0, {num_slots})")
+        return self._ptrs
+
     def __call__(self, qkv: np.ndarray, kv_pool: np.ndarray) -> None:
         """qkv [T, (nq + 2 nkv) hd] float32, contiguous; kv_pool [2, NB, bs, nkv, hd]."""
         _check(qkv, np.float32, "qkv", ndim=2, written=True)
@@ -272,11 +298,7 @@ class RopeWriteKV:
             raise ValueError(f"qkv: need [{T}, {(nq + 2 * nkv) * hd}], got {list(qkv.shape)}")
         if (pool_nkv, pool_hd) != (nkv, hd):
             raise ValueError(f"kv_pool: need {nkv} KV heads of {hd}, got {pool_nkv} of {pool_hd}")
-        if self._max_slot >= nb * bs:
-            t = int(np.argmax(self._keep[2] >= nb * bs))
-            raise ValueError(f"slot_mapping: token {t} has slot {int(self._keep[2][t])}, outside the pool's "
-                             f"[0, {nb * bs})")
-        cos, sin, slots = self._ptrs
+        cos, sin, slots = self.addresses(nb * bs)
         k = _ptr(kv_pool)
         assert lib is not None  # callers run this only with the library loaded
         lib.rope_write_kv(_ptr(qkv), T, qkv.shape[1], nq, nkv, hd, cos, sin, self._scale, slots, k,

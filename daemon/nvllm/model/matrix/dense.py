@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from nvllm.model.kernels import threads
-from nvllm.model.kernels.matmul import float_matmul
+from nvllm.model.kernels.matmul import float_blocks, float_matmul
 from nvllm.model.matrix.weight import DECODE_ROWS, Weight
+from nvllm.model.quant.blocks import BlockMatrix
 
 
 class DenseWeight(Weight):
@@ -32,6 +33,12 @@ class DenseWeight(Weight):
             return x @ a.T                                               # [T, in] @ [in, out]
         np.matmul(x, a.T, out=out)
         return out
+
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
+        a = self.array
+        if 2 <= rows <= DECODE_ROWS and a.dtype == np.float32 and a.flags.c_contiguous:
+            return (float_blocks(a),)
+        return None
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.array[ids]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nvllm.model.matrix.weight import Weight, new_out
+from nvllm.model.quant.blocks import BlockMatrix
 
 
 class FusedWeight(Weight):
@@ -27,6 +28,10 @@ class FusedWeight(Weight):
             p.apply(x, y[:, at:at + p.shape[0]])
             at += p.shape[0]
         return y
+
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
+        parts = [p.decode_blocks(rows) for p in self.parts]
+        return None if any(p is None for p in parts) else tuple(b for p in parts for b in p or ())
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.dequantize()[ids]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from nvllm.model.kernels import threads
-from nvllm.model.kernels.matmul import dequantized_matmul, quant_matmul
+from nvllm.model.kernels.matmul import FORMATS, dequantized_matmul, quant_matmul
 from nvllm.model.matrix.weight import DECODE_ROWS, Weight
 from nvllm.model.quant.blocks import BlockMatrix
 
@@ -19,8 +19,12 @@ class QuantizedWeight(BlockMatrix, Weight):
     kernels were not built. No float32 copy of the matrix outlives a call. F16 and BF16 are formats of
     one-value blocks to the kernels, so they are this type too: a class of their own would repeat it."""
 
+    def _decode(self, rows: int) -> bool:
+        """Whether `rows` rows of x go to quant_matmul (F32 blocks: one row goes to BLAS, as DenseWeight's)."""
+        return 2 <= rows <= DECODE_ROWS if self.fmt.name == "F32" else rows <= DECODE_ROWS
+
     def apply(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        decode = 2 <= x.shape[0] <= DECODE_ROWS if self.fmt.name == "F32" else x.shape[0] <= DECODE_ROWS
+        decode = self._decode(x.shape[0])
         if self.fmt.name == "F32" and not decode:             # BLAS on the blocks, no copy
             w = self.blocks.view(np.float32)
             if out is None:
@@ -33,6 +37,9 @@ class QuantizedWeight(BlockMatrix, Weight):
             # 2 threads: 1.3x the C tile on decoded blocks, which was itself 1.8x the integer path)
             return dequantized_matmul(self, x, out)
         return quant_matmul(self, x, threads.count, out)
+
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
+        return (self,) if self._decode(rows) and self.fmt.name in FORMATS else None
 
     def buffers(self) -> tuple[np.ndarray, ...]:
         return (self.blocks,)

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
+
 /* On x86-64 each entry point is also built for AVX2+FMA and picked at load time by the CPU it finds;
  * the baseline (SSE2) build stays for older CPUs. aarch64's baseline already has NEON and FMA. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -264,22 +266,7 @@ ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, 
     }
 }
 
-/* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
- * matmul_pool_run, which ops.py hands this function's address): part p takes sequences bounds[p] ..
- * bounds[p+1]. Each sequence is computed exactly as alone, so the split changes no bit. failed is set
- * when a part could not allocate its scratch. */
-typedef struct {
-    const float *q;
-    int64_t q_stride;
-    const float *k_pool, *v_pool;
-    const int32_t *block_tables;
-    int64_t table_stride;
-    const int64_t *context_lens;
-    float *out;
-    int64_t nh, nkv, hd, bs;
-    const int64_t *bounds;
-    int failed;
-} decode_job_t;
+/* decode_job_t: ops.h. */
 
 void paged_decode_part(void *arg, int part) {
     decode_job_t *j = arg;

@@ -1,0 +1,34 @@
+/* ops.c's entry points, for step.c: a decode step's layers call the same kernels in one pass. */
+#ifndef NVLLM_OPS_H
+#define NVLLM_OPS_H
+
+#include <stdint.h>
+
+int paged_decode_attention(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool,
+                           const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
+                           float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs);
+void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter);
+void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps);
+void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
+                   const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots, float *k_pool,
+                   float *v_pool);
+
+/* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
+ * matmul_pool_run): part p takes sequences bounds[p] .. bounds[p+1]. Each sequence is computed exactly
+ * as alone, so the split changes no bit. failed is set when a part could not allocate its scratch. */
+typedef struct {
+    const float *q;
+    int64_t q_stride;
+    const float *k_pool, *v_pool;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int64_t *context_lens;
+    float *out;
+    int64_t nh, nkv, hd, bs;
+    const int64_t *bounds;
+    int failed;
+} decode_job_t;
+
+void paged_decode_part(void *arg, int part);
+
+#endif

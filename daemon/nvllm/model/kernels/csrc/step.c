@@ -1,0 +1,114 @@
+/* A decode step's layers in one call (nvllm/model/kernels/step.py): for every layer, the kernels that
+ * decoder.py's forward pass calls one by one from Python (ops.c's norm, rope with the KV write, paged
+ * attention and SwiGLU; matmul.c's products), called here in the same order on the same buffers with
+ * the same arguments, and the few additions between them (bias, residual) done as NumPy does them. So a
+ * step gives the same bits either way; what goes is ~10 Python calls per layer, their checks and
+ * temporaries (~5 us each: a fifth of SmolLM2-135M's decode step on two threads).
+ *
+ * Everything is checked by step.py before the call (shapes, formats, block ids and slots against the
+ * pool); this file trusts its sizes, as the kernels it calls do.
+ */
+#include <stdint.h>
+
+#include "ops.h"
+
+int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
+                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads);
+int matmul_pool_run(void (*fn)(void *, int), void *arg, int parts);
+
+/* One storage of a matrix: `rows` output rows in GGUF type fmt, written to columns col .. col+rows of
+ * the product (a fused q|k|v or gate|up whose parts the file stores in different formats has several). */
+typedef struct {
+    int64_t fmt;
+    const uint8_t *w;
+    int64_t row_bytes, rows, in, col;
+} step_part_t;
+
+typedef struct {
+    const step_part_t *parts;
+    int64_t count;
+} step_matrix_t;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    const float *qkv_bias;          /* or NULL */
+    const float *q_norm, *k_norm;   /* or NULL: Qwen3's per-head norms */
+    step_matrix_t qkv, o, gate_up, down;
+    float *k_pool, *v_pool;         /* this layer's pages [blocks, bs, nkv, hd] each */
+} step_layer_t;
+
+typedef struct {
+    const step_layer_t *layers;
+    int64_t num_layers;
+    int64_t T, H, nq, nkv, hd, inter, bs;
+    float eps, q_scale;
+    float *x;                       /* [T, H]: the residual stream, in and out */
+    float *h, *qkv, *attn, *gu, *act;   /* scratch: [T, H], [T, (nq + 2 nkv) hd], [T, nq hd], [T, 2I], [T, I] */
+    const float *cos, *sin;         /* [T, hd/2] */
+    const int64_t *slots;           /* [T] */
+    const int32_t *block_tables;    /* [T, table_stride]: one sequence per row */
+    int64_t table_stride;
+    const int64_t *context_lens;    /* [T] */
+    const int64_t *bounds;          /* [attn_parts + 1]: the sequences each thread attends for */
+    int64_t attn_parts, threads;
+} step_t;
+
+/* y [T, width] = x [T, in] @ W.T, part by part, as FusedWeight.apply and quant_matmul's wrapper do. */
+static int product(const step_matrix_t *m, const float *x, int64_t x_stride, int64_t T, float *y, int64_t width,
+                   int threads) {
+    for (int64_t i = 0; i < m->count; i++) {
+        const step_part_t *p = m->parts + i;
+        const int rc = quant_matmul((int)p->fmt, p->w, p->row_bytes, p->rows, p->in, x, x_stride, T, y + p->col,
+                                    T > 1 ? width : p->rows, threads);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+/* x += y over n values: decoder.py's x = x + y, the same single rounding per value. */
+static void add(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* Every layer of the step on s->x. Returns 0; -3 when a product could not allocate its quantized x,
+ * -4 when attention could not allocate its scratch (quant_matmul's other codes cannot happen after
+ * step.py's checks, but are passed on all the same). */
+int decode_layers(const step_t *s) {
+    const int64_t T = s->T, H = s->H, hd = s->hd, q_width = s->nq * hd;
+    const int64_t width = (s->nq + 2 * s->nkv) * hd;
+    const int threads = (int)s->threads;
+    for (int64_t l = 0; l < s->num_layers; l++) {
+        const step_layer_t *L = s->layers + l;
+        int rc;
+        rms_norm(s->x, L->input_norm, s->h, T, H, s->eps);
+        if ((rc = product(&L->qkv, s->h, H, T, s->qkv, width, threads))) return rc;
+        if (L->qkv_bias)
+            for (int64_t t = 0; t < T; t++) add(s->qkv + t * width, L->qkv_bias, width);
+        if (L->q_norm)   /* each head's values normed in place, as decoder.py's _norm_heads */
+            for (int64_t t = 0; t < T; t++) {
+                float *row = s->qkv + t * width;
+                rms_norm(row, L->q_norm, row, s->nq, hd, s->eps);
+                rms_norm(row + q_width, L->k_norm, row + q_width, s->nkv, hd, s->eps);
+            }
+        rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd, s->cos, s->sin, s->q_scale, s->slots, L->k_pool,
+                      L->v_pool);
+        if (s->attn_parts < 2) {
+            rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
+                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs);
+        } else {
+            decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
+                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0};
+            matmul_pool_run(paged_decode_part, &job, (int)s->attn_parts);
+            rc = job.failed;
+        }
+        if (rc != 0) return -4;
+        if ((rc = product(&L->o, s->attn, q_width, T, s->h, H, threads))) return rc;
+        add(s->x, s->h, T * H);
+        rms_norm(s->x, L->post_norm, s->h, T, H, s->eps);
+        if ((rc = product(&L->gate_up, s->h, H, T, s->gu, 2 * s->inter, threads))) return rc;
+        silu_mul(s->gu, s->act, T, s->inter);
+        if ((rc = product(&L->down, s->act, s->inter, T, s->h, H, threads))) return rc;
+        add(s->x, s->h, T * H);
+    }
+    return 0;
+}

@@ -1,0 +1,164 @@
+"""A decode step's layers in one call into C (csrc/step.c, in the _matmul library beside the thread pool):
+norm, q|k|v, bias, q/k norms, rope and the KV write, paged attention, the output projection, norm,
+gate|up, SwiGLU and down, layer after layer, with no Python between them.
+
+Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c calls
+them in the same order, on the same buffers, with the same arguments, so the two give the same bits
+(tests/model/test_decode_step.py). What goes is the ~10 Python calls per layer with their checks and
+temporaries, about a fifth of SmolLM2-135M's decode step on two threads.
+
+`DecodeLayers` is built once per model and pool: it checks every layer's matrices (the BlockMatrix parts
+their `apply` would multiply by through matmul.quant_matmul), norms and pages, and keeps their addresses.
+Each step then hands it x and the step's `ops.RopeWriteKV` and `ops.PagedDecode`, which hold the checked
+rope tables, slots, block tables and context lengths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from nvllm.model.kernels import matmul
+from nvllm.model.kernels.ops import PagedDecode, RopeWriteKV
+from nvllm.model.quant.blocks import BlockMatrix
+
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer as the C step multiplies it: each matrix as the BlockMatrix parts its rows are stored in,
+    in output column order; the norms and bias float32 arrays."""
+    input_norm: np.ndarray               # [H]
+    qkv: tuple[BlockMatrix, ...]         # ((nq + 2 nkv) hd, H) together
+    o: tuple[BlockMatrix, ...]           # (H, nq hd)
+    post_norm: np.ndarray                # [H]
+    gate_up: tuple[BlockMatrix, ...]     # (2 I, H)
+    down: tuple[BlockMatrix, ...]        # (H, I)
+    qkv_bias: np.ndarray | None = None   # [(nq + 2 nkv) hd]
+    q_norm: np.ndarray | None = None     # [hd]
+    k_norm: np.ndarray | None = None     # [hd]
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("fmt", _I64), ("w", _P), ("row_bytes", _I64), ("rows", _I64), ("n_in", _I64), ("col", _I64)]
+
+
+class _Matrix(ctypes.Structure):
+    _fields_ = [("parts", _P), ("count", _I64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("q_norm", _P), ("k_norm", _P),
+                ("qkv", _Matrix), ("o", _Matrix), ("gate_up", _Matrix), ("down", _Matrix),
+                ("k_pool", _P), ("v_pool", _P)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("layers", _P), ("num_layers", _I64), ("T", _I64), ("H", _I64), ("nq", _I64), ("nkv", _I64),
+                ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
+                ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
+                ("slots", _P), ("block_tables", _P), ("table_stride", _I64), ("context_lens", _P),
+                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64)]
+
+
+def _vector(a: np.ndarray | None, size: int, name: str) -> int:
+    """The address of a float32 [size] the kernels will read, or 0 for None."""
+    if a is None:
+        return 0
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (size,) or not a.flags.c_contiguous:
+        got = f"{a.dtype} {list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"{name}: need a contiguous float32 [{size}], got {got}")
+    return a.ctypes.data
+
+
+class DecodeLayers:
+    """Every layer of a decode step in one C call. Built once per model and pool [L, 2, NB, bs, nkv, hd];
+    called per step (see __call__)."""
+
+    def __init__(self, layers: Sequence[LayerSpec], pool: np.ndarray, num_q_heads: int, num_kv_heads: int,
+                 head_dim: int, intermediate_size: int, eps: float) -> None:
+        if matmul.lib is None:
+            raise RuntimeError(f"the C step needs the matmul library: {matmul.describe()}")
+        nq, nkv, hd, inter = int(num_q_heads), int(num_kv_heads), int(head_dim), int(intermediate_size)
+        if not layers:
+            raise ValueError("layers: need at least one")
+        H = int(layers[0].input_norm.shape[0])
+        if (not isinstance(pool, np.ndarray) or pool.dtype != np.float32 or not pool.flags.c_contiguous
+                or not pool.flags.writeable or pool.ndim != 6 or pool.shape[0] != len(layers)
+                or pool.shape[1] != 2 or pool.shape[4:] != (nkv, hd)):
+            raise ValueError(f"pool: need a writable contiguous float32 [{len(layers)}, 2, blocks, block size, "
+                             f"{nkv}, {hd}], got {getattr(pool, 'dtype', '')} {list(getattr(pool, 'shape', []))}")
+        width = (nq + 2 * nkv) * hd
+        self.pool = pool
+        self.dims = (H, nq, nkv, hd, inter)
+        self._eps = float(eps)
+        self._keep: list[object] = [pool]       # every array and structure the addresses point into
+        self._layers = (_Layer * len(layers))()
+        for i, (spec, c) in enumerate(zip(layers, self._layers)):
+            c.input_norm = _vector(spec.input_norm, H, f"layers[{i}].input_norm")
+            c.post_norm = _vector(spec.post_norm, H, f"layers[{i}].post_norm")
+            c.qkv_bias = _vector(spec.qkv_bias, width, f"layers[{i}].qkv_bias")
+            if (spec.q_norm is None) != (spec.k_norm is None):
+                raise ValueError(f"layers[{i}]: q_norm and k_norm come together")
+            c.q_norm = _vector(spec.q_norm, hd, f"layers[{i}].q_norm")
+            c.k_norm = _vector(spec.k_norm, hd, f"layers[{i}].k_norm")
+            for name, parts, n_in, n_out in (("qkv", spec.qkv, H, width), ("o", spec.o, nq * hd, H),
+                                             ("gate_up", spec.gate_up, H, 2 * inter), ("down", spec.down, inter, H)):
+                setattr(c, name, self._matrix(parts, n_in, n_out, f"layers[{i}].{name}"))
+            c.k_pool = pool[i, 0].ctypes.data
+            c.v_pool = pool[i, 1].ctypes.data
+            self._keep.append(spec)
+
+    def _matrix(self, parts: Sequence[BlockMatrix], n_in: int, n_out: int, name: str) -> _Matrix:
+        row = (_Part * len(parts))()
+        col = 0
+        for p, c in zip(parts, row):
+            _, shape, ggml_type, blocks, row_bytes = matmul.weight_args(p)
+            if p.fmt.name not in matmul.FORMATS or shape[1] != n_in:
+                raise ValueError(f"{name}: need parts of {n_in} inputs in a format with a kernel, got "
+                                 f"{p.fmt.name} {list(shape)}")
+            c.fmt, c.w, c.row_bytes, c.rows, c.n_in, c.col = ggml_type, blocks, row_bytes, shape[0], shape[1], col
+            col += shape[0]
+            self._keep.append(p)
+        if not parts or col != n_out:
+            raise ValueError(f"{name}: need parts of {n_out} rows together, got {col}")
+        self._keep.append(row)
+        return _Matrix(ctypes.addressof(row), len(parts))
+
+    def __call__(self, x: np.ndarray, rope: RopeWriteKV, attention: PagedDecode, threads: int) -> None:
+        """x [T, H] float32, contiguous: the embeddings of T sequences' one new token each, in place ->
+        the residual stream after the last layer. rope holds the step's rope tables and slots, attention
+        its block tables and context lengths (one sequence per row of x); threads as the kernels take it."""
+        H, nq, nkv, hd, inter = self.dims
+        if (not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != H
+                or not x.flags.c_contiguous or not x.flags.writeable):
+            raise ValueError(f"x: need a writable contiguous float32 [T, {H}], got {getattr(x, 'dtype', '')} "
+                             f"{list(getattr(x, 'shape', []))}")
+        T = x.shape[0]
+        if rope.heads[:3] != (nq, nkv, hd) or attention.num_seqs != T:
+            raise ValueError(f"rope, attention: need {nq} q heads, {nkv} KV heads of {hd} and {T} sequences, "
+                             f"got {rope.heads[:3]} and {attention.num_seqs}")
+        matmul.check_threads(threads)
+        _, _, nb, bs, _, _ = self.pool.shape
+        cos, sin, slots = rope.addresses(nb * bs)   # raises for a slot outside the pool
+        tables, stride, ctx = attention.addresses(nb, bs)
+        parts = min(int(threads), T)
+        bounds = attention.bounds(parts) if parts > 1 else None
+        width = (nq + 2 * nkv) * hd
+        scratch = [np.empty((T, n), np.float32) for n in (H, width, nq * hd, 2 * inter, inter)]
+        h, qkv, attn, gu, act = (a.ctypes.data for a in scratch)
+        step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
+                     rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, slots, tables, stride, ctx,
+                     bounds.ctypes.data if bounds is not None else 0, parts, int(threads))
+        rc = matmul.lib.decode_layers(ctypes.byref(step))   # type: ignore[union-attr]  # checked when built
+        if rc == -3:
+            raise MemoryError(f"x: no memory for {T} rows quantized to integers")
+        if rc == -4:
+            raise MemoryError("paged_decode_attention: could not allocate its scratch")
+        if rc != 0:  # step.py's checks make this unreachable; kept so a mismatch cannot pass silently
+            raise ValueError(f"the C step refused its matrices (code {rc})")
