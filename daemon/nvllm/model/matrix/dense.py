@@ -25,9 +25,14 @@ class DenseWeight(Weight):
         self.array = array
         self.shape = (int(array.shape[0]), int(array.shape[1]))
 
+    def _tile(self, rows: int) -> bool:
+        """Whether `rows` rows of x go to the C tile (else BLAS)."""
+        a = self.array
+        return 2 <= rows <= DECODE_ROWS and a.dtype == np.float32 and a.flags.c_contiguous
+
     def apply(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         a = self.array
-        if 2 <= x.shape[0] <= DECODE_ROWS and a.dtype == np.float32 and a.flags.c_contiguous:
+        if self._tile(x.shape[0]):
             return float_matmul(a, np.ascontiguousarray(x, dtype=np.float32), threads.count, out)
         if out is None:
             return x @ a.T                                               # [T, in] @ [in, out]
@@ -35,10 +40,7 @@ class DenseWeight(Weight):
         return out
 
     def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
-        a = self.array
-        if 2 <= rows <= DECODE_ROWS and a.dtype == np.float32 and a.flags.c_contiguous:
-            return (float_blocks(a),)
-        return None
+        return (float_blocks(self.array),) if self._tile(rows) else None
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.array[ids]
