@@ -1,4 +1,5 @@
-/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K: y = x @ W.T
+/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants (Q2_K .. Q6_K, IQ4_XS):
+ * y = x @ W.T
  * with x quantized to 16 or 8 bits.
  *
  * Decoding every weight to float is what bounds matmul.c's tiles for the 4- and 8-bit formats (about
@@ -25,7 +26,8 @@
  *   y = acc.
  * w_j is the weight's quant: Q8_0's int8; Q4_0's nibble - 8; Q4_1's nibble (0..15), value j < 16 the
  * low nibble of qs[j], j >= 16 the high nibble of qs[j - 16]; Q5_1's nibble with bit j of qh above it
- * (0..31); Q5_0's that less 16.
+ * (0..31); Q5_0's that less 16; IQ4_NL's the table value its nibble (placed as Q4_0's) indexes (the K-quants and
+ * IQ4_XS: below, at QDOT_KTILES and Q2_K's).
  * Every variant below computes exactly that (only the integer sums are found in different ways), so
  * the variant, the thread count and the other rows of x change no bit of a row's result.
  *
@@ -189,6 +191,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
             else if (fmt == Q4_0) wv[i] = V##_sub8(V##_nibbles(blk[i] + Q4_0_QS));                                     \
             else if (fmt == Q4_1) wv[i] = V##_nibbles(blk[i] + Q4_1_QS);                                               \
             else if (fmt == Q5_0) wv[i] = V##_q5(blk[i] + Q5_0_QH, blk[i] + Q5_0_QS, 1);                               \
+            else if (fmt == IQ4_NL) wv[i] = V##_iq4(blk[i] + IQ4_NL_QS);                                               \
             else wv[i] = V##_q5(blk[i] + Q5_1_QH, blk[i] + Q5_1_QS, 0);                                                \
         }                                                                                                              \
     }                                                                                                                  \
@@ -276,6 +279,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
         case Q4_1: V##_fmt_rows(Q4_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         case Q5_0: V##_fmt_rows(Q5_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         case Q5_1: V##_fmt_rows(Q5_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
+        case IQ4_NL: V##_fmt_rows(IQ4_NL, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
         default: break;                                                                                                \
         }                                                                                                              \
     }
@@ -366,12 +370,66 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
     for (int s = 0; s < 8; s++) mw[s] = -m[s];
 }
 
+/* ---------------------------------------------------------------- Q2_K, Q3_K, IQ4_XS (and IQ4_NL)
+ *
+ * Q2_K and Q3_K have Q6_K's shape: 16 scales, one per 16 values, so a sub-block of 32 meets its x block as two
+ * halves summed apart. Q3_K: dw_g = d * (sc_g - 32) (exact: 11 bits by 6), quants in -4..3, no min. Q2_K:
+ * dw_g = d * (sc_g & 15), quants in 0..3, and a min per 16 values, mw_g = -(dmin * (sc_g >> 4)), which meets
+ * the sum of the half's quants of x, sx_g (an integer: exact):
+ *   acc = acc + (dw_lo * dx) * (float)p_lo; acc = acc + (dw_hi * dx) * (float)p_hi;
+ *   Q2_K then: acc = acc + (mw_lo * dx) * (float)sx_lo; acc = acc + (mw_hi * dx) * (float)sx_hi.
+ * IQ4_XS is Q4_0's shape in sub-blocks of 32 (dw_s = d * (sc_s - 32), exact; no min), IQ4_NL Q8_0's (dw = d);
+ * their quants are the table values the nibbles index (iq4_values: -127..113), found with the variant's
+ * V_iq4(qs): the 32 values of 16 bytes of nibbles (low nibbles, then high) in its registers. Q2_K's and Q3_K's
+ * quants are gathered into bytes here (in the order K_EVEN_ODD gives x, where the variant's V_EO is 1) and
+ * loaded as Q8_0's.
+ */
+INLINE void low_k_bytes(int fmt, const uint8_t *b, int s, int eo, int8_t *out) {
+    const int j = s % 4;   /* sub-block s is bits 2j, 2j + 1 of qs[32 (s / 4) + l]; Q3_K's high bit is bit s of hmask[l] */
+    const uint8_t *qs = b + (fmt == Q2_K ? Q2_K_QS : Q3_K_QS) + 32 * (s / 4);
+    int8_t q[32];
+    for (int l = 0; l < 32; l++) {
+        const int v = (qs[l] >> (2 * j)) & 3;
+        q[l] = (int8_t)(fmt == Q3_K ? v - (((b[l] >> s) & 1) ? 0 : 4) : v);
+    }
+    if (eo)
+        for (int l = 0; l < 16; l++) out[l] = q[2 * l], out[16 + l] = q[2 * l + 1];
+    else
+        memcpy(out, q, sizeof q);
+}
+
+/* Where a Q2_K, Q3_K or IQ4_XS super-block's d is. */
+#define LOW_K_D(fmt) ((fmt) == Q2_K ? Q2_K_D : (fmt) == Q3_K ? Q3_K_D : 0)
+
+/* dw[g] (and for Q2_K mw[g]) of four rows' Q2_K or Q3_K super-blocks (16 scales), or dw[s] of IQ4_XS's (8),
+ * lane i for row i; d and dmin as the variant's V_halves gives them. */
+INLINE void low_k_scales(int fmt, const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f32x4 *mw) {
+    const int n = fmt == IQ4_XS ? 8 : 16;
+    for (int g = 0; g < n; g++)
+        for (int i = 0; i < 4; i++) {
+            if (fmt == Q2_K) {
+                dw[g][i] = d[i] * (float)(sb[i][g] & 15);
+                mw[g][i] = -(dmin[i] * (float)(sb[i][g] >> 4));
+            } else if (fmt == Q3_K) {
+                dw[g][i] = d[i] * (float)scale_q3_k(sb[i] + Q3_K_SCALES, g);
+            } else {
+                dw[g][i] = d[i] * (float)scale_iq4_xs(sb[i], g);
+            }
+        }
+}
+
 #define QDOT_KTILES(V, ATTR, XB)                                                                                       \
     ATTR INLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                        \
         for (int i = 0; i < 4; i++) {                                                                                  \
             if (fmt == Q6_K)   /* half s / 4, sub-block s % 4 of it */                                                 \
                 wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + Q6_K_QH + 32 * (s / 4),               \
                                     4 * ((s / 2) & 1), 2 * (s & 3), 2);                                                \
+            else if (fmt == Q2_K || fmt == Q3_K) {                                                                     \
+                int8_t q[32];                                                                                          \
+                low_k_bytes(fmt, sb[i], s, V##_EO, q);                                                                 \
+                wv[i] = V##_load(q);                                                                                   \
+            } else if (fmt == IQ4_XS)                                                                                  \
+                wv[i] = V##_iq4(sb[i] + IQ4_XS_QS + 16 * s);                                                           \
             else                                                                                                       \
                 wv[i] = V##_kquants(sb[i] + (fmt == Q4_K ? Q4_K_QS : Q5_K_QS) + 32 * (s / 2),                          \
                                     fmt == Q5_K ? sb[i] + Q5_K_QH : NULL, 4 * (s & 1), s, 1);                          \
@@ -386,21 +444,37 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
             const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
             for (int i = 0; i < 4; i++)   /* every line of the super-block, to L2: see PREFETCH_TILES */               \
                 for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o, 0, 1);                          \
-            f32x4 dw[16], mw[8];                                                                                       \
+            f32x4 dw[16], mw[16];                                                                                      \
             if (fmt == Q6_K)                                                                                           \
                 k6scales(sb, V##_halves(sb[0] + Q6_K_D, sb[1] + Q6_K_D, sb[2] + Q6_K_D, sb[3] + Q6_K_D), dw);          \
-            else kscales(sb, V##_halves(sb[0], sb[1], sb[2], sb[3]),                                                   \
+            else if (fmt == Q2_K || fmt == Q3_K || fmt == IQ4_XS) {                                                    \
+                const int o = LOW_K_D(fmt), m = fmt == Q2_K ? Q2_K_DMIN : o;                                           \
+                low_k_scales(fmt, sb, V##_halves(sb[0] + o, sb[1] + o, sb[2] + o, sb[3] + o),                          \
+                             V##_halves(sb[0] + m, sb[1] + m, sb[2] + m, sb[3] + m), dw, mw);                          \
+            } else kscales(sb, V##_halves(sb[0], sb[1], sb[2], sb[3]),                                                   \
                          V##_halves(sb[0] + K_DMIN, sb[1] + K_DMIN, sb[2] + K_DMIN, sb[3] + K_DMIN), dw, mw);        \
             for (int s = 0; s < 8; s++) {                                                                              \
                 V##_bv wv[4];                                                                                          \
                 V##_kwblocks(fmt, sb, s, wv);                                                                          \
                 for (int t = 0; t < NT; t++) {                                                                         \
                     const XB *xb = x + t * xs + 8 * b + s;                                                             \
-                    if (fmt == Q6_K) {                                                                                 \
+                    if (fmt == Q6_K || fmt == Q3_K || fmt == Q2_K) {                                                   \
                         i32x4 lo, hi;                                                                                  \
                         V##_sums_halves(wv, V##_loadx(xb->q), &lo, &hi);                                               \
                         acc[t] = acc[t] + (dw[2 * s] * xb->d) * __builtin_convertvector(lo, f32x4);                    \
                         acc[t] = acc[t] + (dw[2 * s + 1] * xb->d) * __builtin_convertvector(hi, f32x4);                \
+                        if (fmt == Q2_K) {   /* the halves' sums of x, wherever K_EVEN_ODD put their values */         \
+                            int sl = 0, sh = 0;                                                                        \
+                            for (int j = 0; j < 16; j++) {                                                             \
+                                sl += xb->q[V##_EO ? (j % 2) * 16 + j / 2 : j];                                        \
+                                sh += xb->q[V##_EO ? (j % 2) * 16 + 8 + j / 2 : 16 + j];                               \
+                            }                                                                                          \
+                            acc[t] = acc[t] + (mw[2 * s] * xb->d) * (float)sl;                                         \
+                            acc[t] = acc[t] + (mw[2 * s + 1] * xb->d) * (float)sh;                                     \
+                        }                                                                                              \
+                    } else if (fmt == IQ4_XS) {                                                                        \
+                        const i32x4 p = V##_sums_ss(wv, V##_loadx(xb->q));                                             \
+                        acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                         \
                     } else {                                                                                           \
                         const i32x4 p = V##_sums_us(wv, V##_loadx(xb->q));                                             \
                         acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                         \
@@ -432,9 +506,15 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
     ATTR __attribute__((noinline)) static void V##_krows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb,     \
                                                          int64_t r0, int64_t r1, const XB *x, int64_t t0,              \
                                                          int64_t tn, float *y, int64_t ys) {                           \
-        if (fmt == Q4_K) V##_kfmt_rows(Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                              \
-        else if (fmt == Q5_K) V##_kfmt_rows(Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                         \
-        else V##_kfmt_rows(Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                          \
+        switch (fmt) {                                                                                                 \
+        case Q4_K: V##_kfmt_rows(Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q5_K: V##_kfmt_rows(Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q6_K: V##_kfmt_rows(Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q2_K: V##_kfmt_rows(Q2_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q3_K: V##_kfmt_rows(Q3_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case IQ4_XS: V##_kfmt_rows(IQ4_XS, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                         \
+        default: break;                                                                                                \
+        }                                                                                                              \
     }
 
 /* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
@@ -493,6 +573,18 @@ INLINE s16_bv s16_loadx(const int16_t *p) {
 
 Q5_FROM_BYTES(sc, )
 Q5_FROM_BYTES(s16, )
+
+/* IQ4's table values of 16 bytes of nibbles, in the portable lanes. */
+#define SCALAR_IQ4(P, lane_t)                                                                                          \
+    INLINE P##_bv P##_iq4(const uint8_t *qs) {                                                                         \
+        P##_bv v;                                                                                                      \
+        for (int j = 0; j < 16; j++) v.b[j] = (lane_t)iq4_values[qs[j] & 15], v.b[j + 16] = (lane_t)iq4_values[qs[j] >> 4]; \
+        return v;                                                                                                      \
+    }
+SCALAR_IQ4(sc, int8_t)
+SCALAR_IQ4(s16, int16_t)
+#define sc_EO 0   /* V_EO: 1 where the variant's K tiles take x's blocks in K_EVEN_ODD's order */
+#define s16_EO 0
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
@@ -612,6 +704,16 @@ X86_SUMS(vn, VNNI_ATTR)
 
 #define av_loadx av_load
 #define vn_loadx vn_load
+/* IQ4's nibbles look their values up in the table with one byte shuffle (within each 128-bit lane). */
+#define X86_IQ4(V, ATTR)                                                                                               \
+    ATTR INLINE __m256i V##_iq4(const uint8_t *qs) {                                                                   \
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));              \
+        return _mm256_shuffle_epi8(table, V##_nibbles(qs));                                                            \
+    }
+X86_IQ4(av, AVX2_ATTR)
+X86_IQ4(vn, VNNI_ATTR)
+#define av_EO 0
+#define vn_EO 0
 QDOT_KERNEL(av, AVX2_ATTR, xblock_t)
 QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
 
@@ -672,6 +774,11 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),                                              \
                          _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))};                                        \
     }                                                                                                                  \
+    ATTR INLINE av16_bv V##_iq4(const uint8_t *qs) {                                                                   \
+        const __m256i q = B##_iq4(qs);                                                                                 \
+        return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),                                              \
+                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))};                                        \
+    }                                                                                                                  \
     ATTR INLINE av16_bv V##_sub8(av16_bv v) {                                                                          \
         const __m256i e = _mm256_set1_epi16(8);                                                                        \
         return (av16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};                                        \
@@ -720,6 +827,8 @@ X86_16(vn16, vn, VNNI_ATTR)
 #define vn16_sums_us vn16_sums_ss
 #define vn16_sums8_us vn16_sums8_ss
 #define vn16_halves vn_halves
+#define av16_EO 1
+#define vn16_EO 1
 
 QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
 QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
@@ -795,6 +904,17 @@ SDOT_ATTR INLINE i32x8 sd_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
 
 #define ne_loadx ne_load
 #define sd_loadx sd_load
+/* IQ4's nibbles look their values up in the table with tbl. */
+#define ARM_IQ4(V, ATTR)                                                                                               \
+    ATTR INLINE ne_bv V##_iq4(const uint8_t *qs) {                                                                     \
+        const ne_bv n = V##_nibbles(qs);                                                                               \
+        const int8x16_t table = vld1q_s8(iq4_values);                                                                  \
+        return (ne_bv){vqtbl1q_s8(table, vreinterpretq_u8_s8(n.lo)), vqtbl1q_s8(table, vreinterpretq_u8_s8(n.hi))};    \
+    }
+ARM_IQ4(ne, NEON_ATTR)
+ARM_IQ4(sd, SDOT_ATTR)
+#define ne_EO 0
+#define sd_EO 0
 Q5_FROM_BYTES(ne, NEON_ATTR)
 Q5_FROM_BYTES(sd, SDOT_ATTR)
 QDOT_KERNEL(ne, NEON_ATTR, xblock_t)
@@ -877,6 +997,11 @@ INLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
 #define n16_halves ne_halves
 
 Q5_FROM_BYTES(n16, NEON_ATTR)
+INLINE n16_bv n16_iq4(const uint8_t *qs) {
+    const ne_bv b = ne_iq4(qs);
+    return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
+}
+#define n16_EO 0
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
 INLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
@@ -1072,7 +1197,8 @@ INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-
  * and so every result, are the same in any order of a block's values. */
 #ifdef QDOT_X86
 #define K_EVEN_ODD(v, fmt)                                                                                             \
-    (((v) == V_SIMD16 || (v) == V_DOT16) && ((fmt) == Q4_K || (fmt) == Q5_K || (fmt) == Q6_K))
+    (((v) == V_SIMD16 || (v) == V_DOT16) &&                                                                            \
+     ((fmt) == Q4_K || (fmt) == Q5_K || (fmt) == Q6_K || (fmt) == Q2_K || (fmt) == Q3_K))
 #else
 #define K_EVEN_ODD(v, fmt) 0
 #endif
@@ -1080,7 +1206,7 @@ INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-
 /* 1 if variant v (one of qdot_variants, not 0) has an integer kernel for fmt. */
 int qdot_format(int fmt, int v) {
     return v > 0 && (fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q4_K ||
-                     fmt == Q5_K || fmt == Q6_K);
+                     fmt == Q5_K || fmt == Q6_K || fmt == Q2_K || fmt == Q3_K || fmt == IQ4_NL || fmt == IQ4_XS);
 }
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
@@ -1120,7 +1246,7 @@ void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, 
     const int64_t nb = in / 32;
     for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
         const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
-        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K) {
+        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K || fmt == Q2_K || fmt == Q3_K || fmt == IQ4_XS) {
             switch (v) {
 #ifdef QDOT_X86
             case V_DOT16: vn16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;
