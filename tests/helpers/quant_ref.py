@@ -254,3 +254,96 @@ def ref_quantize_row_q5_k(x: np.ndarray) -> bytes:
                 ql[32 * p + j] = l1 | (l2 << 4)
         out += np.array([d16, dmin16], "<f2").tobytes() + bytes(sc) + bytes(qh) + bytes(ql)
     return bytes(out)
+
+
+KVALUES_IQ4NL = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+
+
+def ref_best_index_int8(x: np.float32) -> int:
+    """best_index_int8(16, kvalues_iq4nl, x): a binary search, as the C does it."""
+    val = KVALUES_IQ4NL
+    if x <= val[0]:
+        return 0
+    if x >= val[15]:
+        return 15
+    ml, mu = 0, 15
+    while mu - ml > 1:
+        mav = (ml + mu) // 2
+        if x < val[mav]:
+            mu = mav
+        else:
+            ml = mav
+    return mu - 1 if F(x - F(val[mu - 1])) < F(F(val[mu]) - x) else mu
+
+
+def ref_quantize_iq4(x: np.ndarray, super_block: int) -> bytes:
+    """quantize_row_iq4_nl_impl(super_block, 32, ..., no weights, ntry 7) over one super-block or block, as
+    quantize_iq4_nl (super_block 32) and quantize_iq4_xs (256) call it."""
+    ntry, v0 = 7, KVALUES_IQ4NL[0]
+    nb = super_block // 32
+    L = [0] * super_block
+    scales = [F(0)] * nb
+    max_scale = amax_scale = F(0)
+    for ib in range(nb):
+        xb = x[32 * ib:32 * (ib + 1)]
+        w = [F(v * v) for v in xb]
+        amax = big = F(0)
+        for v in xb:
+            if abs(v) > amax:
+                amax, big = F(abs(v)), v
+        if amax < F(1e-15):
+            scales[ib] = F(0)
+            continue
+        d = F(F(-big) / F(v0))
+        iscale = F(F(1) / d)
+        sumqx = sumq2 = F(0)
+        for j in range(32):
+            li = ref_best_index_int8(F(iscale * xb[j]))
+            L[32 * ib + j] = li
+            q = F(KVALUES_IQ4NL[li])
+            sumqx = F(sumqx + F(F(w[j] * q) * xb[j]))
+            sumq2 = F(sumq2 + F(F(w[j] * q) * q))
+        d = F(sumqx / sumq2) if sumq2 > 0 else F(0)
+        best = F(d * sumqx)
+        for itry in range(-ntry, ntry + 1):
+            iscale = F(F(itry + v0) / big)
+            sumqx = sumq2 = F(0)
+            for j in range(32):
+                q = F(KVALUES_IQ4NL[ref_best_index_int8(F(iscale * xb[j]))])
+                sumqx = F(sumqx + F(F(w[j] * q) * xb[j]))
+                sumq2 = F(sumq2 + F(F(w[j] * q) * q))
+            if sumq2 > 0 and F(sumqx * sumqx) > F(best * sumq2):
+                d = F(sumqx / sumq2)
+                best = F(d * sumqx)
+        scales[ib] = d
+        if abs(d) > amax_scale:
+            amax_scale, max_scale = F(abs(d)), d
+    head = b""
+    if nb > 1:
+        d = F(F(-max_scale) / F(32))
+        iscale = F(F(1) / d) if d else F(0)
+        scales_h, scales_l = 0, [0] * 4
+        for ib in range(nb):
+            lv = max(-32, min(31, ref_nearest_int(F(iscale * scales[ib]))))
+            dl = F(d * F(lv))
+            idl = F(F(1) / dl) if dl else F(0)
+            for j in range(32):
+                L[32 * ib + j] = ref_best_index_int8(F(idl * x[32 * ib + j]))
+            lv += 32
+            scales_l[ib // 2] |= (lv & 0xF) << (4 * (ib % 2))
+            scales_h |= (lv >> 4) << (2 * ib)
+        head = np.array([d], "<f2").tobytes() + np.array([scales_h], "<u2").tobytes() + bytes(scales_l)
+    else:
+        head = np.array([scales[0]], "<f2").tobytes()
+        iscale = F(F(1) / scales[0]) if scales[0] else F(0)
+        L = [ref_best_index_int8(F(iscale * v)) for v in x[:32]]
+    qs = bytes(L[32 * i + j] | (L[32 * i + 16 + j] << 4) for i in range(nb) for j in range(16))
+    return head + qs
+
+
+def ref_quantize_row_iq4_nl(x: np.ndarray) -> bytes:
+    return b"".join(ref_quantize_iq4(x[32 * b:32 * (b + 1)], 32) for b in range(len(x) // 32))
+
+
+def ref_quantize_row_iq4_xs(x: np.ndarray) -> bytes:
+    return b"".join(ref_quantize_iq4(x[256 * b:256 * (b + 1)], 256) for b in range(len(x) // 256))

@@ -1,12 +1,12 @@
 """Quantizers: float32 weights [rows, in] -> the GGUF block bytes of Q8_0, Q5_0, Q5_1, Q4_0, the K-quants
-(Q2_K .. Q6_K; Q2_K and Q3_K in quantize_k.py), BF16, F16.
+(Q2_K .. Q6_K; Q2_K and Q3_K in quantize_k.py), IQ4_NL and IQ4_XS (quantize_iq4.py), BF16, F16.
 
 The inverse of dequantize.py's dequantizers, in vectorised NumPy. Each follows llama.cpp's reference
 quantizer (quantize_row_*_ref in ggml-quants.c, the one its tools use without an importance matrix) in
 float32 and in the same order of operations, so the blocks are those llama.cpp would write: Q8_0, Q5_0,
-Q5_1, Q4_0, BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; the K-quants, which gguf does not
-write, bit for bit as plain scalar transcriptions of the reference (tests/model/test_quantize.py and
-test_quantize_k.py hold them).
+Q5_1, Q4_0, BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; the K-quants, IQ4_NL and
+IQ4_XS, which gguf does not write, bit for bit as plain scalar transcriptions of the reference
+(tests/model/test_quantize.py and test_quantize_k.py hold them).
 
 choose_format() picks a matrix's format for model.quantization (model/weights/conversion.py applies it
 as the loader lays the matrices out): a matrix whose row length is not a whole number of the format's
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.quant import quantize_k
+from nvllm.model.quant import quantize_iq4, quantize_k
 from nvllm.model.quant.fitting import f16_bytes, fit_min_scale, inverse, nearest_int, round_away, running_sum
 from nvllm.model.quant.formats import FORMATS, QK, QK_K, BlockFormat
 
@@ -222,6 +222,7 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
 _QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q4_0": _q4_0,
     "Q6_K": _q6_k, "Q5_K": _q5_k, "Q4_K": _q4_k, "Q3_K": quantize_k.q3_k, "Q2_K": quantize_k.q2_k,
+    "IQ4_NL": quantize_iq4.iq4_nl, "IQ4_XS": quantize_iq4.iq4_xs,
 }
 WRITES = tuple(_QUANTIZERS)  # the formats this module writes
 
