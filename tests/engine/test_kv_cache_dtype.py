@@ -63,6 +63,10 @@ def test_each_format_keeps_a_request_s_tokens_whatever_shares_its_steps(hd64, dt
     again = llm.generate([prompts[0]], GREEDY)[0]
     assert batched == alone
     assert again.token_ids == alone[0] and again.cached_tokens >= 32
+    # too few pages for all three at once: some are preempted and recomputed
+    small = LLM(hd64, num_blocks=7, max_model_len=64, kv_cache_dtype=dtype, enable_prefix_caching=False)
+    assert [o.token_ids for o in small.generate(prompts, GREEDY)] == alone
+    assert small.engine.scheduler.num_preemptions > 0
 
 
 def test_the_pool_and_the_stats_follow_the_format(hd64):
