@@ -114,6 +114,9 @@ class TestEngineMetrics:
         idle, busy, after, stopped = seen["idle"], seen["busy"], seen["after"], seen["stopped"]
         assert value(idle, "vllm:num_requests_running") == 0 and value(idle, "vllm:kv_cache_usage_perc") == 0
         assert value(idle, "nvllm:kv_cache_pages", state="free") == 24
+        # the tiny Llama's folder is float32: so is its pool (cache.dtype auto)
+        assert value(idle, "vllm:cache_config_info", block_size="16", cache_dtype="f32", num_gpu_blocks="24") == 1
+        assert value(idle, "nvllm:kv_cache_page_bytes") == 2 * 2 * 16 * 2 * 16 * 4   # layers, K/V, tokens, heads, hd
         # The first output comes after the first step: the batch holds pages and runs.
         assert value(busy, "vllm:num_requests_running") > 0
         assert 0 < value(busy, "vllm:kv_cache_usage_perc") <= 1

@@ -14,6 +14,7 @@ and `nvllm serve --dry-run` stops before allocating anything:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -29,6 +30,8 @@ from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_js
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
+from nvllm.model.quant.kv_format import F32, KVFormat
+from nvllm.model.quant.kv_format import by_name as kv_format_by_name
 from nvllm.model.weights.conversion import matrix_shapes, quantized_weight_bytes
 from nvllm.model.weights.folder import stored_weights
 from nvllm.model.weights.gguf_file import read_gguf
@@ -53,19 +56,27 @@ class ModelInfo:
     hidden_size: int
     max_position_embeddings: int
     weight_bytes: int
-    bytes_per_token: int          # KV pool bytes per token of context
+    bytes_per_token: int          # KV pool bytes per token of context, in kv_format
     weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
     # The most the weights take while loading: a folder's matrices converted at load (quantized, or kept
     # in 16 bits) are each read as float32 first, one at a time.
     load_peak_bytes: int = 0
+    kv_format: KVFormat = F32     # what the pool stores keys and values in (cache.dtype)
+    num_kv_heads: int = 0         # with head_dim: a token's keys and values, for the pool in another format
+    head_dim: int = 0
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
-           weight_format: str = "float32", load_peak_bytes: int = 0) -> ModelInfo:
-        per_token = KVCache.bytes_per_block(c.num_layers, 1, c.num_kv_heads, c.head_dim)
+           weight_format: str = "float32", load_peak_bytes: int = 0, kv_format: KVFormat = F32) -> ModelInfo:
         weights = c.weight_bytes if weight_bytes is None else weight_bytes
-        return cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
-                   c.max_position_embeddings, weights, per_token, weight_format, max(weights, load_peak_bytes))
+        info = cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
+                   c.max_position_embeddings, weights, 0, weight_format, max(weights, load_peak_bytes),
+                   kv_format, c.num_kv_heads, c.head_dim)
+        return dataclasses.replace(info, bytes_per_token=info.kv_bytes_per_token(kv_format))
+
+    def kv_bytes_per_token(self, fmt: KVFormat) -> int:
+        """The pool's bytes per token of context in KV format fmt."""
+        return KVCache.bytes_per_block(self.num_layers, 1, self.num_kv_heads, self.head_dim, fmt)
 
 
 @dataclass
@@ -128,6 +139,25 @@ def _folder_plan(path: Path, config: ModelConfig, kind: str) -> tuple[int, str, 
     return held, words, held + 4 * max(rows * cols for _, rows, cols in matrix_shapes(config))
 
 
+def kv_cache_format(settings: Settings, path: Path, config: ModelConfig) -> KVFormat:
+    """cache.dtype; "auto" is f16 for a GGUF (llama.cpp's default) and a folder's own float type as its
+    matrices are stored (bf16 stays bf16, float32 stays float32: vLLM's rule). Checked against the head size."""
+    name = settings.cache.dtype
+    if name == "auto":
+        if is_gguf(path):
+            name = "f16"
+        else:
+            formats = stored_weights(path, config)[1]
+            stored = max(formats, key=lambda f: formats[f]) if formats else "float32"
+            name = {"BF16": "bf16", "F16": "f16"}.get(stored, "f32")
+    fmt = kv_format_by_name(name)
+    try:
+        fmt.check_head_dim(config.head_dim)
+    except ValueError as e:
+        raise EngineBuildError(str(e)) from e
+    return fmt
+
+
 def read_model_info(settings: Settings) -> ModelInfo:
     """The model's shapes from config.json or the GGUF header alone, nothing loaded (planning for
     another board); a folder's weight bytes are those model.quantization will leave."""
@@ -136,9 +166,11 @@ def read_model_info(settings: Settings) -> ModelInfo:
     try:
         if is_gguf(path):
             g = read_gguf(path)
-            return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS)
+            return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS,
+                                kv_format=kv_cache_format(settings, path, g.config))
         config = load_config(path)
-        return ModelInfo.of(path, config, *_folder_plan(path, config, kind))
+        return ModelInfo.of(path, config, *_folder_plan(path, config, kind),
+                            kv_format=kv_cache_format(settings, path, config))
     except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot read {path}: {e}") from e
 
@@ -173,11 +205,12 @@ def load_model(settings: Settings) -> LoadedModel:
     eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id"))) | set(tokenizer.extra_eos_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
+    kv = kv_cache_format(settings, path, c)
     if is_gguf(path):
-        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS)
+        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS, kv_format=kv)
     else:
         _, words, peak = _folder_plan(path, c, kind)
-        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak)
+        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak, kv)
     return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0)
 
 
@@ -224,9 +257,9 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading) -> Po
 def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan) -> LLMEngine:
     """Allocate and touch the pool (once, now), then the engine around it."""
     t0 = time.monotonic()
-    kv = loaded.model.make_kv_cache(plan.sizing.num_blocks, settings.cache.block_size)
-    log.info("page pool allocated and made resident: %s in %.2f s (%s)", format_bytes(kv.nbytes),
-             time.monotonic() - t0, kv.populated_by)
+    kv = loaded.model.make_kv_cache(plan.sizing.num_blocks, settings.cache.block_size, loaded.info.kv_format)
+    log.info("page pool allocated and made resident: %s of %s keys and values in %.2f s (%s)",
+             format_bytes(kv.nbytes), kv.format.name, time.monotonic() - t0, kv.populated_by)
     return LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
                      loaded.generation_defaults, loaded.eos_token_ids)
 

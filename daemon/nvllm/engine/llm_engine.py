@@ -418,6 +418,9 @@ class LLMEngine:
         bm = self.block_manager
         return {
             "pages_total": bm.num_blocks,
+            "block_size": bm.block_size,
+            "kv_cache_dtype": self.kv_cache.format.name,
+            "page_bytes": self.kv_cache.nbytes // max(1, self.kv_cache.num_blocks),
             "pages_free": len(bm.free_ids),
             "pages_cached": bm.num_cached_blocks,
             "pages_used": bm.num_used_blocks,

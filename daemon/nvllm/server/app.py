@@ -106,7 +106,8 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
               f"each matrix read as float32 before it is converted; that much must be free at start-up")
     print(sz.log_line())
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
-          f"{sz.block_size} tokens")
+          f"{sz.block_size} tokens, keys and values in {info.kv_format.name} ({info.bytes_per_token} bytes "
+          f"per token, cache.dtype={settings.cache.dtype})")
     print(f"context: {sz.num_tokens} tokens fit; max_model_len {max_len} -> "
           f"{sz.num_blocks // per_seq} sequences of full length at once")
     print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
@@ -312,7 +313,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                   "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None)},
         "server": {"listen": args.listen},
         "http": {"listen": getattr(args, "http_listen", None)},
-        "cache": {"num_blocks": args.num_blocks},
+        "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},
         "scheduler": {"max_model_len": args.max_model_len},
     }
     return load_settings(args.config, overrides)

@@ -37,8 +37,12 @@ _CHUNK_VALUES = 1 << 18  # values quantized at a time: the temporaries (1 MB eac
 
 
 def _q8_0(x: np.ndarray) -> np.ndarray:
+    """Where the reference is undefined (a quotient that is NaN, or past +-127 when 1/d overflows) the
+    quant is 0, or clamped: the block's d then carries the NaN or inf on. The KV pool's q8_0 writes
+    (csrc/ops.c) are held to this."""
     d = np.abs(x).max(axis=1) / np.float32(127)  # [m]
-    q = round_away(x * inverse(d)[:, None]).astype(np.int8)  # [m, 32]
+    r = round_away(np.clip(x * inverse(d)[:, None], np.float32(-127), np.float32(127)))
+    q = np.where(np.isnan(r), np.float32(0), r).astype(np.int8)  # [m, 32]
     return np.concatenate([f16_bytes(d), q.view(np.uint8)], axis=1)
 
 
