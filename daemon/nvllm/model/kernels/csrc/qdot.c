@@ -381,23 +381,10 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
  * IQ4_XS is Q4_0's shape in sub-blocks of 32 (dw_s = d * (sc_s - 32), exact; no min), IQ4_NL Q8_0's (dw = d);
  * their quants are the table values the nibbles index (iq4_values: -127..113), found with the variant's
  * V_iq4(qs): the 32 values of 16 bytes of nibbles (low nibbles, then high) in its registers. Q2_K's and Q3_K's
- * quants are gathered into bytes here (in the order K_EVEN_ODD gives x, where the variant's V_EO is 1) and
- * loaded as Q8_0's.
+ * come from V_k23(qs, hm, shift, bit): the 32 values (qs[l] >> shift) & 3, with Q3_K's (hm not NULL) third bit
+ * ((hm[l] >> bit) & 1) << 2 and less 4, in the variant's registers in the order K_EVEN_ODD gives x (where the
+ * variant's V_EO is 1).
  */
-INLINE void low_k_bytes(int fmt, const uint8_t *b, int s, int eo, int8_t *out) {
-    const int j = s % 4;   /* sub-block s is bits 2j, 2j + 1 of qs[32 (s / 4) + l]; Q3_K's high bit is bit s of hmask[l] */
-    const uint8_t *qs = b + (fmt == Q2_K ? Q2_K_QS : Q3_K_QS) + 32 * (s / 4);
-    int8_t q[32];
-    for (int l = 0; l < 32; l++) {
-        const int v = (qs[l] >> (2 * j)) & 3;
-        q[l] = (int8_t)(fmt == Q3_K ? v - (((b[l] >> s) & 1) ? 0 : 4) : v);
-    }
-    if (eo)
-        for (int l = 0; l < 16; l++) out[l] = q[2 * l], out[16 + l] = q[2 * l + 1];
-    else
-        memcpy(out, q, sizeof q);
-}
-
 /* Where a Q2_K, Q3_K or IQ4_XS super-block's d is. */
 #define LOW_K_D(fmt) ((fmt) == Q2_K ? Q2_K_D : (fmt) == Q3_K ? Q3_K_D : 0)
 
@@ -424,11 +411,10 @@ INLINE void low_k_scales(int fmt, const uint8_t *const *sb, f32x4 d, f32x4 dmin,
             if (fmt == Q6_K)   /* half s / 4, sub-block s % 4 of it */                                                 \
                 wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + Q6_K_QH + 32 * (s / 4),               \
                                     4 * ((s / 2) & 1), 2 * (s & 3), 2);                                                \
-            else if (fmt == Q2_K || fmt == Q3_K) {                                                                     \
-                int8_t q[32];                                                                                          \
-                low_k_bytes(fmt, sb[i], s, V##_EO, q);                                                                 \
-                wv[i] = V##_load(q);                                                                                   \
-            } else if (fmt == IQ4_XS)                                                                                  \
+            else if (fmt == Q2_K || fmt == Q3_K)   /* bits 2j, 2j + 1 of qs[32 (s / 4) + l], j = s % 4 */           \
+                wv[i] = V##_k23(sb[i] + (fmt == Q2_K ? Q2_K_QS : Q3_K_QS) + 32 * (s / 4), fmt == Q3_K ? sb[i] : NULL,   \
+                                2 * (s % 4), s);                                                                       \
+            else if (fmt == IQ4_XS)                                                                                    \
                 wv[i] = V##_iq4(sb[i] + IQ4_XS_QS + 16 * s);                                                           \
             else                                                                                                       \
                 wv[i] = V##_kquants(sb[i] + (fmt == Q4_K ? Q4_K_QS : Q5_K_QS) + 32 * (s / 2),                          \
@@ -607,6 +593,15 @@ QDOT_KERNEL(s16, , xblock16_t)
     }
 SCALAR_K(sc, int8_t)
 SCALAR_K(s16, int16_t)
+#define SCALAR_K23(P, lane_t)                                                                                          \
+    INLINE P##_bv P##_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {                                  \
+        P##_bv v;                                                                                                      \
+        for (int j = 0; j < 32; j++)                                                                                   \
+            v.b[j] = (lane_t)(hm ? (((qs[j] >> shift) & 3) | (((hm[j] >> bit) & 1) << 2)) - 4 : (qs[j] >> shift) & 3);  \
+        return v;                                                                                                      \
+    }
+SCALAR_K23(sc, int8_t)
+SCALAR_K23(s16, int16_t)
 QDOT_KTILES(sc, , xblock_t)
 QDOT_KTILES(s16, , xblock16_t)
 
@@ -738,6 +733,21 @@ QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
     }
 X86_K8(av, AVX2_ATTR)
 X86_K8(vn, VNNI_ATTR)
+/* Q2_K's and Q3_K's quants as bytes: shifts within 16-bit lanes, the bits that cross from the upper byte masked
+ * off. */
+#define X86_K23(V, ATTR)                                                                                               \
+    ATTR INLINE __m256i V##_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {                            \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
+        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));             \
+        if (hm) {                                                                                                      \
+            const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)hm), _mm_cvtsi32_si128(bit));       \
+            b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(1)), 2));                    \
+            b = _mm256_sub_epi8(b, _mm256_set1_epi8(4));                                                               \
+        }                                                                                                              \
+        return b;                                                                                                      \
+    }
+X86_K23(av, AVX2_ATTR)
+X86_K23(vn, VNNI_ATTR)
 QDOT_KTILES(av, AVX2_ATTR, xblock_t)
 QDOT_KTILES(vn, VNNI_ATTR, xblock_t)
 
@@ -809,6 +819,21 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         if (hbits == 2) {                                                                                              \
             const __m256i c = _mm256_set1_epi16(32);                                                                   \
             lo = _mm256_sub_epi16(lo, c), hi = _mm256_sub_epi16(hi, c);                                                \
+        }                                                                                                              \
+        return (av16_bv){lo, hi};                                                                                      \
+    }                                                                                                                  \
+    /* Q2_K's and Q3_K's quants in the same layout: the even bytes' 2-bit fields in lo, the odd ones' in hi */        \
+    ATTR INLINE av16_bv V##_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {                            \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs), m2 = _mm256_set1_epi16(3);                          \
+        __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), m2);                              \
+        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift + 8)), m2);                          \
+        if (hm) {                                                                                                      \
+            const __m256i h = _mm256_loadu_si256((const __m256i *)hm), one = _mm256_set1_epi16(1);                     \
+            const __m256i four = _mm256_set1_epi16(4);                                                                 \
+            const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit)), one);                     \
+            const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit + 8)), one);                 \
+            lo = _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hl, 2)), four);                                \
+            hi = _mm256_sub_epi16(_mm256_or_si256(hi, _mm256_slli_epi16(hh, 2)), four);                                \
         }                                                                                                              \
         return (av16_bv){lo, hi};                                                                                      \
     }                                                                                                                  \
@@ -935,6 +960,18 @@ INLINE ne_bv ne_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit
     return v;
 }
 #define sd_kquants ne_kquants
+/* Q2_K's and Q3_K's quants as two vectors of 16 bytes (lo: values 0..15). */
+INLINE ne_bv ne_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {
+    const int8x16_t down = vdupq_n_s8((int8_t)-shift);
+    uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), down), vdupq_n_u8(3));
+    uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), down), vdupq_n_u8(3));
+    if (!hm) return (ne_bv){vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(b)};
+    const int8x16_t hdown = vdupq_n_s8((int8_t)-bit);
+    a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm), hdown), vdupq_n_u8(1)), 2));
+    b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm + 16), hdown), vdupq_n_u8(1)), 2));
+    return (ne_bv){vsubq_s8(vreinterpretq_s8_u8(a), vdupq_n_s8(4)), vsubq_s8(vreinterpretq_s8_u8(b), vdupq_n_s8(4))};
+}
+#define sd_k23 ne_k23
 INLINE int32x4_t ne_half_dot(int8x16_t w, int8x16_t x) {
     return vpaddlq_s16(vpaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)), vmull_high_s8(w, x)));
 }
@@ -1004,6 +1041,10 @@ INLINE n16_bv n16_iq4(const uint8_t *qs) {
 #define n16_EO 0
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
+INLINE n16_bv n16_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {
+    const ne_bv b = ne_k23(qs, hm, shift, bit);   /* Q3_K's already less 4: sign-extended */
+    return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
+}
 INLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
     const ne_bv b = ne_kquants(qs, qh, shift, bit, hbits);   /* Q6_K's already less 32: sign-extended */
     return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
