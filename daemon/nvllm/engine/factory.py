@@ -7,7 +7,8 @@ and `nvllm serve --dry-run` stops before allocating anything:
 
     loaded = load_model(settings)                          # weights, tokenizer, defaults, EOS ids
     plan = plan_pool(settings, loaded.info, reading)       # pages from one memory reading
-    engine = create_engine(settings, loaded, plan)         # allocates and touches the pool
+    engine = create_engine(settings, loaded, plan)         # maps the pool, backs one sequence's pages
+                                                           # now and the rest in the background
 
 `build_engine(settings)` does all three with the memory available now.
 """
@@ -25,6 +26,7 @@ from typing import Any
 from nvllm.config import Settings
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.engine.pool_backing import PoolBacking
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
@@ -221,14 +223,28 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading) -> Po
     return PoolPlan(sizing, max_len)
 
 
-def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan) -> LLMEngine:
-    """Allocate and touch the pool (once, now), then the engine around it."""
+def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
+                  back: Callable[[KVCache, int, int], None] = KVCache.back_blocks) -> LLMEngine:
+    """Map the pool and back the blocks of one max_model_len sequence now, the rest on a thread of its
+    own (engine/pool_backing.py) whose blocks the engine hands out only once backed; then the engine.
+
+    back(kv, start, stop) backs blocks [start, stop) in the background (KVCache.back_blocks; tests slow
+    it or make it fail).
+    """
     t0 = time.monotonic()
-    kv = loaded.model.make_kv_cache(plan.sizing.num_blocks, settings.cache.block_size)
-    log.info("page pool allocated and made resident: %s in %.2f s (%s)", format_bytes(kv.nbytes),
-             time.monotonic() - t0, kv.populated_by)
+    sz = plan.sizing
+    first = min(sz.num_blocks, math.ceil(plan.max_model_len / sz.block_size))
+    kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, resident_blocks=first)
+    backing = None
+    if first < sz.num_blocks:
+        backing = PoolBacking(lambda start, stop: back(kv, start, stop), first, sz.num_blocks,
+                              sz.bytes_per_block).start()
+    log.info("page pool of %s mapped in %.2f s (%s): %d of %d blocks (%s, one max_model_len sequence) "
+             "resident now%s", format_bytes(kv.nbytes), time.monotonic() - t0, kv.populated_by, first,
+             sz.num_blocks, format_bytes(first * sz.bytes_per_block),
+             ", the rest backed in the background" if backing is not None else "")
     return LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
-                     loaded.generation_defaults, loaded.eos_token_ids)
+                     loaded.generation_defaults, loaded.eos_token_ids, backing)
 
 
 def build_engine(settings: Settings,
