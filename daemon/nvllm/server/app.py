@@ -192,8 +192,9 @@ class Daemon:
         admit = st.not_admitting_reason()
         how = ("draining" if st.phase is Phase.DRAINING else
                f"not admitting: {admit}" if admit else "admitting")
+        backed = f" ({s['pages_backed']} backed)" if s["pages_backed"] < s["pages_total"] else ""
         return (f"{self.model_name}: {s['running']} running, {s['waiting']} waiting, "
-                f"{free}/{s['pages_total']} pages free, {s['tokens_per_s']:.1f} tokens/s, {how}")
+                f"{free}/{s['pages_total']}{backed} pages free, {s['tokens_per_s']:.1f} tokens/s, {how}")
 
     async def _status_loop(self) -> None:
         while True:

@@ -241,6 +241,8 @@ class StateCollector(Collector):
             put("vllm:num_requests_running", s["running"])
             put("vllm:num_requests_waiting", s["waiting"])
             put("vllm:kv_cache_usage_perc", s["pages_used"] / max(1, s["pages_total"]))
+            put("nvllm:kv_cache_pool_pages", s["pages_total"], ("total",))
+            put("nvllm:kv_cache_pool_pages", s["pages_backed"], ("backed",))
             put("nvllm:kv_cache_pages", s["pages_free"], ("free",))
             put("nvllm:kv_cache_pages", s["pages_cached"], ("cached",))
             put("nvllm:kv_cache_pages", s["pages_used"], ("used",))
@@ -270,6 +272,9 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "vllm:kv_cache_usage_perc", "Share of the KV-cache pages held by requests (1 is all).", m),
         (g, "nvllm:kv_cache_pages", "KV-cache pages: free, cached (a reusable prefix, evictable) or used "
                                     "(held by requests).", m + ["state"]),
+        (g, "nvllm:kv_cache_pool_pages", "KV-cache pool size in pages: total, and backed (resident, the only "
+                                         "ones handed out; below total while the pool is backed after "
+                                         "start-up).", m + ["size"]),
         (c, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m),
         (c, "vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", m),
         (g, "nvllm:prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens, since start.", m),
