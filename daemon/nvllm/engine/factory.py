@@ -55,7 +55,8 @@ class ModelInfo:
     hidden_size: int
     max_position_embeddings: int
     weight_bytes: int
-    bytes_per_token: int          # KV pool bytes per token of context
+    num_kv_heads: int
+    head_dim: int
     weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
     # The most the weights take while loading: a folder's matrices converted at load (quantized, or kept
     # in 16 bits) are each read as float32 first, one at a time.
@@ -64,10 +65,29 @@ class ModelInfo:
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
            weight_format: str = "float32", load_peak_bytes: int = 0) -> ModelInfo:
-        per_token = KVCache.bytes_per_block(c.num_layers, 1, c.num_kv_heads, c.head_dim)
         weights = c.weight_bytes if weight_bytes is None else weight_bytes
         return cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
-                   c.max_position_embeddings, weights, per_token, weight_format, max(weights, load_peak_bytes))
+                   c.max_position_embeddings, weights, c.num_kv_heads, c.head_dim, weight_format,
+                   max(weights, load_peak_bytes))
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV pool bytes per token of context, in the pool's format (float32)."""
+        return kv_bytes_per_block(self, 1)
+
+
+# The KV formats `nvllm serve --dry-run` plans for, by their bytes per value (q8_0: blocks of 32 values
+# in 32 bytes and a 16-bit scale). The pool holds float32 today (POOL_FORMAT, F32_BYTES).
+F32_BYTES = 4.0
+POOL_FORMAT = "f32"
+KV_FORMAT_BYTES: dict[str, float] = {"f32": F32_BYTES, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
+
+
+def kv_bytes_per_block(info: ModelInfo, block_size: int, bytes_per_value: float = F32_BYTES) -> int:
+    """The page pool's bytes per block of block_size tokens at bytes_per_value a value: every pool size
+    (sizing, dry run, the engine's pool) is computed from this, the one call of KVCache.bytes_per_block."""
+    values = KVCache.bytes_per_block(info.num_layers, block_size, info.num_kv_heads, info.head_dim, itemsize=1)
+    return math.ceil(values * bytes_per_value)
 
 
 @dataclass
@@ -150,9 +170,24 @@ def plan_for_board(settings: Settings, memory_gb: float) -> tuple[ModelInfo, Poo
     the shapes alone (`nvllm serve --dry-run --memory-gb`): what is left after the weights is the
     reading the sizing rule takes."""
     info = read_model_info(settings)
-    reading = MemoryReading(max(0, int(memory_gb * GiB) - info.weight_bytes),
-                            f"planned: {memory_gb:g} GiB available less the weights")
-    return info, plan_pool(settings, info, reading)
+    return info, plan_pool(settings, info, board_reading(info, memory_gb))
+
+
+def board_reading(info: ModelInfo, memory_gb: float) -> MemoryReading:
+    """The reading a board with memory_gb GiB available before nvllm starts gives once the weights are in."""
+    return MemoryReading(max(0, int(memory_gb * GiB) - info.weight_bytes),
+                         f"planned: {memory_gb:g} GiB available less the weights")
+
+
+def plan_per_format(settings: Settings, info: ModelInfo, reading: MemoryReading) -> dict[str, PoolPlan | str]:
+    """The pool each KV format (KV_FORMAT_BYTES) would get from the one reading, or why none fits."""
+    plans: dict[str, PoolPlan | str] = {}
+    for name, per_value in KV_FORMAT_BYTES.items():
+        try:
+            plans[name] = plan_pool(settings, info, reading, per_value)
+        except EngineBuildError as e:
+            plans[name] = str(e)
+    return plans
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -207,14 +242,16 @@ def max_model_len(settings: Settings, info: ModelInfo) -> int:
     return min(settings.scheduler.max_model_len or limit, limit)
 
 
-def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading) -> PoolPlan:
-    """The page pool from one memory reading, taken after the weights are loaded; cache.num_blocks
-    overrides the sizing. Raises EngineBuildError when one max_model_len sequence would not fit."""
+def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading,
+              bytes_per_value: float = F32_BYTES) -> PoolPlan:
+    """The page pool from one memory reading, taken after the weights are loaded, for a KV format of
+    bytes_per_value (KV_FORMAT_BYTES); cache.num_blocks overrides the sizing. Raises EngineBuildError when
+    one max_model_len sequence would not fit."""
     cache = settings.cache
     max_len = max_model_len(settings, info)
     per_seq = math.ceil(max_len / cache.block_size)
     try:
-        sizing = size_pool(info.bytes_per_token * cache.block_size, reading.available_bytes,
+        sizing = size_pool(kv_bytes_per_block(info, cache.block_size, bytes_per_value), reading.available_bytes,
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
                            cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs)
