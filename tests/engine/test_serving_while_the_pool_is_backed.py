@@ -72,14 +72,14 @@ def test_requests_are_served_from_the_backed_blocks_while_the_rest_is_held(tiny,
     held = Held()
     engine = build(tiny, held)
     try:
-        assert engine.kv_cache.num_blocks == TOTAL and engine.pool_backing_in_progress
+        assert engine.kv_cache.num_blocks == TOTAL and engine.backing is not None and engine.backing.in_progress
         s = engine.stats()
         assert (s["pages_total"], s["pages_backed"], s["pages_free"]) == (TOTAL, FIRST, FIRST)
         for i, p in enumerate(PROMPTS):   # together they need more pages than are backed: they take turns
             engine.add_request(f"r{i}", p, GREEDY)
         tokens = run_checking_pages(engine, FIRST)
         assert [tokens[f"r{i}"] for i in range(len(PROMPTS))] == reference, "as with the whole pool"
-        assert engine.pool_backing_in_progress and engine.stats()["pages_backed"] == FIRST
+        assert engine.backing is not None and engine.backing.in_progress and engine.stats()["pages_backed"] == FIRST
         assert engine.stats()["preemptions"] > 0, "four requests in four pages had to take turns"
     finally:
         held.released.set()

@@ -113,12 +113,10 @@ class TestEngineMetrics:
         asyncio.run(main())
         idle, busy, after, stopped = seen["idle"], seen["busy"], seen["after"], seen["stopped"]
         assert value(idle, "vllm:num_requests_running") == 0 and value(idle, "vllm:kv_cache_usage_perc") == 0
-        # The pool's size, total and backed: the first 16 pages (one 256-token sequence) at once, the rest in
-        # the background; only backed pages are free.
-        assert value(idle, "nvllm:kv_cache_pool_pages", size="total") == 24
-        assert 16 <= value(idle, "nvllm:kv_cache_pool_pages", size="backed") <= 24
-        assert value(idle, "nvllm:kv_cache_pages", state="free") == value(idle, "nvllm:kv_cache_pool_pages",
-                                                                           size="backed")
+        # The pool's size, total and backed (16 pages, one 256-token sequence, at once); only backed ones are free.
+        backed = value(idle, "nvllm:kv_cache_pool_pages", size="backed")
+        assert value(idle, "nvllm:kv_cache_pool_pages", size="total") == 24 and 16 <= backed <= 24
+        assert value(idle, "nvllm:kv_cache_pages", state="free") == backed
         assert value(after, "nvllm:kv_cache_pool_pages", size="backed") == 24
         # The first output comes after the first step: the batch holds pages and runs.
         assert value(busy, "vllm:num_requests_running") > 0

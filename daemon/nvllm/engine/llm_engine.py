@@ -184,11 +184,6 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
     # -- the step -----------------------------------------------------------------------------
-    @property
-    def pool_backing_in_progress(self) -> bool:
-        """Blocks of the pool are still being backed in the background (more pages may come)."""
-        return self.backing is not None and self.backing.in_progress
-
     def _take_backed(self) -> None:
         """Hand the pages backed since the last step to the block manager; none other is ever used."""
         if self.backing is not None:
