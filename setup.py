@@ -11,6 +11,7 @@ setup(
         Extension(
             "nvllm.model.kernels._ops",
             sources=["daemon/nvllm/model/kernels/csrc/ops.c"],
+            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h"],
             # No Python API is used: the library is loaded with ctypes, so it needs no Python headers.
             # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
             # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.

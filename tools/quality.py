@@ -4,6 +4,7 @@
     .venv/bin/python tools/quality.py --formats q8_0,q4_k --tokens 1024
     .venv/bin/python tools/quality.py --formats '' --activations exact,int8        # the GGUF's x rounding
     .venv/bin/python tools/quality.py --folder '' --gguf FILE.gguf --activations exact,int8
+    .venv/bin/python tools/quality.py --formats '' --gguf '' --kv-cache-dtypes f16,bf16,q8_0   # the KV pool's
 
 Offline and deterministic. For each format, every 2-D tensor of the float32 folder (the projections and
 the tied embedding) is quantized with nvllm's quantizers (model/quantize.py, llama.cpp's reference
@@ -31,6 +32,9 @@ SHA-256 is printed, since another Python version may ship a revised text.
 (its weights decoded, x in float32), and the text is read with the GGUF's own tokenizer. The text is then
 fed DECODE_ROWS tokens at a time, so that every product takes the decode step's kernels (longer chunks go
 to BLAS on decoded weights, where x is never rounded), for every row of the table alike.
+
+--kv-cache-dtypes FORMATS scores the KV pool's formats (cache.dtype) instead: the float32 folder (or, with
+--folder '', the GGUF) reads the text once with its pool in f32, the reference, and once per format.
 """
 from __future__ import annotations
 
@@ -82,12 +86,15 @@ def read_text() -> str:
     return topics[TOPIC]
 
 
-def run_model(model: Model, ids: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+def run_model(model: Model, ids: np.ndarray, chunk: int = CHUNK, kv: str = "f32") -> tuple[np.ndarray, np.ndarray]:
     """Log-probabilities [T-1, V] of each next token after positions 0..T-2 (float32), and the
-    model's argmax there [T-1]: one sequence fed `chunk` tokens per forward through the KV cache."""
+    model's argmax there [T-1]: one sequence fed `chunk` tokens per forward through the KV cache,
+    whose pages hold keys and values in KV format `kv`."""
+    from nvllm.model.quant.kv_format import by_name
+
     t = len(ids)
     pages = -(-t // BLOCK)
-    cache = model.make_kv_cache(pages + 1, BLOCK)
+    cache = model.make_kv_cache(pages + 1, BLOCK, by_name(kv))
     table = np.arange(pages, dtype=np.int32)[None, :]  # [1, pages]
     out = []
     for start in range(0, t - 1, chunk):
@@ -187,6 +194,36 @@ def check_spec(spec: str) -> None:
             raise SystemExit(f"quality.py: --formats: {part!r} is not one of {', '.join(KINDS)}")
 
 
+def kv_formats(args: argparse.Namespace) -> int:
+    """The --kv-cache-dtypes table: one model, its pool in f32 (the reference) and in each format."""
+    from nvllm.model.quant.kv_format import NAMES
+    from nvllm.model.weights.gguf_file import read_gguf
+    from nvllm.text.tokenizer import Tokenizer
+
+    kinds = [k for k in args.kv_cache_dtypes.split(",") if k]
+    for k in kinds:
+        if k not in NAMES:
+            raise SystemExit(f"quality.py: --kv-cache-dtypes: {k!r} is not one of {', '.join(NAMES)}")
+    has_folder = str(args.folder) not in ("", ".")
+    path = args.folder if has_folder else args.gguf
+    tok = (Tokenizer.from_dir(path) if has_folder
+           else Tokenizer.from_gguf_metadata(read_gguf(path).metadata, str(path)))
+    ids = np.array(tok.encode(read_text(), add_special_tokens=False), dtype=np.int64)
+    if args.tokens:
+        ids = ids[:args.tokens]
+    model = load(path)
+    print(f"{path.name}: {len(ids)} tokens; KV pool formats against f32", file=sys.stderr)
+    base = run_model(model, ids)
+    rows = [("f32", score(*base, ids, None, 0.0, 0.0))]
+    for k in kinds:
+        rows.append((k, score(*run_model(model, ids, kv=k), ids, base, 0.0, 0.0)))
+    f32_ppl = rows[0][1].ppl
+    print(f"{'KV format':10} {'ppl':>9} {'vs f32':>8} {'top-1 =':>8} {'KL':>8}")
+    for name, s in rows:
+        print(f"{name:10} {s.ppl:9.4f} {s.ppl / f32_ppl - 1:+8.3%} {s.agree:8.2%} {max(s.kl, 0.0):8.5f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--folder", type=Path, default=DEFAULT_FOLDER, help="float32 Hugging Face folder")
@@ -200,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
                          "(once the loader honours the setting; PROJ/EMBED is not possible then)")
     ap.add_argument("--activations", default="",
                     help="comma-separated model.activations modes (exact, int8, float) to score the GGUF in")
+    ap.add_argument("--kv-cache-dtypes", default="",
+                    help="comma-separated KV pool formats (f16, bf16, q8_0) to score against an f32 pool")
     args = ap.parse_args(argv)
+    if args.kv_cache_dtypes:
+        return kv_formats(args)
     specs = [s for s in args.formats.split(",") if s]
     for spec in specs:
         check_spec(spec)

@@ -100,7 +100,8 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_len: int
 
 def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, gen_len: int,
                      prefill_lens: list[int], progress: Progress, threads: int = 0,
-                     quantization: str | None = None, activations: str | None = None) -> dict[str, Any]:
+                     quantization: str | None = None, activations: str | None = None,
+                     kv_cache_dtype: str | None = None) -> dict[str, Any]:
     rss_peak = [psutil.Process().memory_info().rss]
 
     def sample_rss() -> None:
@@ -118,7 +119,7 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     settings = load_settings(overrides={
         "model": {"path": str(model_dir), "threads": threads, "quantization": quantization,
                   "activations": activations},
-        "cache": {"num_blocks": blocks, "enable_prefix_caching": False},
+        "cache": {"num_blocks": blocks, "enable_prefix_caching": False, "dtype": kv_cache_dtype},
         "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
                       "max_model_len": min(max(prompt_len + gen_len, max(prefill_lens)) + 1, blocks * 16)}})
     engine = build_engine(settings)
@@ -281,14 +282,15 @@ async def _bench_target(target: str, concurrency: list[int], prompt_len: int, ge
 
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
         target: str | None, as_json: bool, prefill_lens: list[int] | None = None,
-        threads: int = 0, quantization: str | None = None, activations: str | None = None) -> dict[str, Any]:
+        threads: int = 0, quantization: str | None = None, activations: str | None = None,
+        kv_cache_dtype: str | None = None) -> dict[str, Any]:
     progress = Progress(enabled=True)
     if target:
         result = asyncio.run(_bench_target(target, concurrency, prompt_len, gen_len, progress))
     else:
         assert model_dir is not None
         result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
-                                  progress, threads, quantization, activations)
+                                  progress, threads, quantization, activations, kv_cache_dtype)
     print(json.dumps(result) if as_json else format_table(result))
     return result
 

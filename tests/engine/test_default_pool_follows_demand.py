@@ -1,12 +1,14 @@
 """The default pool is no larger than max_num_seqs sequences of max_model_len need, in each KV format,
-and every size goes through factory.kv_bytes_per_block."""
+and every size goes through ModelInfo.kv_bytes_per_token (KVCache.bytes_per_block)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+from helpers.kv_model import hd64_gguf
 from nvllm.config import load_settings
 from nvllm.engine import factory
 from nvllm.engine.memory import MemoryReading
@@ -16,57 +18,58 @@ PLENTY = MemoryReading(64 << 30, "test")
 
 
 @pytest.fixture(scope="module")
-def info(tiny_models) -> factory.ModelInfo:
-    return factory.read_model_info(load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"])}}))
+def model(tmp_path_factory) -> Path:
+    return hd64_gguf(tmp_path_factory.mktemp("kv"))
 
 
-def settings(tiny_models, **scheduler):
-    return load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"])}, "scheduler": scheduler})
+@pytest.fixture(scope="module")
+def info(model) -> factory.ModelInfo:
+    return factory.read_model_info(load_settings(overrides={"model": {"path": str(model)}}))
 
 
-@pytest.mark.parametrize("fmt", list(factory.KV_FORMAT_BYTES))
+def settings(model, cache=None, **scheduler):
+    return load_settings(overrides={"model": {"path": str(model)}, "scheduler": scheduler, "cache": cache or {}})
+
+
+@pytest.mark.parametrize("name", list(factory.KV_FORMATS))
 @pytest.mark.parametrize("seqs,max_len", [(1, 64), (3, 100), (32, 256)])
-def test_the_default_pool_is_what_the_sequences_need(tiny_models, info, fmt, seqs, max_len) -> None:
-    plan = factory.plan_pool(settings(tiny_models, max_num_seqs=seqs, max_model_len=max_len), info, PLENTY,
-                             factory.KV_FORMAT_BYTES[fmt])
-    sz = plan.sizing
+def test_the_default_pool_is_what_the_sequences_need(model, info, name, seqs, max_len) -> None:
+    fmt = factory.KV_FORMATS[name]
+    sz = factory.plan_pool(settings(model, max_num_seqs=seqs, max_model_len=max_len), info, PLENTY, fmt).sizing
     assert sz.num_blocks == seqs * math.ceil(max_len / sz.block_size) and sz.bound == "demand"
-    assert sz.bytes_per_block == factory.kv_bytes_per_block(info, sz.block_size, factory.KV_FORMAT_BYTES[fmt])
+    assert sz.bytes_per_block == info.kv_bytes_per_token(fmt) * sz.block_size
 
 
-def test_under_the_cap_it_never_exceeds_the_demand(tiny_models, info) -> None:
-    for fmt, per_value in factory.KV_FORMAT_BYTES.items():
+def test_under_the_cap_it_never_exceeds_the_demand(model, info) -> None:
+    for name, fmt in factory.KV_FORMATS.items():
         for reading in (PLENTY, MemoryReading(1200 << 20, "small")):
-            sz = factory.plan_pool(settings(tiny_models), info, reading, per_value).sizing
-            assert sz.num_blocks <= sz.demand_blocks, fmt
+            sz = factory.plan_pool(settings(model), info, reading, fmt).sizing
+            assert sz.num_blocks <= sz.demand_blocks, name
             assert sz.pool_bytes <= sz.max_pool_bytes
 
 
-def test_bytes_per_block_per_format(info) -> None:
-    values = KVCache.bytes_per_block(info.num_layers, 16, info.num_kv_heads, info.head_dim, itemsize=1)
-    got = {f: factory.kv_bytes_per_block(info, 16, b) for f, b in factory.KV_FORMAT_BYTES.items()}
+def test_bytes_per_token_per_format(info) -> None:
+    values = info.num_layers * 2 * info.num_kv_heads * info.head_dim
+    got = {name: info.kv_bytes_per_token(fmt) for name, fmt in factory.KV_FORMATS.items()}
     assert got == {"f32": 4 * values, "f16": 2 * values, "bf16": 2 * values, "q8_0": values // 32 * 34}
-    # The pool the engine allocates is the f32 row's.
-    assert info.bytes_per_token * 16 == got["f32"] == KVCache.bytes_per_block(
-        info.num_layers, 16, info.num_kv_heads, info.head_dim)
+    # Without a format, the model's (cache.dtype auto: f16 for a GGUF).
+    assert info.kv_format.name == "f16" and info.bytes_per_token == got["f16"] == KVCache.bytes_per_block(
+        info.num_layers, 1, info.num_kv_heads, info.head_dim, info.kv_format)
 
 
-def test_num_blocks_and_max_pool_mb_still_decide(tiny_models, info) -> None:
-    s = load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"])}, "cache": {"num_blocks": 40}})
-    for per_value in factory.KV_FORMAT_BYTES.values():
-        assert factory.plan_pool(s, info, PLENTY, per_value).sizing.num_blocks == 40
-    s = load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"])}, "cache": {"max_pool_mb": 1},
-                                 "scheduler": {"max_model_len": 32}})
-    for per_value in factory.KV_FORMAT_BYTES.values():
-        sz = factory.plan_pool(s, info, PLENTY, per_value).sizing
-        assert sz.pool_bytes <= 1 << 20 and (sz.bound == "cap" or sz.num_blocks == sz.demand_blocks)
+def test_num_blocks_and_max_pool_mb_still_decide(model, info) -> None:
+    for fmt in factory.KV_FORMATS.values():
+        assert factory.plan_pool(settings(model, {"num_blocks": 40}), info, PLENTY, fmt).sizing.num_blocks == 40
+        sz = factory.plan_pool(settings(model, {"max_pool_mb": 1}, max_model_len=32, max_num_seqs=4096),
+                               info, PLENTY, fmt).sizing
+        assert sz.pool_bytes <= 1 << 20 and sz.bound == "cap"
 
 
-def test_the_engine_allocates_the_planned_bytes(tiny_models) -> None:
-    """plan_pool's bytes per block (the f32 row today) are the bytes the engine's pool takes: a KV format
-    must reach both, or this fails."""
-    s = settings(tiny_models, max_num_seqs=2, max_model_len=64)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
+def test_the_engine_allocates_the_planned_bytes(model, dtype) -> None:
+    """plan_pool's bytes per block are the bytes the engine's pool takes, in the format cache.dtype gives."""
+    s = settings(model, {"dtype": dtype}, max_num_seqs=2, max_model_len=64)
     loaded = factory.load_model(s)
     plan = factory.plan_pool(s, loaded.info, PLENTY)
     engine = factory.create_engine(s, loaded, plan)
-    assert engine.kv_cache.nbytes == plan.sizing.pool_bytes
+    assert engine.kv_cache.format.name == dtype and engine.kv_cache.nbytes == plan.sizing.pool_bytes

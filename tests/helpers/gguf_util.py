@@ -23,6 +23,7 @@ ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
 PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}   # tokenizer.ggml.pre of the tiny models
 QUANTIZABLE = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)        # what gguf.quants.quantize writes
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+LOW_BIT = (T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS)                 # nor to these: random blocks too
 # Byte offsets of each K-quant block's float16 scales (ggml-common.h's block_q*_K).
 _K_SCALE_OFFSETS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
@@ -73,7 +74,7 @@ def encode(w: np.ndarray, qtype: T) -> np.ndarray:
 def file_type(qtype: T) -> int:
     if qtype == T.F32:
         return int(gguf.LlamaFileType.ALL_F32)
-    name = {T.Q4_K: "Q4_K_M", T.Q5_K: "Q5_K_M"}.get(qtype, qtype.name)
+    name = {T.Q4_K: "Q4_K_M", T.Q5_K: "Q5_K_M", T.Q3_K: "Q3_K_M"}.get(qtype, qtype.name)
     return int(getattr(gguf.LlamaFileType, f"MOSTLY_{name}"))
 
 

@@ -25,7 +25,8 @@ BLOCKED = [n for n in ALL if FORMAT[n].block_elems > 1]
 WRITABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 # byte offsets of each block's float16 scale fields: random bytes there could be NaN or infinity
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ4_NL": [0], "IQ4_XS": [0]}
 # (rows..., blocks per row): one block, several rows, rows of several blocks, a 3-D tensor
 SHAPES = [(1, 1), (1, 5), (4, 1), (3, 7), (2, 3, 2)]
 
@@ -74,7 +75,7 @@ def assert_bitwise_equal(mine: np.ndarray, ref: np.ndarray) -> None:
 
 def test_the_formats_are_llamacpps_and_exactly_the_supported_ones() -> None:
     assert sorted(FORMAT) == sorted(["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                     "Q4_K", "Q5_K", "Q6_K"])
+                                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
     for type_id, fmt in FORMATS.items():
         qtype = GGMLQuantizationType(type_id)
         assert fmt.ggml_type == type_id and fmt.name == qtype.name
@@ -230,7 +231,7 @@ UNSUPPORTED = [t for t in GGMLQuantizationType if int(t) not in FORMATS]
 
 def test_the_unsupported_list_has_the_families_the_issue_names() -> None:
     names = {t.name for t in UNSUPPORTED}
-    assert {"Q2_K", "Q3_K", "Q8_1", "Q8_K", "TQ1_0", "TQ2_0", "MXFP4", "IQ4_NL", "IQ2_XXS"} <= names
+    assert {"Q8_1", "Q8_K", "TQ1_0", "TQ2_0", "MXFP4", "IQ2_XXS", "IQ3_S", "IQ1_S"} <= names
 
 
 @pytest.mark.parametrize("qtype", UNSUPPORTED, ids=lambda t: t.name)

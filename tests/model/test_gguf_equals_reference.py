@@ -198,7 +198,7 @@ def test_each_type_equals_ggufs_dequantize(folder: Path, qtype: T, tmp_path: Pat
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("qtype", gu.K_QUANTS + (T.Q4_0,), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", gu.K_QUANTS + gu.LOW_BIT + (T.Q4_0,), ids=lambda q: q.name)
 def test_random_blocks_equal_ggufs_dequantize(arch: str, qtype: T, tmp_path: Path):
     path = gu.write_random_gguf(tmp_path / "r.gguf", qtype, arch, tied=arch == "qwen2", seed=int(qtype))
     m = read_gguf(path)

@@ -54,8 +54,8 @@ def test_shapes_must_match_the_hyperparameters(tmp_path: Path):
 
 
 def test_unsupported_tensor_type_is_named(tmp_path: Path):
-    path = gu.write_random_gguf(tmp_path / "q2k.gguf", T.Q2_K)
-    with pytest.raises(GGUFError, match=r"q2k.gguf: tensor 'token_embd.weight' is stored as Q2_K"):
+    path = gu.write_random_gguf(tmp_path / "iq2xxs.gguf", T.IQ2_XXS)
+    with pytest.raises(GGUFError, match=r"iq2xxs.gguf: tensor 'token_embd.weight' is stored as IQ2_XXS"):
         read_gguf(path)
 
 

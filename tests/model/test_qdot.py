@@ -37,7 +37,7 @@ VARIANTS = [v for v in mk.int_variants() if v != "float"]
 INT8 = [v for v in VARIANTS if not v.endswith("-i16")]
 INT16 = [v for v in VARIANTS if v.endswith("-i16")]
 QMAX = {8: 127, 16: 32767}
-K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")   # in whole super-blocks of 256
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")   # in whole super-blocks of 256
 
 
 def width(name: str, blocks: int) -> int:
@@ -62,13 +62,13 @@ def random_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> 
 
 
 def quantized_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> QuantizedWeight:
-    """Normal weights quantized as a converter writes them (by gguf.quants; Q4_K by nvllm's quantizer; Q5_K
-    and Q6_K, which neither writes, random blocks)."""
+    """Normal weights quantized as a converter writes them (by gguf.quants; Q4_K by nvllm's quantizer; the
+    others, which neither writes, random blocks)."""
     data = (rng.standard_normal((rows, n_in)) * 0.05).astype(np.float32)
     if name == "Q4_K":
         from nvllm.model.quant.quantize import quantize
         return QuantizedWeight(FORMAT[name], quantize(FORMAT[name], data), (rows, n_in))
-    if name in ("Q5_K", "Q6_K"):
+    if name in ("Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
         return random_weight(name, rows, n_in, rng)
     raw = np.ascontiguousarray(gguf.quants.quantize(data, GT[name])).view(np.uint8).reshape(rows, -1)
     return QuantizedWeight(FORMAT[name], raw, (rows, n_in))

@@ -41,3 +41,16 @@ def test_bad_modes_and_a_missing_reference_are_refused(quality, tmp_path):
         quality.main(["--activations", "int4", "--formats", ""])
     with pytest.raises(SystemExit, match="needs --gguf FILE and --activations"):
         quality.main(["--folder", "", "--gguf", str(tmp_path / "none.gguf")])
+
+
+def test_kv_formats_are_scored_against_an_f32_pool(quality, tmp_path, capsys):
+    shape = Shape("k", "qwen2", 256, 512, 2, 4, 2, 64, 1024, 512, 1e6, 1e-6, "qwen2", {1000: "<|endoftext|>"},
+                  bos=1000, eos=1000, bpe=1000)
+    path = synthesize(shape, "Q8_0", tmp_path / "k.gguf")
+    assert quality.main(["--folder", "", "--gguf", str(path), "--kv-cache-dtypes", "f16,q8_0", "--tokens", "80"]) == 0
+    rows = {r.split()[0]: r.split() for r in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == {"f32", "f16", "q8_0"}
+    assert rows["f32"][2] == "+0.000%" and rows["f32"][3] == "100.00%"
+    assert rows["f16"][2] != "+0.000%" or float(rows["f16"][4]) > 0   # f16 does round the pool
+    with pytest.raises(SystemExit, match="--kv-cache-dtypes: 'fp8'"):
+        quality.main(["--folder", "", "--gguf", str(path), "--kv-cache-dtypes", "fp8"])

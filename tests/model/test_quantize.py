@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
+from helpers.quant_ref import ref_make_qkx2_quants, ref_nearest_int
 from nvllm import cli
 from nvllm.config import ConfigError, load_settings
 from nvllm.model.matrix.quantized import QuantizedWeight
@@ -60,7 +61,7 @@ def random_rows(rows: int, n: int, seed: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------- against gguf
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q4_0", "BF16", "F16"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "BF16", "F16"])
 @pytest.mark.parametrize("x", [special_rows(256), random_rows(33, 544)], ids=["special", "random"])
 def test_bit_identical_to_gguf(name, x):
     ours = qz.quantize(FMT[name], x)
@@ -79,68 +80,6 @@ def test_bf16_nan_and_inf_as_gguf():
 
 
 # ---------------------------------------------------------------- Q4_K against the reference
-
-
-def ref_nearest_int(v: np.float32) -> int:
-    val = np.array([F(v) + F(12582912.0)], F)
-    i = int(val.view(np.int32)[0])
-    return (i & 0x007FFFFF) - 0x00400000
-
-
-# make_qkx2_quants' rmin and rdelta as quantize_row_q4_K_ref passes them (-1.f, 0.1f)
-QKX2_RMIN = F(-1.0)
-QKX2_RDELTA = F(0.1)
-
-
-def ref_make_qkx2_quants(x, w, nmax=15, rmin=QKX2_RMIN, rdelta=QKX2_RDELTA, nstep=20):
-    """make_qkx2_quants(n=32, use_mad=false), a line of C for a line of Python."""
-    n = len(x)
-    lo, hi = x[0], x[0]
-    sum_w = w[0]
-    sum_x = sum_w * x[0]
-    for i in range(1, n):
-        if x[i] < lo:
-            lo = x[i]
-        if x[i] > hi:
-            hi = x[i]
-        sum_w = F(sum_w + w[i])
-        sum_x = F(sum_x + w[i] * x[i])
-    if lo > 0:
-        lo = F(0)
-    if hi == lo:
-        return [0] * n, F(0), F(-lo)
-    iscale = F(nmax) / F(hi - lo)
-    scale = F(1) / iscale
-    L = [0] * n
-    best = F(0)
-    for i in range(n):
-        L[i] = max(0, min(nmax, ref_nearest_int(F(iscale * F(x[i] - lo)))))
-        diff = F(F(scale * F(L[i])) + lo) - x[i]
-        best = F(best + w[i] * F(diff * diff))
-    for step in range(nstep + 1):
-        iscale = F(F(rmin + F(rdelta * F(step))) + F(nmax)) / F(hi - lo)
-        sum_l = sum_l2 = sum_xl = F(0)
-        aux = [0] * n
-        for i in range(n):
-            li = max(0, min(nmax, ref_nearest_int(F(iscale * F(x[i] - lo)))))
-            aux[i] = li
-            sum_l = F(sum_l + w[i] * F(li))
-            sum_l2 = F(sum_l2 + F(w[i] * F(li)) * F(li))
-            sum_xl = F(sum_xl + F(w[i] * F(li)) * x[i])
-        det = F(sum_w * sum_l2) - F(sum_l * sum_l)
-        if det > 0:
-            this_scale = F(F(sum_w * sum_xl) - F(sum_x * sum_l)) / det
-            this_min = F(F(sum_l2 * sum_x) - F(sum_l * sum_xl)) / det
-            if this_min > 0:
-                this_min = F(0)
-                this_scale = F(sum_xl / sum_l2)
-            err = F(0)
-            for i in range(n):
-                diff = F(F(this_scale * F(aux[i])) + this_min) - x[i]
-                err = F(err + w[i] * F(diff * diff))
-            if err < best:
-                L, best, scale, lo = aux, err, this_scale, this_min
-    return L, scale, F(-lo)
 
 
 def ref_quantize_row_q4_k(x: np.ndarray) -> bytes:
@@ -375,8 +314,8 @@ def test_bad_input_is_refused_clearly():
         qz.quantize(FMT["Q8_0"], np.zeros((2, 64), np.float64))
     with pytest.raises(ValueError, match="multiple of its block"):
         qz.quantize(FMT["Q4_K"], np.zeros((2, 64), F))
-    with pytest.raises(ValueError, match="does not quantize to Q5_K"):
-        qz.quantize(FMT["Q5_K"], np.zeros((1, 256), F))
+    with pytest.raises(ValueError, match="does not quantize to Q4_1"):
+        qz.quantize(FMT["Q4_1"], np.zeros((1, 32), F))
     assert qz.quantize(FMT["Q4_K"], np.zeros((0, 256), F)).shape == (0, 144)
 
 

@@ -44,6 +44,38 @@ def test_mixtures_are_llama_quantize_s():
     assert _types("qwen2.5-0.5b", "F16") == {"F32": 121, "F16": 169}
 
 
+def test_low_bit_mixtures_follow_llama_cpps_rules():
+    """Counts that follow from llama_tensor_get_type's rules for a model whose rows all split into 256
+    (Qwen2.5-1.5B: 28 layers, 6 heads a KV head, tied embedding), and for 896-wide rows that fall back."""
+    assert _types("qwen2.5-1.5b", "Q3_K_M") == {"F32": 141, "Q3_K": 112, "Q4_K": 81, "Q5_K": 3, "Q6_K": 1}
+    assert _types("qwen2.5-1.5b", "Q2_K") == {"F32": 141, "Q2_K": 112, "Q3_K": 56, "Q4_K": 28, "Q6_K": 1}
+    assert _types("qwen2.5-1.5b", "IQ4_XS") == {"F32": 141, "IQ4_XS": 165, "Q5_K": 31, "Q6_K": 1}
+    assert _types("qwen2.5-1.5b", "IQ4_NL") == {"F32": 141, "IQ4_NL": 165, "Q5_K": 31, "Q6_K": 1}
+    # 896 = 28 * 32: IQ4_XS -> IQ4_NL, Q2_K and Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0
+    assert _types("qwen2.5-0.5b", "IQ4_XS") == {"F32": 121, "IQ4_NL": 120, "IQ4_XS": 21, "Q5_1": 24, "Q5_K": 3,
+                                                "Q8_0": 1}
+    assert _types("qwen2.5-0.5b", "Q3_K_M") == {"F32": 121, "Q4_0": 96, "Q5_0": 46, "Q5_1": 2, "Q5_K": 1,
+                                                "Q4_K": 23, "Q8_0": 1}
+
+
+def test_low_bit_mixtures_give_more_bits_where_llama_cpp_does():
+    t3 = dict(iter_types(SHAPES["qwen2.5-1.5b"], "Q3_K_M"))
+    assert [t3[f"blk.{i}.attn_v.weight"] for i in range(4)] == ["Q5_K", "Q5_K", "Q4_K", "Q4_K"]
+    assert [t3[f"blk.{i}.ffn_down.weight"] for i in range(3)] == ["Q5_K", "Q4_K", "Q4_K"]   # 28 // 16 = 1
+    assert t3["blk.5.attn_output.weight"] == "Q4_K" and t3["blk.5.ffn_up.weight"] == "Q3_K"
+    t2 = dict(iter_types(SHAPES["qwen2.5-1.5b"], "Q2_K"))
+    assert (t2["blk.7.attn_v.weight"], t2["blk.7.ffn_down.weight"], t2["blk.7.attn_output.weight"],
+            t2["blk.7.attn_q.weight"], t2["token_embd.weight"]) == ("Q4_K", "Q3_K", "Q3_K", "Q2_K", "Q6_K")
+    xs = dict(iter_types(SHAPES["qwen2.5-1.5b"], "IQ4_XS"))
+    assert [i for i in range(28) if xs[f"blk.{i}.ffn_down.weight"] == "Q5_K"] == [0, 1, 2]   # 28 // 8
+    # attn_v gets more bits only where four or more heads share a KV head
+    specs = tensor_specs(TINY)   # 4 heads, 2 KV heads
+    for file_type, few, many in (("Q2_K", "Q3_K", "Q4_K"), ("IQ4_XS", "IQ4_XS", "Q5_K"), ("IQ4_NL", "IQ4_NL", "Q5_K")):
+        for gqa, want in ((2, few), (4, many)):
+            types = dict(zip((s.name for s in specs), tensor_types(file_type, specs, TINY.layers, gqa)))
+            assert types["blk.3.attn_v.weight"] == want, (file_type, gqa)
+
+
 def test_q4_k_m_gives_more_bits_where_llama_cpp_does():
     types = dict(iter_types(SHAPES["qwen2.5-1.5b"], "Q4_K_M"))
     more = [i for i in range(28) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"]
@@ -61,6 +93,11 @@ def test_rows_that_do_not_split_fall_back_as_llama_cpp_does():
     assert types["blk.0.attn_v.weight"] == "Q8_0"       # Q6_K -> Q8_0
     assert types["blk.0.ffn_down.weight"] == "F16"      # 200 is no whole number of any block
     assert types["token_embd.weight"] == "Q8_0"
+    low = dict(zip((s.name for s in specs), tensor_types("IQ4_XS", specs, TINY.layers)))
+    assert low["blk.0.attn_q.weight"] == "IQ4_NL"    # IQ4_XS -> IQ4_NL
+    assert low["blk.0.ffn_down.weight"] == "F16"     # IQ4_NL has no fallback of its own
+    q2 = dict(zip((s.name for s in specs), tensor_types("Q2_K", specs, TINY.layers)))
+    assert q2["blk.0.attn_q.weight"] == q2["blk.0.attn_v.weight"] == "Q4_0"   # Q2_K, Q3_K -> Q4_0
     with pytest.raises(ValueError, match="--type must be one of"):
         tensor_types("Q3_K_S", specs, TINY.layers)
 
@@ -83,7 +120,10 @@ def test_vocabulary_is_a_working_bpe():
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("synthetic")
-    return {t: synthesize(TINY, t, out / f"tiny-{t}.gguf", seed=3) for t in ("F16", "Q8_0", "Q4_K_M")}
+    return {t: synthesize(TINY, t, out / f"tiny-{t}.gguf", seed=3) for t in ("F16", "Q8_0", "Q4_K_M", *LOW_BIT)}
+
+
+LOW_BIT = ("Q3_K_M", "Q2_K", "IQ4_XS", "IQ4_NL")
 
 
 def test_written_file_reads_back_with_its_shape_and_types(tiny_files):
@@ -104,6 +144,20 @@ def test_quantized_file_is_the_f16_file_quantized(tiny_files):
         assert np.array_equal(quantize(q_fmt, x).reshape(-1), q_raw), name
     w = dequantize(*f16.tensors["blk.2.ffn_up.weight"])
     assert 0.018 < w.std() < 0.022 and abs(w.mean()) < 1e-3
+
+
+@pytest.mark.parametrize("file_type", LOW_BIT)
+def test_low_bit_files_are_the_f16_file_quantized_and_load_in_place(tiny_files, file_type):
+    f16, low = read_gguf(tiny_files["F16"]), read_gguf(tiny_files[file_type])
+    assert {n: f.name for n, (f, _, _) in low.tensors.items()} == dict(iter_types(TINY, file_type))
+    for name in ("blk.0.ffn_down.weight", "blk.4.attn_v.weight", "blk.1.attn_q.weight", "blk.2.attn_output.weight"):
+        f_fmt, f_raw, shape = f16.tensors[name]
+        q_fmt, q_raw, _ = low.tensors[name]
+        x = dequantize(f_fmt, f_raw, shape).reshape(-1, shape[-1])
+        assert np.array_equal(quantize(q_fmt, x).reshape(-1), q_raw), name
+    llm = LLM(str(tiny_files[file_type]), num_blocks=32, max_model_len=256)
+    out = llm.generate(["Where is the drone?"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
 
 
 def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
@@ -153,8 +207,9 @@ def test_llama3_shape_keeps_its_rope_scaling(tmp_path):
 def test_cli_writes_and_refuses_clearly(tmp_path, capsys):
     assert cli.main(["models", "synthesize", "qwen9-7b", "--out", str(tmp_path / "x.gguf")]) == 2
     assert "unknown shape 'qwen9-7b'; known: qwen2.5-0.5b" in capsys.readouterr().err
-    assert cli.main(["models", "synthesize", "qwen2.5-0.5b", "--type", "Q2_K", "--out", str(tmp_path / "x.gguf")]) == 2
-    assert "--type must be one of F16, Q8_0, Q4_K_M" in capsys.readouterr().err
+    assert cli.main(["models", "synthesize", "qwen2.5-0.5b", "--type", "Q3_K_S", "--out",
+                     str(tmp_path / "x.gguf")]) == 2
+    assert "--type must be one of F16, Q8_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS, IQ4_NL" in capsys.readouterr().err
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert cli.main(["models", "synthesize", "smollm2-360m", "--out", str(blocked / "x.gguf"), "--quiet"]) == 1

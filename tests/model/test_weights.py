@@ -30,7 +30,8 @@ from nvllm.model.weights.layout import ModelWeights
 
 FORMAT = {f.name: f for f in FORMATS.values()}
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ4_NL": [0], "IQ4_XS": [0]}
 # Logits in place against the same file dequantized: the same values multiplied in another order, so
 # they differ by float32 rounding only; this bound is 1e-5 of the largest logit (measured: 5e-7 to 1.5e-6).
 LOGIT_RTOL = 1e-5
@@ -213,7 +214,8 @@ def greedy(model: Model, ids: list[int], steps: int) -> list[int]:
 
 CASES = [("llama", T.Q4_0, False), ("llama", T.Q8_0, True), ("llama", T.Q4_K, False),
          ("qwen2", T.Q4_K, True), ("qwen3", T.Q8_0, False), ("llama", T.Q6_K, True),
-         ("qwen2", T.Q4_1, False), ("llama", T.Q5_K, False), ("llama", T.F16, False), ("llama", T.BF16, True)]
+         ("qwen2", T.Q4_1, False), ("llama", T.Q5_K, False), ("llama", T.F16, False), ("llama", T.BF16, True),
+         ("llama", T.Q2_K, False), ("qwen2", T.Q3_K, True), ("qwen3", T.IQ4_NL, False), ("llama", T.IQ4_XS, True)]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1].name}{'-tied' if c[2] else ''}")

@@ -113,11 +113,12 @@ class TestEngineMetrics:
         asyncio.run(main())
         idle, busy, after, stopped = seen["idle"], seen["busy"], seen["after"], seen["stopped"]
         assert value(idle, "vllm:num_requests_running") == 0 and value(idle, "vllm:kv_cache_usage_perc") == 0
-        # The pool's size, total and backed (16 pages, one 256-token sequence, at once); only backed ones are free.
-        backed = value(idle, "nvllm:kv_cache_pool_pages", size="backed")
-        assert value(idle, "nvllm:kv_cache_pool_pages", size="total") == 24 and 16 <= backed <= 24
-        assert value(idle, "nvllm:kv_cache_pages", state="free") == backed
-        assert value(after, "nvllm:kv_cache_pool_pages", size="backed") == 24
+        # Total and backed (16 pages, one 256-token sequence, at once, the rest after); only backed ones are free.
+        backed, total = (value(idle, "nvllm:kv_cache_pool_pages", size=k) for k in ("backed", "total"))
+        assert total == 24 and 16 <= backed == value(idle, "nvllm:kv_cache_pages", state="free") <= 24
+        # the tiny Llama's folder is float32: so is its pool (cache.dtype auto)
+        assert value(idle, "vllm:cache_config_info", block_size="16", cache_dtype="f32", num_gpu_blocks="24") == 1
+        assert value(idle, "nvllm:kv_cache_page_bytes") == 2 * 2 * 16 * 2 * 16 * 4   # layers, K/V, tokens, heads, hd
         # The first output comes after the first step: the batch holds pages and runs.
         assert value(busy, "vllm:num_requests_running") > 0
         assert 0 < value(busy, "vllm:kv_cache_usage_perc") <= 1

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from nvllm.cli.flags import add_activations_flag, add_quantization_flag, add_threads_flag
+from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag, add_threads_flag
 from nvllm.config import DEFAULT_MODEL_FILE
 
 
@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_threads_flag(b, default=0)
     add_quantization_flag(b)
     add_activations_flag(b)
+    add_kv_cache_dtype_flag(b)
     b.set_defaults(func=cmd_bench)
 
 
@@ -51,7 +52,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
                   numbers(args.prefill_len, "--prefill-len"), args.threads, args.quantization,
-                  args.activations)
+                  args.activations, args.kv_cache_dtype)
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Flags that several subcommands share: sampling, quantization, activations and threads."""
+"""Flags that several subcommands share: sampling, quantization, activations, the KV cache's format and threads."""
 
 from __future__ import annotations
 
@@ -45,6 +45,12 @@ def add_activations_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", default=None, choices=("exact", "int8", "float"),
                    help="how quantized weights meet x (model.activations): exact (x in 16-bit blocks, the "
                         "default), int8 (8-bit, as llama.cpp: faster, coarser) or float (the reference)")
+
+
+def add_kv_cache_dtype_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache-dtype", default=None, choices=("auto", "f32", "f16", "bf16", "q8_0"),
+                   help="what the KV page pool stores keys and values in (cache.dtype): auto (f16 for a GGUF, "
+                        "the weights' float type for a folder), f32, f16, bf16 or q8_0 (34 bytes per 32 values)")
 
 
 def add_threads_flag(p: argparse.ArgumentParser, default: int | None = None) -> None:

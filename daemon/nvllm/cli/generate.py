@@ -11,6 +11,7 @@ from typing import Any
 
 from nvllm.cli.flags import (
     add_activations_flag,
+    add_kv_cache_dtype_flag,
     add_quantization_flag,
     add_sampling_flags,
     add_threads_flag,
@@ -34,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="print tokens/s, prefix-cache hit rate and preemptions to stderr at the end")
     add_quantization_flag(g)
     add_activations_flag(g)
+    add_kv_cache_dtype_flag(g)
     add_threads_flag(g)
     add_sampling_flags(g, greedy_default=True)
     g.set_defaults(func=cmd_generate)
@@ -71,7 +73,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks,
-                  quantization=args.quantization, activations=args.activations, threads=args.threads)
+                  quantization=args.quantization, activations=args.activations, threads=args.threads,
+                  kv_cache_dtype=args.kv_cache_dtype)
     except (ConfigError, EngineBuildError, InvalidParameter) as e:
         print(f"nvllm generate: {e}", file=sys.stderr)
         return 2

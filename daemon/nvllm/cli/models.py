@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                      "in the tensor types llama.cpp's quantize tool picks for --type: for speed "
                                      "and memory figures without downloading weights (its answers are noise).")
     ms.add_argument("shape", help="one of " + ", ".join(_shape_names()))
-    ms.add_argument("--type", default="Q4_K_M", help="F16, Q8_0 or Q4_K_M (default Q4_K_M)")
+    ms.add_argument("--type", default="Q4_K_M",
+                    help="F16, Q8_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS or IQ4_NL (default Q4_K_M)")
     ms.add_argument("--out", required=True, help="the GGUF file to write")
     ms.add_argument("--seed", type=int, default=0)
     ms.add_argument("--quiet", action="store_true")

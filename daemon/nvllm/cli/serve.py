@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nvllm.cli.flags import add_activations_flag, add_quantization_flag, add_threads_flag
+from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag, add_threads_flag
 from nvllm.config import DEFAULT_MODEL_FILE
 
 
@@ -21,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sv.add_argument("--max-model-len", type=int, default=None)
     add_quantization_flag(sv)
     add_activations_flag(sv)
+    add_kv_cache_dtype_flag(sv)
     add_threads_flag(sv)
     sv.add_argument("--dry-run", action="store_true", help="print the memory sizing and exit")
     sv.add_argument("--memory-gb", type=float, default=None, metavar="N",

@@ -15,6 +15,7 @@ and `nvllm serve --dry-run` stops before allocating anything:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -31,6 +32,9 @@ from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_js
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
+from nvllm.model.quant.kv_format import F32, KVFormat
+from nvllm.model.quant.kv_format import FORMATS_BY_NAME as KV_FORMATS
+from nvllm.model.quant.kv_format import by_name as kv_format_by_name
 from nvllm.model.weights.conversion import matrix_shapes, quantized_weight_bytes
 from nvllm.model.weights.folder import stored_weights
 from nvllm.model.weights.gguf_file import read_gguf
@@ -55,39 +59,27 @@ class ModelInfo:
     hidden_size: int
     max_position_embeddings: int
     weight_bytes: int
-    num_kv_heads: int
-    head_dim: int
+    bytes_per_token: int          # KV pool bytes per token of context, in kv_format
     weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
     # The most the weights take while loading: a folder's matrices converted at load (quantized, or kept
     # in 16 bits) are each read as float32 first, one at a time.
     load_peak_bytes: int = 0
+    kv_format: KVFormat = F32     # what the pool stores keys and values in (cache.dtype)
+    num_kv_heads: int = 0         # with head_dim: a token's keys and values, for the pool in another format
+    head_dim: int = 0
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
-           weight_format: str = "float32", load_peak_bytes: int = 0) -> ModelInfo:
+           weight_format: str = "float32", load_peak_bytes: int = 0, kv_format: KVFormat = F32) -> ModelInfo:
         weights = c.weight_bytes if weight_bytes is None else weight_bytes
-        return cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
-                   c.max_position_embeddings, weights, c.num_kv_heads, c.head_dim, weight_format,
-                   max(weights, load_peak_bytes))
+        info = cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
+                   c.max_position_embeddings, weights, 0, weight_format, max(weights, load_peak_bytes),
+                   kv_format, c.num_kv_heads, c.head_dim)
+        return dataclasses.replace(info, bytes_per_token=info.kv_bytes_per_token(kv_format))
 
-    @property
-    def bytes_per_token(self) -> int:
-        """KV pool bytes per token of context, in the pool's format (float32)."""
-        return kv_bytes_per_block(self, 1)
-
-
-# The KV formats `nvllm serve --dry-run` plans for, by their bytes per value (q8_0: blocks of 32 values
-# in 32 bytes and a 16-bit scale). The pool holds float32 today (POOL_FORMAT, F32_BYTES).
-F32_BYTES = 4.0
-POOL_FORMAT = "f32"
-KV_FORMAT_BYTES: dict[str, float] = {"f32": F32_BYTES, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
-
-
-def kv_bytes_per_block(info: ModelInfo, block_size: int, bytes_per_value: float = F32_BYTES) -> int:
-    """The page pool's bytes per block of block_size tokens at bytes_per_value a value: every pool size
-    (sizing, dry run, the engine's pool) is computed from this, the one call of KVCache.bytes_per_block."""
-    values = KVCache.bytes_per_block(info.num_layers, block_size, info.num_kv_heads, info.head_dim, itemsize=1)
-    return math.ceil(values * bytes_per_value)
+    def kv_bytes_per_token(self, fmt: KVFormat) -> int:
+        """The pool's bytes per token of context in KV format fmt."""
+        return KVCache.bytes_per_block(self.num_layers, 1, self.num_kv_heads, self.head_dim, fmt)
 
 
 @dataclass
@@ -150,6 +142,25 @@ def _folder_plan(path: Path, config: ModelConfig, kind: str) -> tuple[int, str, 
     return held, words, held + 4 * max(rows * cols for _, rows, cols in matrix_shapes(config))
 
 
+def kv_cache_format(settings: Settings, path: Path, config: ModelConfig) -> KVFormat:
+    """cache.dtype; "auto" is f16 for a GGUF (llama.cpp's default) and a folder's own float type as its
+    matrices are stored (bf16 stays bf16, float32 stays float32: vLLM's rule). Checked against the head size."""
+    name = settings.cache.dtype
+    if name == "auto":
+        if is_gguf(path):
+            name = "f16"
+        else:
+            formats = stored_weights(path, config)[1]
+            stored = max(formats, key=lambda f: formats[f]) if formats else "float32"
+            name = {"BF16": "bf16", "F16": "f16"}.get(stored, "f32")
+    fmt = kv_format_by_name(name)
+    try:
+        fmt.check_head_dim(config.head_dim)
+    except ValueError as e:
+        raise EngineBuildError(str(e)) from e
+    return fmt
+
+
 def read_model_info(settings: Settings) -> ModelInfo:
     """The model's shapes from config.json or the GGUF header alone, nothing loaded (planning for
     another board); a folder's weight bytes are those model.quantization will leave."""
@@ -158,9 +169,11 @@ def read_model_info(settings: Settings) -> ModelInfo:
     try:
         if is_gguf(path):
             g = read_gguf(path)
-            return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS)
+            return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS,
+                                kv_format=kv_cache_format(settings, path, g.config))
         config = load_config(path)
-        return ModelInfo.of(path, config, *_folder_plan(path, config, kind))
+        return ModelInfo.of(path, config, *_folder_plan(path, config, kind),
+                            kv_format=kv_cache_format(settings, path, config))
     except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot read {path}: {e}") from e
 
@@ -180,12 +193,13 @@ def board_reading(info: ModelInfo, memory_gb: float) -> MemoryReading:
 
 
 def plan_per_format(settings: Settings, info: ModelInfo, reading: MemoryReading) -> dict[str, PoolPlan | str]:
-    """The pool each KV format (KV_FORMAT_BYTES) would get from the one reading, or why none fits."""
+    """The pool each KV format (cache.dtype's choices) would get from the one reading, or why it gets none."""
     plans: dict[str, PoolPlan | str] = {}
-    for name, per_value in KV_FORMAT_BYTES.items():
+    for name, fmt in KV_FORMATS.items():
         try:
-            plans[name] = plan_pool(settings, info, reading, per_value)
-        except EngineBuildError as e:
+            fmt.check_head_dim(info.head_dim)
+            plans[name] = plan_pool(settings, info, reading, fmt)
+        except (EngineBuildError, ValueError) as e:
             plans[name] = str(e)
     return plans
 
@@ -210,11 +224,12 @@ def load_model(settings: Settings) -> LoadedModel:
     eos = set(c.eos_token_ids) | set(_ids(defaults.get("eos_token_id"))) | set(tokenizer.extra_eos_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
+    kv = kv_cache_format(settings, path, c)
     if is_gguf(path):
-        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS)
+        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS, kv_format=kv)
     else:
         _, words, peak = _folder_plan(path, c, kind)
-        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak)
+        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak, kv)
     return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0)
 
 
@@ -242,16 +257,16 @@ def max_model_len(settings: Settings, info: ModelInfo) -> int:
     return min(settings.scheduler.max_model_len or limit, limit)
 
 
-def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading,
-              bytes_per_value: float = F32_BYTES) -> PoolPlan:
-    """The page pool from one memory reading, taken after the weights are loaded, for a KV format of
-    bytes_per_value (KV_FORMAT_BYTES); cache.num_blocks overrides the sizing. Raises EngineBuildError when
-    one max_model_len sequence would not fit."""
+def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: KVFormat | None = None) -> PoolPlan:
+    """The page pool from one memory reading, taken after the weights are loaded, for keys and values in
+    fmt (None: the model's, cache.dtype; --dry-run plans each); cache.num_blocks overrides the sizing.
+    Raises EngineBuildError when one max_model_len sequence would not fit."""
     cache = settings.cache
     max_len = max_model_len(settings, info)
     per_seq = math.ceil(max_len / cache.block_size)
     try:
-        sizing = size_pool(kv_bytes_per_block(info, cache.block_size, bytes_per_value), reading.available_bytes,
+        per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
+        sizing = size_pool(per_token * cache.block_size, reading.available_bytes,
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
                            cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs)
@@ -271,14 +286,15 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     t0 = time.monotonic()
     sz = plan.sizing
     first = min(sz.num_blocks, math.ceil(plan.max_model_len / sz.block_size))
-    kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, resident_blocks=first)
+    kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, loaded.info.kv_format,
+                                    resident_blocks=first)
     backing = None
     if first < sz.num_blocks:
         backing = PoolBacking(lambda start, stop: back(kv, start, stop), first, sz.num_blocks,
                               sz.bytes_per_block).start()
-    log.info("page pool of %s mapped in %.2f s (%s): %d of %d blocks (%s, one max_model_len sequence) "
-             "resident now%s", format_bytes(kv.nbytes), time.monotonic() - t0, kv.populated_by, first,
-             sz.num_blocks, format_bytes(first * sz.bytes_per_block),
+    log.info("page pool of %s of %s keys and values mapped in %.2f s (%s): %d of %d blocks (%s, one "
+             "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
+             time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
     return LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
                      loaded.generation_defaults, loaded.eos_token_ids, backing)

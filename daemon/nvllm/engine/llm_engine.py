@@ -42,7 +42,6 @@ class LLMEngine:
     def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
                  max_model_len: int, generation_defaults: Mapping[str, Any] | None = None,
                  eos_token_ids: Iterable[int] = (), backing: PoolBacking | None = None) -> None:
-        """backing: the thread backing the rest of kv_cache's blocks (None: all are resident)."""
         self.model = model
         self.tokenizer = tokenizer
         self.kv_cache = kv_cache
@@ -50,10 +49,10 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.threads = threads.configure(settings.model.threads)   # BLAS's and the in-place kernels'
         self.activations = matmul.set_activations(settings.model.activations)   # the kernels' variant
-        self.backing = backing
-        self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
-                                          settings.cache.enable_prefix_caching,
-                                          None if backing is None else backing.backed)
+        self.backing = backing   # the thread backing the rest of kv_cache's blocks (None: all are resident)
+        bm = BlockManager(kv_cache.num_blocks, kv_cache.block_size, settings.cache.enable_prefix_caching,
+                          None if backing is None else backing.backed)
+        self.block_manager = bm
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
                                    settings.scheduler.max_num_batched_tokens)
         self.generation_defaults = dict(generation_defaults or {})
@@ -431,6 +430,9 @@ class LLMEngine:
             "pages_total": bm.num_blocks,
             "pages_backed": bm.num_backed_blocks,   # the first pages, usable; the rest are being backed
             "pool_backing_error": self.backing.error or "" if self.backing is not None else "",
+            "block_size": bm.block_size,
+            "kv_cache_dtype": self.kv_cache.format.name,
+            "page_bytes": self.kv_cache.nbytes // max(1, self.kv_cache.num_blocks),
             "pages_free": len(bm.free_ids),
             "pages_cached": bm.num_cached_blocks,
             "pages_used": bm.num_used_blocks,

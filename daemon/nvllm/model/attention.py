@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nvllm.model.kernels import matmul, ops, threads
+from nvllm.model.quant.kv_format import of_pool
 
 # Query rows per tile in a prefill chunk: tiles skip the keys their causal mask would hide, and a
 # tile's scores stay small enough to remain in cache.
@@ -53,18 +54,21 @@ class AttentionMetadata:
 
 def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
-    """Scatter new keys/values [T, nkv, hd] into the pool [num_blocks, block_size, nkv, hd]."""
-    nb, bs, nkv, hd = k_pool.shape
-    k_pool.reshape(nb * bs, nkv, hd)[slot_mapping] = k
-    v_pool.reshape(nb * bs, nkv, hd)[slot_mapping] = v
+    """Scatter new keys/values [T, nkv, hd] into the pool [num_blocks, block_size, nkv, hd / per element],
+    stored in the pool's KV format (quant/kv_format.py)."""
+    fmt = of_pool(k_pool)
+    nb, bs, nkv, width = k_pool.shape
+    k_pool.reshape(nb * bs, nkv, width)[slot_mapping] = fmt.encode(k)
+    v_pool.reshape(nb * bs, nkv, width)[slot_mapping] = fmt.encode(v)
 
 
 def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.ndarray:
-    """The first num_tokens keys (or values) of each sequence: [S, MB] tables -> [S, num_tokens, nkv, hd]."""
-    nb, bs, nkv, hd = pool.shape
+    """The first num_tokens keys (or values) of each sequence, as float32: [S, MB] tables ->
+    [S, num_tokens, nkv, hd]."""
+    nb, bs, nkv, width = pool.shape
     num_blocks = -(-num_tokens // bs)
-    g = np.take(pool, block_tables[:, :num_blocks], axis=0)   # [S, mb, bs, nkv, hd]
-    return g.reshape(g.shape[0], num_blocks * bs, nkv, hd)[:, :num_tokens]
+    g = np.take(pool, block_tables[:, :num_blocks], axis=0)   # [S, mb, bs, nkv, width]
+    return of_pool(pool).decode(g.reshape(g.shape[0], num_blocks * bs, nkv, width)[:, :num_tokens])
 
 
 def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray) -> None:
@@ -83,11 +87,12 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
             out[tok] = o
         return
     nh, hd = q.shape[1], q.shape[2]
-    _, _, bs, nkv, _ = kv_pool.shape
+    _, _, bs, nkv, width = kv_pool.shape
     c = meta.decode_width
     nblk = -(-c // bs)
     # Keys and values of every sequence in one gather: [2, NB, bs, nkv, hd] -> [2, Sd, C, nkv, hd]
-    kv = np.take(kv_pool, meta.block_tables[rows, :nblk], axis=1).reshape(2, rows.size, nblk * bs, nkv, hd)
+    kv = np.take(kv_pool, meta.block_tables[rows, :nblk], axis=1).reshape(2, rows.size, nblk * bs, nkv, width)
+    kv = of_pool(kv_pool).decode(kv)
     ctx = meta.context_lens[rows]
     if ctx.min() < c:
         # Past a shorter context lie slots of other or freed sequences, which may hold NaN from a step
@@ -152,20 +157,21 @@ def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarra
 def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool: np.ndarray,
                     meta: AttentionMetadata) -> np.ndarray:
     """q [T, nh, hd], already scaled by 1/sqrt(hd), against one layer's pool
-    [2, num_blocks, block_size, nkv, hd] -> [T, nh, hd].
+    [2, num_blocks, block_size, nkv, hd / per element] in its KV format -> [T, nh, hd].
 
     K/V of this step (k_new, v_new [T, nkv, hd]) must already be written to the pool; a chunk with
     nothing cached before it reads them directly instead of gathering its pages back.
     """
     out = np.empty_like(q)
     k_pool, v_pool = kv_pool[0], kv_pool[1]
+    fmt = of_pool(kv_pool)
     if meta.decode_rows.size:
         _decode(q, kv_pool, meta, out)
     for s in meta.prefill_rows:
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])
         c = int(meta.context_lens[s])
-        if c == n:   # a whole prompt from position 0: its keys are all new
-            k, v = k_new[start:start + n], v_new[start:start + n]
+        if c == n:   # a whole prompt from position 0: its keys are all new, read as the pool holds them
+            k, v = fmt.round_trip(k_new[start:start + n]), fmt.round_trip(v_new[start:start + n])
         else:
             k = _gather(k_pool, meta.block_tables[s:s + 1], c)[0]  # [C, nkv, hd]
             v = _gather(v_pool, meta.block_tables[s:s + 1], c)[0]

@@ -16,6 +16,7 @@ from nvllm.model.kernels import matmul, ops, threads
 from nvllm.model.kernels.step import DecodeLayers, LayerSpec
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.matrix.weight import DECODE_ROWS
+from nvllm.model.quant.kv_format import F32, KVFormat
 from nvllm.model.weights.folder import load_weights
 from nvllm.model.weights.layout import ModelWeights
 
@@ -89,10 +90,11 @@ class Model:
         config, weights = load_weights(model_dir, quantization=quantization)
         return cls(config, weights)
 
-    def make_kv_cache(self, num_blocks: int, block_size: int = 16, resident_blocks: int | None = None) -> KVCache:
+    def make_kv_cache(self, num_blocks: int, block_size: int = 16, fmt: KVFormat = F32,
+                      resident_blocks: int | None = None) -> KVCache:
         """resident_blocks: back only the first so many blocks now (KVCache.back_blocks the rest)."""
         c = self.config
-        return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
+        return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, fmt,
                        resident_blocks=resident_blocks)
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

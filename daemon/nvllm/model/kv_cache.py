@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from nvllm.model.quant.kv_format import F32, KVFormat
+
 # Linux mmap flags; Python's mmap module lacks them on other systems (MAP_POPULATE: Linux only).
 _MAP_ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", None)
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
@@ -140,21 +142,26 @@ def back_range(array: np.ndarray, axis: int, start: int, stop: int) -> None:
 
 
 class KVCache:
+    """Every layer's pages [L, 2 (K, V), num_blocks, block_size, nkv, hd / per element], in one KV
+    format (quant/kv_format.py: f32, f16, bf16 or q8_0)."""
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: DTypeLike = np.float32, resident_blocks: int | None = None) -> None:
+                 head_dim: int, fmt: KVFormat = F32, resident_blocks: int | None = None) -> None:
         """resident_blocks: back only the first so many blocks now, the rest by back_blocks (None: all)."""
+        fmt.check_head_dim(head_dim)
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.format = fmt
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim // fmt.per_element)
         if resident_blocks is None or resident_blocks >= num_blocks:
             # Allocated and made resident once, now, so the resident set does not grow later under load.
-            self.pool, self.populated_by = resident_zeros(shape, dtype)
+            self.pool, self.populated_by = resident_zeros(shape, fmt.dtype)
         else:
             # Blocks are handed out only once backed (engine/pool_backing.py), so none faults in later.
-            self.pool, self.populated_by = reserved_zeros(shape, dtype)
+            self.pool, self.populated_by = reserved_zeros(shape, fmt.dtype)
             self.back_blocks(0, resident_blocks)
 
     def back_blocks(self, start: int, stop: int) -> None:
@@ -164,8 +171,8 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        itemsize: int = 4) -> int:
-        return num_layers * 2 * block_size * num_kv_heads * head_dim * itemsize
+                        fmt: KVFormat = F32) -> int:
+        return num_layers * 2 * block_size * num_kv_heads * fmt.head_bytes(head_dim)
 
     @property
     def nbytes(self) -> int:

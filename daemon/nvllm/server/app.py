@@ -108,12 +108,14 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
               f"each matrix read as float32 before it is converted; that much must be free at start-up")
     print(sz.log_line())
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
-          f"{sz.block_size} tokens")
+          f"{sz.block_size} tokens, keys and values in {info.kv_format.name} ({info.bytes_per_token} bytes "
+          f"per token, cache.dtype={settings.cache.dtype})")
     print(f"context: {sz.num_tokens} tokens fit; max_model_len {max_len} -> "
           f"{sz.num_blocks // per_seq} sequences of full length at once")
     print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
           f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
-    print(f"per KV format: a row each from the same reading (the pool holds {factory.POOL_FORMAT} today)")
+    print(f"per KV format: a row each from the same reading (cache.dtype={settings.cache.dtype} gives "
+          f"{info.kv_format.name}, the plan above)")
     for line in format_rows(factory.plan_per_format(settings, info, reading), info.weight_bytes, max_len):
         print("  " + line)
     if memory_gb is None:
@@ -129,7 +131,8 @@ def format_rows(plans: dict[str, factory.PoolPlan | str], weight_bytes: int, max
     """One line per KV format: its pool, the full-length sequences it holds and the resident set."""
     rows = []
     for name, plan in plans.items():
-        per_value = f"{factory.KV_FORMAT_BYTES[name]:g} bytes a value"
+        fmt = factory.KV_FORMATS[name]
+        per_value = f"{fmt.block.block_bytes / fmt.per_element:g} bytes a value"
         if isinstance(plan, str):
             rows.append(f"{name:5} {per_value}: no pool ({plan})")
             continue
@@ -336,7 +339,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                   "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None)},
         "server": {"listen": args.listen},
         "http": {"listen": getattr(args, "http_listen", None)},
-        "cache": {"num_blocks": args.num_blocks},
+        "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},
         "scheduler": {"max_model_len": args.max_model_len},
     }
     return load_settings(args.config, overrides)

@@ -246,6 +246,8 @@ class StateCollector(Collector):
             put("nvllm:kv_cache_pages", s["pages_free"], ("free",))
             put("nvllm:kv_cache_pages", s["pages_cached"], ("cached",))
             put("nvllm:kv_cache_pages", s["pages_used"], ("used",))
+            put("nvllm:kv_cache_page_bytes", s["page_bytes"])
+            put("vllm:cache_config_info", 1.0, (str(s["block_size"]), s["kv_cache_dtype"], str(s["pages_total"])))
             put("vllm:prefix_cache_queries", s["prefix_cache_query_tokens"])
             put("vllm:prefix_cache_hits", s["prefix_cache_hit_tokens"])
             put("nvllm:prefix_cache_hit_rate", s["prefix_cache_hit_rate"])
@@ -275,6 +277,10 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "nvllm:kv_cache_pool_pages", "KV-cache pool size in pages: total, and backed (resident, the only "
                                          "ones handed out; below total while the pool is backed after "
                                          "start-up).", m + ["size"]),
+        (g, "nvllm:kv_cache_page_bytes", "Bytes of one KV-cache page: every layer's keys and values of "
+                                         "block_size tokens, in the cache's dtype.", m),
+        (g, "vllm:cache_config_info", "The KV cache's configuration, in labels (always 1).",
+         m + ["block_size", "cache_dtype", "num_gpu_blocks"]),
         (c, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m),
         (c, "vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", m),
         (g, "nvllm:prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens, since start.", m),

@@ -12,16 +12,16 @@ decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARI
 used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
 float32 array [out, in] in the same way, with no BlockMatrix around it (a folder's weights).
 
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants (INT_FORMATS) quantize each row of x to 16 bits (blocks of 32, one
-float scale each) and multiply by the weights' quants with integer dot products (csrc/qdot.c; its NumPy
-twin, bit for bit, is qdot.py beside this file): 3-6 times faster for a one-row decode step than decoding the
-weights to float. Their results then differ from the exact float product by the rounding of x
-to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32 rounding
-alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: 1.2-1.3x
-faster for a K-quant's one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens.
-The variant is picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where
-no SIMD one runs: the portable C is slower than it); `set_activations` picks the best one for
-model.activations (the engine calls it), `set_int_variant` any one, for tests and measurements.
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants, IQ4_XS among them (INT_FORMATS), quantize each row of x
+to 16 bits (blocks of 32, one float scale each) and multiply by the weights' quants with integer dot products
+(csrc/qdot.c; its NumPy twin, bit for bit, is qdot.py beside this file): 3-6 times faster for a one-row decode
+step than decoding the weights to float. Their results then differ from the exact float product by the
+rounding of x to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32
+rounding alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: 1.2-1.3x
+faster for a K-quant's one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The
+variant is picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where no
+SIMD one runs: the portable C is slower than it); `set_activations` picks the best one for model.activations
+(the engine calls it), `set_int_variant` any one, for tests and measurements.
 
 For prefill-sized x, `dequantized_matmul` hands BLAS the weights' rows decoded a chunk at a time by the
 same C decoders (`dequantize_rows`): BLAS's packed GEMM is 1.3-2x the tiles there.
@@ -42,14 +42,15 @@ from nvllm.model.kernels.threads import MAX as MAX_THREADS
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 
-ABI = 9  # must equal matmul_abi() in csrc/matmul.c
+ABI = 11  # must equal matmul_abi() in csrc/matmul.c
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
-FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+           "IQ4_NL", "IQ4_XS")
 # The plain float tile's variants, by their number in csrc/matmul.c (portable: the build's baseline target).
 FLOAT_VARIANTS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 # The integer dot products' formats and variants, by their number in csrc/qdot.c (float: x stays float32
 # and the weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones).
-INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
                 "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5}
 

@@ -13,12 +13,14 @@ import ctypes
 from collections.abc import Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from nvllm.model.kernels.library import load_library
+from nvllm.model.quant.kv_format import F32, KVFormat, of_pool
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 3  # must equal kernels_abi() in csrc/ops.c
+ABI = 4  # must equal kernels_abi() in csrc/ops.c
 
 _why_not = ""
 
@@ -27,7 +29,8 @@ def _load() -> ctypes.CDLL | None:
     global _why_not
     lib, _why_not = load_library("_ops", "kernels_abi", ABI, "C kernels")
     if lib is not None:
-        lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64]
+        lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
+                                               ctypes.c_int]
         lib.paged_decode_part.argtypes = [_P, ctypes.c_int]
         lib.paged_decode_part.restype = None
         lib.paged_decode_attention.restype = ctypes.c_int
@@ -37,7 +40,8 @@ def _load() -> ctypes.CDLL | None:
         lib.silu_mul.restype = None
         lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
         lib.rms_norm.restype = None
-        lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P]
+        lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P,
+                                      ctypes.c_int]
         lib.rope_write_kv.restype = None
     return lib
 
@@ -58,7 +62,7 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _check(a: np.ndarray, dtype: type, name: str, ndim: int | None = None, written: bool = False) -> None:
+def _check(a: np.ndarray, dtype: DTypeLike, name: str, ndim: int | None = None, written: bool = False) -> None:
     # The kernels index raw memory: a wrong dtype, rank or a strided view would read garbage, not fail.
     if not isinstance(a, np.ndarray):
         raise ValueError(f"{name}: need a NumPy array, got {type(a).__name__}")
@@ -71,14 +75,16 @@ def _check(a: np.ndarray, dtype: type, name: str, ndim: int | None = None, writt
         raise ValueError(f"{name}: is written in place, but is read-only")
 
 
-def _check_pool(kv_pool: np.ndarray, written: bool) -> tuple[int, int, int, int]:
-    """kv_pool [2, NB, bs, nkv, hd]: the kernels take V's address one K pool past K's. Returns its sizes."""
-    _check(kv_pool, np.float32, "kv_pool", ndim=5, written=written)
-    two, nb, bs, nkv, hd = kv_pool.shape
-    if two != 2 or bs < 1 or nkv < 1 or hd < 1:
+def check_pool(kv_pool: np.ndarray, written: bool) -> tuple[int, int, int, int, KVFormat]:
+    """kv_pool [2, NB, bs, nkv, hd / per element] in one of kv_format's element types: the kernels take
+    V's address one K pool past K's. Returns its sizes (hd in values) and its format."""
+    fmt = of_pool(kv_pool) if isinstance(kv_pool, np.ndarray) else F32
+    _check(kv_pool, fmt.dtype, "kv_pool", ndim=5, written=written)
+    two, nb, bs, nkv, width = kv_pool.shape
+    if two != 2 or bs < 1 or nkv < 1 or width < 1:
         raise ValueError(f"kv_pool: need [2 (K, V), blocks, block size >= 1, KV heads >= 1, head size >= 1], "
                          f"got {list(kv_pool.shape)}")
-    return nb, bs, nkv, hd
+    return nb, bs, nkv, width * fmt.per_element, fmt
 
 
 def _first(mask: np.ndarray) -> tuple[int, ...]:
@@ -90,7 +96,7 @@ class _DecodeJob(ctypes.Structure):
     """csrc/ops.c's decode_job_t: paged_decode_attention's arguments, and each part's sequences."""
     _fields_ = [("q", _P), ("q_stride", _I64), ("k_pool", _P), ("v_pool", _P), ("block_tables", _P),
                 ("table_stride", _I64), ("context_lens", _P), ("out", _P), ("nh", _I64), ("nkv", _I64),
-                ("hd", _I64), ("bs", _I64), ("bounds", _P), ("failed", ctypes.c_int)]
+                ("hd", _I64), ("bs", _I64), ("bounds", _P), ("failed", ctypes.c_int), ("fmt", ctypes.c_int)]
 
 
 def split_by_work(context_lens: np.ndarray, parts: int) -> np.ndarray:
@@ -162,7 +168,7 @@ class PagedDecode:
                  pool_run: Callable[[int, int, int], None] | None = None) -> None:
         """With pool_run (matmul.pool_run) and parts > 1, the sequences are split into `parts` runs
         of about equal work, run on that pool's threads: the same bits as one call."""
-        nb, bs, nkv, hd = _check_pool(kv_pool, written=False)
+        nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
         _check(out, np.float32, "out", ndim=3, written=True)
         S, nh = self.num_seqs, out.shape[1]
         if (not isinstance(q, np.ndarray) or q.dtype != np.float32 or q.shape != (S, nh, hd)
@@ -178,7 +184,7 @@ class PagedDecode:
         if pool_run is None or parts < 2:
             assert lib is not None  # callers run this only with the library loaded
             rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, tables, width, ctx,
-                                            _ptr(out), S, nh, nkv, hd, bs)
+                                            _ptr(out), S, nh, nkv, hd, bs, fmt.code)
         else:
             if parts not in self._jobs:
                 bounds = self.bounds(parts)
@@ -187,7 +193,7 @@ class PagedDecode:
             job = self._jobs[parts][0]
             job.q, job.q_stride, job.out = _ptr(q), q.strides[0] // 4, _ptr(out)
             job.k_pool, job.v_pool = k, k + kv_pool[0].nbytes
-            job.nh, job.nkv, job.hd, job.bs, job.failed = nh, nkv, hd, bs, 0
+            job.nh, job.nkv, job.hd, job.bs, job.failed, job.fmt = nh, nkv, hd, bs, 0, fmt.code
             pool_run(_PART, ctypes.addressof(job), parts)
             rc = job.failed
         if rc != 0:
@@ -291,7 +297,7 @@ class RopeWriteKV:
     def __call__(self, qkv: np.ndarray, kv_pool: np.ndarray) -> None:
         """qkv [T, (nq + 2 nkv) hd] float32, contiguous; kv_pool [2, NB, bs, nkv, hd]."""
         _check(qkv, np.float32, "qkv", ndim=2, written=True)
-        nb, bs, pool_nkv, pool_hd = _check_pool(kv_pool, written=True)
+        nb, bs, pool_nkv, pool_hd, fmt = check_pool(kv_pool, written=True)
         nq, nkv, hd = self._heads
         T = self._keep[2].size
         if qkv.shape != (T, (nq + 2 * nkv) * hd):
@@ -302,4 +308,4 @@ class RopeWriteKV:
         k = _ptr(kv_pool)
         assert lib is not None  # callers run this only with the library loaded
         lib.rope_write_kv(_ptr(qkv), T, qkv.shape[1], nq, nkv, hd, cos, sin, self._scale, slots, k,
-                          k + kv_pool[0].nbytes)
+                          k + kv_pool[0].nbytes, fmt.code)

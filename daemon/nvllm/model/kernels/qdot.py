@@ -1,9 +1,11 @@
 """x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
 
 For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's
-in 0..31 with Q4_1's min term) and Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1
-block whose scale is d * sc and whose min is -(dmin * m)) and Q6_K (each half of 16 values summed and
-scaled by its own d * sc), the C kernels quantize each row of x, 32 values at a time, to int16 (the
+in 0..31 with Q4_1's min term), IQ4_NL (Q8_0's shape, its quants the table values its nibbles index),
+Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1 block whose scale is d * sc and whose min is
+-(dmin * m)), IQ4_XS (each sub-block an IQ4_NL block of scale d * (sc - 32)), Q6_K and Q3_K (each half
+of 16 values summed and scaled by its own d * sc) and Q2_K (as Q3_K, then each half's min -(dmin * m)
+times the sum of its 16 quants of x), the C kernels quantize each row of x, 32 values at a time, to int16 (the
 "-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
 one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
 module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
@@ -16,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from nvllm.model.quant.blocks import BlockMatrix
-from nvllm.model.quant.dequantize import k4_parts, q6_parts
+from nvllm.model.quant.dequantize import iq4nl_parts, iq4xs_parts, k4_parts, q2k_parts, q3k_parts, q6_parts
 from nvllm.model.quant.formats import QK, QK_K
 
 # Those with integer kernels, for x in 16 or 8 bits alike.
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
@@ -54,7 +56,8 @@ def quantize_rows(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray,
 
 def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(dw [out, nb] float32, quants [out, nb, 32] int8 as the dot products take them, mw [out, nb] or None);
-    for Q6_K dw is [out, nb, 2], a scale for each half of 16 values."""
+    for Q6_K, Q3_K and Q2_K dw is [out, nb, 2], a scale for each half of 16 values (and Q2_K's mw a min
+    for each half)."""
     name = w.fmt.name
     if name not in FORMATS:
         raise ValueError(f"w: no integer kernel for {name}; those are {', '.join(FORMATS)}")
@@ -63,6 +66,17 @@ def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     if name == "Q6_K":
         q, scales = q6_parts(w.blocks.reshape(n_out * (n_in // QK_K), w.fmt.block_bytes))
         return scales.reshape(n_out, nb, 2), np.ascontiguousarray(q.reshape(n_out, nb, QK)), None
+    blocks = w.blocks.reshape(-1, w.fmt.block_bytes)
+    if name == "Q2_K":
+        q, d, dm = q2k_parts(blocks)
+        return (d.reshape(n_out, nb, 2), np.ascontiguousarray(q.reshape(n_out, nb, QK).astype(np.int8)),
+                (-dm).reshape(n_out, nb, 2))
+    if name == "Q3_K":
+        q, d = q3k_parts(blocks)
+        return d.reshape(n_out, nb, 2), np.ascontiguousarray(q.reshape(n_out, nb, QK)), None
+    if name in ("IQ4_NL", "IQ4_XS"):
+        q, d = iq4nl_parts(blocks) if name == "IQ4_NL" else iq4xs_parts(blocks)
+        return d.reshape(n_out, nb), np.ascontiguousarray(q.reshape(n_out, nb, QK)), None
     if name in ("Q4_K", "Q5_K"):   # each sub-block of 32 as a Q4_1 block: dw = d * sc, mw = -(dmin * m)
         q, d, dm = k4_parts(w.blocks.reshape(n_out * (n_in // QK_K), w.fmt.block_bytes), name)
         return (d.reshape(n_out, nb), np.ascontiguousarray(q.reshape(n_out, nb, QK).astype(np.int8)),
@@ -101,11 +115,15 @@ def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8) -> np.ndarray:
     acc = np.zeros((T, n_out), np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         for b in range(nb):
-            if dw.ndim == 3:   # Q6_K: each half of 16 values summed and scaled apart, the low one first
+            if dw.ndim == 3:   # Q6_K, Q3_K, Q2_K: each half of 16 values summed and scaled apart, the low one first
                 for h in (0, 1):
                     part = slice(16 * h, 16 * h + 16)
                     p = (qx[:, b, part].astype(np.int32) @ qw[:, b, part].astype(np.int32).T).astype(np.float32)
                     acc += (dx[:, b][:, None] * dw[:, b, h][None, :]) * p
+                if mw is not None:   # Q2_K: then each half's min times the half's sum of x's quants
+                    for h in (0, 1):
+                        sx_h = qx[:, b, 16 * h:16 * h + 16].astype(np.int32).sum(axis=1).astype(np.float32)
+                        acc += (dx[:, b][:, None] * mw[:, b, h][None, :]) * sx_h[:, None]
                 continue
             p = (qx[:, b].astype(np.int32) @ qw[:, b].astype(np.int32).T).astype(np.float32)  # exact [T, out]
             dd = dx[:, b][:, None] * dw[:, b][None, :]  # one rounding

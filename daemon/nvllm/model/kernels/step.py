@@ -24,6 +24,7 @@ import numpy as np
 from nvllm.model.kernels import matmul
 from nvllm.model.kernels.ops import PagedDecode, RopeWriteKV
 from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.kv_format import F32, of_pool
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -63,7 +64,7 @@ class _Step(ctypes.Structure):
                 ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
                 ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
                 ("slots", _P), ("block_tables", _P), ("table_stride", _I64), ("context_lens", _P),
-                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64)]
+                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64)]
 
 
 def _vector(a: np.ndarray | None, size: int, name: str) -> int:
@@ -77,8 +78,8 @@ def _vector(a: np.ndarray | None, size: int, name: str) -> int:
 
 
 class DecodeLayers:
-    """Every layer of a decode step in one C call. Built once per model and pool [L, 2, NB, bs, nkv, hd];
-    called per step (see __call__)."""
+    """Every layer of a decode step in one C call. Built once per model and pool [L, 2, NB, bs, nkv, hd]
+    (in any KV format: quant/kv_format.py); called per step (see __call__)."""
 
     def __init__(self, layers: Sequence[LayerSpec], pool: np.ndarray, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, eps: float) -> None:
@@ -88,11 +89,14 @@ class DecodeLayers:
         if not layers:
             raise ValueError("layers: need at least one")
         H = int(layers[0].input_norm.shape[0])
-        if (not isinstance(pool, np.ndarray) or pool.dtype != np.float32 or not pool.flags.c_contiguous
-                or not pool.flags.writeable or pool.ndim != 6 or pool.shape[0] != len(layers)
-                or pool.shape[1] != 2 or pool.shape[4:] != (nkv, hd)):
-            raise ValueError(f"pool: need a writable contiguous float32 [{len(layers)}, 2, blocks, block size, "
-                             f"{nkv}, {hd}], got {getattr(pool, 'dtype', '')} {list(getattr(pool, 'shape', []))}")
+        fmt = of_pool(pool) if isinstance(pool, np.ndarray) else F32
+        if (not isinstance(pool, np.ndarray) or not pool.flags.c_contiguous or not pool.flags.writeable
+                or pool.ndim != 6 or pool.shape[0] != len(layers) or pool.shape[1] != 2
+                or pool.shape[4:] != (nkv, hd // fmt.per_element) or hd % fmt.per_element):
+            raise ValueError(f"pool: need a writable contiguous [{len(layers)}, 2, blocks, block size, {nkv}, "
+                             f"{hd} values] in a KV format, got {getattr(pool, 'dtype', '')} "
+                             f"{list(getattr(pool, 'shape', []))}")
+        self.kv_format = fmt
         width = (nq + 2 * nkv) * hd
         self.pool = pool
         self.dims = (H, nq, nkv, hd, inter)
@@ -154,7 +158,7 @@ class DecodeLayers:
         h, qkv, attn, gu, act = (a.ctypes.data for a in scratch)
         step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
                      rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, slots, tables, stride, ctx,
-                     bounds.ctypes.data if bounds is not None else 0, parts, int(threads))
+                     bounds.ctypes.data if bounds is not None else 0, parts, int(threads), self.kv_format.code)
         rc = matmul.lib.decode_layers(ctypes.byref(step))   # type: ignore[union-attr]  # checked when built
         if rc == -3:
             raise MemoryError(f"x: no memory for {T} rows quantized to integers")

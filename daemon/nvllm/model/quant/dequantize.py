@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.quant.formats import BLOCK_DTYPES, QK, QK_K, BlockFormat, raw_nbytes
+from nvllm.model.quant.formats import BLOCK_DTYPES, IQ4_VALUES, QK, QK_K, BlockFormat, raw_nbytes
 
 _F16 = "<f2"
 
@@ -179,6 +179,106 @@ def _deq_q6_k(B: np.ndarray, out: np.ndarray) -> None:
     out.reshape(len(B), 16, 16)[...] *= scales[:, :, None]
 
 
+_SHIFT2 = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+
+
+def _crumbs(qs: np.ndarray) -> np.ndarray:
+    """Q2_K's and Q3_K's 2-bit fields of qs [m, 64] as [m, 256] uint8: two halves of 128 values; in half h,
+    value 32j + l is bits 2j, 2j + 1 of qs[32h + l]."""
+    m = len(qs)
+    return ((qs.reshape(m, 2, 1, 32) >> _SHIFT2) & 3).reshape(m, QK_K)
+
+
+def q2k_parts(B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q2_K chunk B [m, 84] as (q [m, 256] uint8 0..3; d * sc [m, 16] and dmin * mn [m, 16] float32, both
+    exact): value i is (d * sc)[i // 16] * q[i] - (dmin * mn)[i // 16], scale byte g holding sc in its low
+    nibble and mn in its high one. Also qdot.py's view of these weights."""
+    scales = _field(B, "Q2_K", "scales")
+    sc = (scales & 0x0F).astype(np.float32)
+    mn = (scales >> 4).astype(np.float32)
+    return _crumbs(_field(B, "Q2_K", "qs")), _scale(B, "Q2_K") * sc, _scale(B, "Q2_K", "dmin") * mn
+
+
+def q3k_scales(scales: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 scale bytes [m, 12] -> its sixteen 6-bit scales [m, 16] less 32 (int8): scale k's low four
+    bits are nibble k // 8 of byte k % 8, its top two bits 2 (k // 4), 2 (k // 4) + 1 of byte 8 + k % 4."""
+    m = len(scales)
+    low = (scales[:, :8].reshape(m, 1, 8) >> np.array([0, 4], np.uint8)[:, None]).reshape(m, 16) & 0x0F
+    high = (scales[:, 8:].reshape(m, 1, 4) >> _SHIFT2).reshape(m, 16) & 3
+    out = (low | (high << 4)).astype(np.int8)
+    out -= 32
+    return out
+
+
+def q3k_parts(B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q3_K chunk B [m, 110] as (q [m, 256] int8 in -4..3; d * (sc - 32) [m, 16] float32, exact): value i is
+    (d * sc)[i // 16] * q[i]. q is the 2-bit field as Q2_K's, less 4 where value i's bit of hmask is clear
+    (bit i // 32 of hmask[i % 32]). Also qdot.py's view of these weights."""
+    m = len(B)
+    q = _crumbs(_field(B, "Q3_K", "qs")).astype(np.int8)
+    hmask = _field(B, "Q3_K", "hmask")
+    high = np.unpackbits(hmask, axis=1, bitorder="little").reshape(m, 32, 8).transpose(0, 2, 1)  # bit, l
+    q.reshape(m, 8, 32)[...] -= ((1 - high) << 2).astype(np.int8)
+    return q, _scale(B, "Q3_K") * q3k_scales(_field(B, "Q3_K", "scales")).astype(np.float32)
+
+
+def _iq4_values(qs: np.ndarray) -> np.ndarray:
+    """IQ4 quants qs [m, 16n] as table values [m, 32n] int8: each run of 16 bytes holds 32 values, the
+    low nibbles then the high ones."""
+    m = len(qs)
+    runs = qs.reshape(m, -1, 1, 16) >> np.array([0, 4], np.uint8)[:, None]
+    return IQ4_VALUES[(runs & 0x0F).reshape(m, -1)]
+
+
+def iq4nl_parts(B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An IQ4_NL chunk B [m, 18] as (q [m, 32] int8 table values; d [m, 1] float32): value j is d * q[j]."""
+    return _iq4_values(_field(B, "IQ4_NL", "qs")), _scale(B, "IQ4_NL")
+
+
+def iq4xs_scales(B: np.ndarray) -> np.ndarray:
+    """IQ4_XS's eight 6-bit sub-block scales less 32 [m, 8] int8: scale s's low four bits are nibble s % 2
+    of scales_l[s // 2], its top two bits 2s, 2s + 1 of scales_h."""
+    m = len(B)
+    low = (_field(B, "IQ4_XS", "scales_l").reshape(m, 4, 1) >> np.array([0, 4], np.uint8)).reshape(m, 8) & 0x0F
+    high = (_field(B, "IQ4_XS", "scales_h") >> np.arange(0, 16, 2, dtype=np.uint16)).astype(np.uint8) & 3
+    out = (low | (high << 4)).astype(np.int8)
+    out -= 32
+    return out
+
+
+def iq4xs_parts(B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An IQ4_XS chunk B [m, 136] as (q [m, 256] int8 table values; d * (sc - 32) [m, 8] float32, exact):
+    sub-block s (32 values) is (d * sc)[s] * q, its quants the 16 bytes qs[16s:16s+16] as IQ4_NL's.
+    Also qdot.py's view of these weights."""
+    return _iq4_values(_field(B, "IQ4_XS", "qs")), _scale(B, "IQ4_XS") * iq4xs_scales(B).astype(np.float32)
+
+
+def _deq_q2_k(B: np.ndarray, out: np.ndarray) -> None:
+    q, d, dm = q2k_parts(B)
+    out[...] = q
+    sub = out.reshape(len(B), 16, 16)
+    sub *= d[:, :, None]
+    sub -= dm[:, :, None]
+
+
+def _deq_q3_k(B: np.ndarray, out: np.ndarray) -> None:
+    q, d = q3k_parts(B)
+    out[...] = q
+    out.reshape(len(B), 16, 16)[...] *= d[:, :, None]
+
+
+def _deq_iq4_nl(B: np.ndarray, out: np.ndarray) -> None:
+    q, d = iq4nl_parts(B)
+    out[...] = q
+    out *= d
+
+
+def _deq_iq4_xs(B: np.ndarray, out: np.ndarray) -> None:
+    q, d = iq4xs_parts(B)
+    out[...] = q
+    out.reshape(len(B), 8, 32)[...] *= d[:, :, None]
+
+
 def _deq_f16(B: np.ndarray, out: np.ndarray) -> None:
     out[...] = B.view(_F16)
 
@@ -196,7 +296,8 @@ def _deq_f32(B: np.ndarray, out: np.ndarray) -> None:
 _KERNELS: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {
     "F32": _deq_f32, "F16": _deq_f16, "BF16": _deq_bf16,
     "Q4_0": _deq_q4_0, "Q4_1": _deq_q4_1, "Q5_0": _deq_q5_0, "Q5_1": _deq_q5_1, "Q8_0": _deq_q8_0,
-    "Q4_K": _deq_q4_k, "Q5_K": _deq_q5_k, "Q6_K": _deq_q6_k,
+    "Q2_K": _deq_q2_k, "Q3_K": _deq_q3_k, "Q4_K": _deq_q4_k, "Q5_K": _deq_q5_k, "Q6_K": _deq_q6_k,
+    "IQ4_NL": _deq_iq4_nl, "IQ4_XS": _deq_iq4_xs,
 }
 
 _CHUNK_BYTES = 1 << 17  # bytes of blocks per kernel call: its temporaries stay in cache

@@ -34,9 +34,13 @@ _FORMAT_LIST = [
     BlockFormat("Q5_0", 6, QK, 2 + 4 + QK // 2),
     BlockFormat("Q5_1", 7, QK, 4 + 4 + QK // 2),
     BlockFormat("Q8_0", 8, QK, 2 + QK),
+    BlockFormat("Q2_K", 10, QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
+    BlockFormat("Q3_K", 11, QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
     BlockFormat("Q4_K", 12, QK_K, 4 + 12 + QK_K // 2),
     BlockFormat("Q5_K", 13, QK_K, 4 + 12 + QK_K // 8 + QK_K // 2),
     BlockFormat("Q6_K", 14, QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
+    BlockFormat("IQ4_NL", 20, QK, 2 + QK // 2),
+    BlockFormat("IQ4_XS", 23, QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),
     BlockFormat("BF16", 30, 1, 2),
 ]
 FORMATS: dict[int, BlockFormat] = {f.ggml_type: f for f in _FORMAT_LIST}
@@ -49,12 +53,19 @@ BLOCK_DTYPES: dict[str, np.dtype] = {
     "Q5_0": np.dtype([("d", _F16), ("qh", "u1", 4), ("qs", "u1", QK // 2)]),
     "Q5_1": np.dtype([("d", _F16), ("m", _F16), ("qh", "u1", 4), ("qs", "u1", QK // 2)]),
     "Q8_0": np.dtype([("d", _F16), ("qs", "i1", QK)]),
+    "Q2_K": np.dtype([("scales", "u1", QK_K // 16), ("qs", "u1", QK_K // 4), ("d", _F16), ("dmin", _F16)]),
+    "Q3_K": np.dtype([("hmask", "u1", QK_K // 8), ("qs", "u1", QK_K // 4), ("scales", "u1", 12), ("d", _F16)]),
     "Q4_K": np.dtype([("d", _F16), ("dmin", _F16), ("scales", "u1", 12), ("qs", "u1", QK_K // 2)]),
     "Q5_K": np.dtype([("d", _F16), ("dmin", _F16), ("scales", "u1", 12), ("qh", "u1", QK_K // 8),
                       ("qs", "u1", QK_K // 2)]),
     "Q6_K": np.dtype([("ql", "u1", QK_K // 2), ("qh", "u1", QK_K // 4), ("scales", "i1", QK_K // 16),
                       ("d", _F16)]),
+    "IQ4_NL": np.dtype([("d", _F16), ("qs", "u1", QK // 2)]),
+    "IQ4_XS": np.dtype([("d", _F16), ("scales_h", "<u2"), ("scales_l", "u1", QK_K // 64), ("qs", "u1", QK_K // 2)]),
 }
+
+# IQ4_NL's and IQ4_XS's 4-bit quants index this non-linear table (ggml-common.h's kvalues_iq4nl).
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 
 def _type_name(ggml_type: int) -> str:

@@ -1,10 +1,12 @@
-"""Quantizers: float32 weights [rows, in] -> the GGUF block bytes of Q8_0, Q5_0, Q4_0, Q6_K, Q4_K, BF16, F16.
+"""Quantizers: float32 weights [rows, in] -> the GGUF block bytes of Q8_0, Q5_0, Q5_1, Q4_0, the K-quants
+(Q2_K .. Q6_K; Q2_K and Q3_K in quantize_k.py), IQ4_NL and IQ4_XS (quantize_iq4.py), BF16, F16.
 
 The inverse of dequantize.py's dequantizers, in vectorised NumPy. Each follows llama.cpp's reference
 quantizer (quantize_row_*_ref in ggml-quants.c, the one its tools use without an importance matrix) in
 float32 and in the same order of operations, so the blocks are those llama.cpp would write: Q8_0, Q5_0,
-Q4_0, BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; Q6_K and Q4_K, which gguf does not
-write, bit for bit as plain scalar transcriptions of the reference (tests/model/test_quantize.py holds them).
+Q5_1, Q4_0, BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; the K-quants, IQ4_NL and
+IQ4_XS, which gguf does not write, bit for bit as plain scalar transcriptions of the reference
+(tests/model/test_quantize.py and test_quantize_k.py hold them).
 
 choose_format() picks a matrix's format for model.quantization (model/weights/conversion.py applies it
 as the loader lays the matrices out): a matrix whose row length is not a whole number of the format's
@@ -16,6 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from nvllm.model.quant import quantize_iq4, quantize_k
+from nvllm.model.quant.fitting import f16_bytes, fit_min_scale, inverse, nearest_int, round_away, running_sum
 from nvllm.model.quant.formats import FORMATS, QK, QK_K, BlockFormat
 
 # model.quantization's values -> llama.cpp's type names
@@ -28,52 +32,18 @@ _BY_NAME: dict[str, BlockFormat] = {f.name: f for f in FORMATS.values()}
 _CHUNK_VALUES = 1 << 18  # values quantized at a time: the temporaries (1 MB each) stay in L2
 
 
-# ---------------------------------------------------------------- shared arithmetic
-
-
-def _f16_bytes(x: np.ndarray) -> np.ndarray:
-    """float32 [m] -> little-endian float16 bytes [m, 2] (round to nearest even, as GGML_FP32_TO_FP16)."""
-    return x.astype("<f2").view(np.uint8).reshape(len(x), 2)
-
-
-def _round_away(x: np.ndarray) -> np.ndarray:
-    """C's roundf: halves away from zero, exactly (x + 0.5 would round 0.49999997 up)."""
-    a = np.abs(x)
-    fl = np.floor(a)
-    return np.copysign(fl + (a - fl >= 0.5), x)
-
-
-def _nearest_int(x: np.ndarray) -> np.ndarray:
-    """llama.cpp's nearest_int (adding 1.5 * 2^23 to a float32): ties to even, as float32.
-
-    The reference asserts |x| <= 4194303; beyond that it returns garbage that its callers clamp, so
-    here x is first clipped to that range (the clamps that follow give the same result)."""
-    return np.rint(np.clip(x, -4194303.0, 4194303.0))
-
-
-def _inverse(d: np.ndarray) -> np.ndarray:
-    """1/d, or 0 where d is 0 (`d ? 1.0f/d : 0.0f`)."""
-    safe = np.where(d == 0, np.float32(1), d)
-    return np.where(d == 0, np.float32(0), np.float32(1) / safe)
-
-
-def _running_sum(terms: np.ndarray) -> np.ndarray:
-    """terms [n, m] -> their sums [m] added first to last, as the reference's loops add in float32
-    (np.sum adds pairwise, which rounds differently)."""
-    acc = terms[0].copy()
-    for row in terms[1:]:
-        acc += row
-    return acc
-
-
 # ---------------------------------------------------------------- the formats
 # Each takes blocks x [m, block_elems] float32 (C-contiguous) and returns their bytes [m, block_bytes].
 
 
 def _q8_0(x: np.ndarray) -> np.ndarray:
+    """Where the reference is undefined (a quotient that is NaN, or past +-127 when 1/d overflows) the
+    quant is 0, or clamped: the block's d then carries the NaN or inf on. The KV pool's q8_0 writes
+    (csrc/ops.c) are held to this."""
     d = np.abs(x).max(axis=1) / np.float32(127)  # [m]
-    q = _round_away(x * _inverse(d)[:, None]).astype(np.int8)  # [m, 32]
-    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1)
+    r = round_away(np.clip(x * inverse(d)[:, None], np.float32(-127), np.float32(127)))
+    q = np.where(np.isnan(r), np.float32(0), r).astype(np.int8)  # [m, 32]
+    return np.concatenate([f16_bytes(d), q.view(np.uint8)], axis=1)
 
 
 def _q4_0(x: np.ndarray) -> np.ndarray:
@@ -81,9 +51,9 @@ def _q4_0(x: np.ndarray) -> np.ndarray:
     m = len(x)
     big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]  # [m]
     d = big / np.float32(-8)
-    q = np.trunc(x * _inverse(d)[:, None] + np.float32(8.5))  # (int8_t) truncates toward zero
+    q = np.trunc(x * inverse(d)[:, None] + np.float32(8.5))  # (int8_t) truncates toward zero
     q = np.minimum(q, 15).astype(np.uint8).reshape(m, 2, QK // 2)  # value j and j + 16 share byte j
-    return np.concatenate([_f16_bytes(d), q[:, 0] | (q[:, 1] << 4)], axis=1)
+    return np.concatenate([f16_bytes(d), q[:, 0] | (q[:, 1] << 4)], axis=1)
 
 
 def _q5_0(x: np.ndarray) -> np.ndarray:
@@ -92,10 +62,23 @@ def _q5_0(x: np.ndarray) -> np.ndarray:
     m = len(x)
     big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]  # [m]
     d = big / np.float32(-16)
-    q = np.minimum(np.trunc(x * _inverse(d)[:, None] + np.float32(16.5)), 31).astype(np.uint32)  # [m, 32]
+    q = np.minimum(np.trunc(x * inverse(d)[:, None] + np.float32(16.5)), 31).astype(np.uint32)  # [m, 32]
     qh = (((q >> 4) & 1) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)  # [m]
     q = (q & 0x0F).astype(np.uint8).reshape(m, 2, QK // 2)
-    return np.concatenate([_f16_bytes(d), qh.astype("<u4").view(np.uint8).reshape(m, 4),
+    return np.concatenate([f16_bytes(d), qh.astype("<u4").view(np.uint8).reshape(m, 4),
+                           q[:, 0] | (q[:, 1] << 4)], axis=1)
+
+
+def _q5_1(x: np.ndarray) -> np.ndarray:
+    """The block's span [min, max] in 31 steps of d, min stored as m; each quant's fifth bit to qh, bit j
+    for value j (as gguf.quants writes it: the quants rounded up from a half and held to 31)."""
+    m = len(x)
+    lo, hi = x.min(axis=1), x.max(axis=1)
+    d = (hi - lo) / np.float32(31)
+    q = np.minimum(np.trunc((x - lo[:, None]) * inverse(d)[:, None] + np.float32(0.5)), 31).astype(np.uint32)
+    qh = (((q >> 4) & 1) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)  # [m]
+    q = (q & 0x0F).astype(np.uint8).reshape(m, 2, QK // 2)
+    return np.concatenate([f16_bytes(d), f16_bytes(lo), qh.astype("<u4").view(np.uint8).reshape(m, 4),
                            q[:, 0] | (q[:, 1] << 4)], axis=1)
 
 
@@ -118,57 +101,10 @@ def _f32(x: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- Q4_K
 
-_Q4K_STEPS = np.arange(21, dtype=np.float32)  # make_qkx2_quants(nmax 15, rmin -1, rdelta 0.1, nstep 20)
-
-
-def _fit_sub_blocks(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """make_qkx2_quants for every sub-block at once: x, w [32, s] (a column per sub-block of 32 values)
-    -> (quants L [32, s] in 0..15, scale [s], min [s] >= 0) with x ~ scale * L - min.
-
-    A first fit spans [min(x, 0), max(x)] in 15 steps; then 21 nearby step counts are tried, each with
-    the weighted least-squares scale and offset for its quants, and the one of least weighted squared
-    error is kept."""
-    hi = x.max(axis=0)
-    lo = np.minimum(x.min(axis=0), 0)  # [s]
-    flat = hi == lo  # such a sub-block is all zero quants, scale 0
-    lo = np.where(flat, hi - 1, lo)  # any span but 0 for them: their results are dropped
-    sum_w = _running_sum(w)
-    sum_x = _running_sum(w * x)
-    iscale = np.float32(15) / (hi - lo)
-    scale = np.float32(1) / iscale
-    L = np.clip(_nearest_int(iscale * (x - lo)), 0, 15)  # float32 quants [32, s]
-    diff = scale * L + lo - x
-    best = _running_sum(w * (diff * diff))
-    for step in _Q4K_STEPS:
-        # the range starts at the best offset so far, as in the reference
-        iscale = (np.float32(-1) + np.float32(0.1) * step + np.float32(15)) / (hi - lo)
-        la = np.clip(_nearest_int(iscale * (x - lo)), 0, 15)
-        wl = w * la
-        sum_l, sum_l2, sum_xl = _running_sum(wl), _running_sum(wl * la), _running_sum(wl * x)
-        det = sum_w * sum_l2 - sum_l * sum_l
-        ok = det > 0
-        det = np.where(ok, det, np.float32(1))
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        above = this_min > 0  # the offset may only lower values: refit the scale alone
-        this_min = np.where(above, np.float32(0), this_min)
-        this_scale = np.where(above, sum_xl / np.where(above, sum_l2, np.float32(1)), this_scale)
-        diff = this_scale * la + this_min - x
-        err = _running_sum(w * (diff * diff))
-        take = ok & (err < best) & ~flat
-        L = np.where(take, la, L)
-        best = np.where(take, err, best)
-        scale = np.where(take, this_scale, scale)
-        lo = np.where(take, this_min, lo)
-    L[:, flat] = 0
-    lo = np.where(flat, np.minimum(hi, 0), lo)
-    return L, np.where(flat, np.float32(0), scale), -lo
-
-
 def _six_bits(values: np.ndarray, top: np.ndarray) -> np.ndarray:
     """values [m, 8] >= 0 -> nearest_int(63 / top * v) as uint8, at most 63 (0 where top is not > 0)."""
     inv = np.where(top > 0, np.float32(63) / np.where(top > 0, top, np.float32(1)), np.float32(0))  # [m]
-    q = _nearest_int(inv[:, None] * values).astype(np.int64) & 0xFF  # the C stores an int in a uint8_t
+    q = nearest_int(inv[:, None] * values).astype(np.int64) & 0xFF  # the C stores an int in a uint8_t
     return np.minimum(q, 63).astype(np.uint8)
 
 
@@ -181,15 +117,19 @@ def _pack_k4_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
-def _q4_k(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q4_K_ref: each super-block of 256 is 8 sub-blocks of 32, each fitted as
-    scale * q - min (q in 0..15, weights rms(sub-block) + |x|); the scales and mins are then stored
-    as 6-bit multiples of d = max scale / 63 and dmin = max min / 63, and the quants are made again
-    against those stored values."""
+def _k4(x: np.ndarray, nmax: int) -> np.ndarray:
+    """quantize_row_q4_K_ref (nmax 15) and quantize_row_q5_K_ref (nmax 31): each super-block of 256 is 8
+    sub-blocks of 32, each fitted as scale * q - min (q in 0..nmax, weights rms(sub-block) + |x|); the
+    scales and mins are then stored as 6-bit multiples of d = max scale / 63 and dmin = max min / 63, and
+    the quants are made again against those stored values. Q5_K's fifth bits go to qh: bit 2i of qh[l]
+    for value l of sub-block 2i, bit 2i + 1 for sub-block 2i + 1."""
     m = len(x)
     cols = np.ascontiguousarray(x.reshape(m * 8, 32).T)  # [32, 8m]: one column per sub-block
-    rms = np.sqrt(_running_sum(cols * cols) / np.float32(32))
-    L, scales, mins = _fit_sub_blocks(cols, rms + np.abs(cols))
+    rms = np.sqrt(running_sum(cols * cols) / np.float32(32))
+    if nmax == 15:
+        L, scales, mins = fit_min_scale(cols, rms + np.abs(cols))
+    else:
+        L, scales, mins = fit_min_scale(cols, rms + np.abs(cols), nmax=31, rmin=-0.5, rdelta=0.1, nstep=15)
     scales, mins = scales.reshape(m, 8), mins.reshape(m, 8)
     max_scale = np.maximum(scales.max(axis=1), 0)  # [m]; the reference starts both at 0
     max_min = np.maximum(mins.max(axis=1), 0)
@@ -199,12 +139,26 @@ def _q4_k(x: np.ndarray) -> np.ndarray:
     d = d16.astype(np.float32)[:, None] * ls  # [m, 8] the stored scale of each sub-block
     dm = dmin16.astype(np.float32)[:, None] * lm
     sub = x.reshape(m, 8, 32)
-    again = np.clip(_nearest_int((sub + dm[:, :, None]) / np.where(d == 0, np.float32(1), d)[:, :, None]), 0, 15)
+    again = np.clip(nearest_int((sub + dm[:, :, None]) / np.where(d == 0, np.float32(1), d)[:, :, None]), 0, nmax)
     first = L.T.reshape(m, 8, 32)  # a sub-block whose stored scale is 0 keeps its first quants
-    q = np.where((d == 0)[:, :, None], first, again).astype(np.uint8).reshape(m, 4, 2, 32)
+    q = np.where((d == 0)[:, :, None], first, again).astype(np.uint8)  # [m, 8, 32]
+    head = np.concatenate([d16.view(np.uint8).reshape(m, 2), dmin16.view(np.uint8).reshape(m, 2),
+                           _pack_k4_scales(ls, lm)], axis=1)
+    if nmax == 31:
+        fifth = (q >> 4) << np.arange(8, dtype=np.uint8)[:, None]   # sub-block s's bit at bit s of qh[l]
+        head = np.concatenate([head, np.bitwise_or.reduce(fifth, axis=1)], axis=1)
+        q &= 0x0F
+    q = q.reshape(m, 4, 2, 32)
     qs = q[:, :, 0] | (q[:, :, 1] << 4)  # [m, 4, 32]: run i holds sub-block 2i low, 2i + 1 high
-    head = np.concatenate([d16.view(np.uint8).reshape(m, 2), dmin16.view(np.uint8).reshape(m, 2)], axis=1)
-    return np.concatenate([head, _pack_k4_scales(ls, lm), qs.reshape(m, QK_K // 2)], axis=1)
+    return np.concatenate([head, qs.reshape(m, QK_K // 2)], axis=1)
+
+
+def _q4_k(x: np.ndarray) -> np.ndarray:
+    return _k4(x, 15)
+
+
+def _q5_k(x: np.ndarray) -> np.ndarray:
+    return _k4(x, 31)
 
 
 # ---------------------------------------------------------------- Q6_K
@@ -224,9 +178,9 @@ def _fit_symmetric(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     w = x * x
 
     def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lq = np.clip(_nearest_int(iscale * x), -32, 31)
+        lq = np.clip(nearest_int(iscale * x), -32, 31)
         wx = w * x
-        return lq, _running_sum(wx * lq), _running_sum((w * lq) * lq)
+        return lq, running_sum(wx * lq), running_sum((w * lq) * lq)
 
     lq, sumlx, suml2 = fit(np.float32(-32) / big)
     L = lq + 32
@@ -254,10 +208,10 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     empty = np.abs(top) < np.float32(1e-15)
     iscale = np.float32(-128) / np.where(empty, np.float32(1), top)
     d16 = np.where(empty, np.float32(0), np.float32(1) / iscale).astype("<f2")
-    ls = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # [m, 16]
+    ls = np.minimum(nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # [m, 16]
     d = d16.astype(np.float32)[:, None] * ls  # [m, 16] the stored scale of each sub-block
     sub = x.reshape(m, 16, 16)
-    again = np.clip(_nearest_int(sub / np.where(d == 0, np.float32(1), d)[:, :, None]), -32, 31) + 32
+    again = np.clip(nearest_int(sub / np.where(d == 0, np.float32(1), d)[:, :, None]), -32, 31) + 32
     first = L.T.reshape(m, 16, 16)  # a sub-block whose stored scale is 0 keeps its first quants
     q = np.where((d == 0)[:, :, None], first, again).astype(np.uint8).reshape(m, 2, 4, 32)  # half, k, l
     ql = (q[:, :, :2] & 0x0F) | ((q[:, :, 2:] & 0x0F) << 4)  # [m, 2, 2, 32]: ql[l + 32k] holds k and k + 2
@@ -270,8 +224,9 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
 
 
 _QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q4_0": _q4_0,
-    "Q6_K": _q6_k, "Q4_K": _q4_k,
+    "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q4_0": _q4_0,
+    "Q6_K": _q6_k, "Q5_K": _q5_k, "Q4_K": _q4_k, "Q3_K": quantize_k.q3_k, "Q2_K": quantize_k.q2_k,
+    "IQ4_NL": quantize_iq4.iq4_nl, "IQ4_XS": quantize_iq4.iq4_xs,
 }
 WRITES = tuple(_QUANTIZERS)  # the formats this module writes
 

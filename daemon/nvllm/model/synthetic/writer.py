@@ -137,7 +137,7 @@ def synthesize(shape: Shape, file_type: str, out: Path, seed: int = 0, progress:
     """Write the file; returns its path. Tensors are drawn, quantized and written one at a time, so the
     memory held is one tensor's blocks."""
     specs = tensor_specs(shape)
-    types = tensor_types(file_type, specs, shape.layers)
+    types = tensor_types(file_type, specs, shape.layers, shape.heads // shape.kv_heads)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")   # renamed when whole: a stopped run leaves no broken FILE
     try:
@@ -171,4 +171,4 @@ def synthesize(shape: Shape, file_type: str, out: Path, seed: int = 0, progress:
 def iter_types(shape: Shape, file_type: str) -> Iterator[tuple[str, str]]:
     """(tensor name, type) of the file synthesize would write, without writing it."""
     specs = tensor_specs(shape)
-    yield from zip((s.name for s in specs), tensor_types(file_type, specs, shape.layers))
+    yield from zip((s.name for s in specs), tensor_types(file_type, specs, shape.layers, shape.heads // shape.kv_heads))

@@ -104,7 +104,8 @@ class _DequantizedTensors:
 
 
 # The formats the C matmul kernels multiply in place; any other (F32) is laid out as float32.
-IN_PLACE_FORMATS = frozenset({"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"})
+IN_PLACE_FORMATS = frozenset({"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
+                              "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"})
 
 
 class _InPlaceTensors(_DequantizedTensors):

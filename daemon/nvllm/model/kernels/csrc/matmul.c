@@ -50,7 +50,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 9; }   /* 9: step.c's decode_layers */
+int matmul_abi(void) { return 11; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
@@ -178,6 +178,45 @@ INLINE void dec_q6_k(const uint8_t *b, float *out) {
     }
 }
 
+/* Q2_K and Q3_K: two halves of 128; in half h, value 32j + l takes bits 2j, 2j+1 of qs[32h + l]; each 16 values
+ * have a scale (Q2_K: d * (sc & 15), less dmin * (sc >> 4); Q3_K: d * (6-bit scale - 32)). Q3_K's quant is less
+ * 4 where its bit (bit 4h + j of hmask[l]) is clear. */
+INLINE void dec_q2_k(const uint8_t *b, float *out) {
+    const float d = le_half(b + Q2_K_D), dmin = le_half(b + Q2_K_DMIN);
+    for (int i = 0; i < QK_K; i += 8) {
+        const int h = i / 128, j = (i / 32) % 4, l = i % 32, g = i / 16;
+        const float dl = d * (float)(b[g] & 15), ml = dmin * (float)(b[g] >> 4);
+        const v8 f = TO_FLOAT((bytes8(b + Q2_K_QS + 32 * h + l) >> (2 * j)) & 3u) * dl - ml;   /* two roundings */
+        memcpy(out + i, &f, sizeof f);
+    }
+}
+
+INLINE void dec_q3_k(const uint8_t *b, float *out) {
+    const float d = le_half(b + Q3_K_D);
+    for (int i = 0; i < QK_K; i += 8) {
+        const int h = i / 128, j = (i / 32) % 4, l = i % 32;
+        const float dl = d * (float)scale_q3_k(b + Q3_K_SCALES, i / 16);
+        const u32x8 q = (bytes8(b + Q3_K_QS + 32 * h + l) >> (2 * j)) & 3u;
+        const u32x8 low = (((bytes8(b + l) >> (4 * h + j)) & 1u) ^ 1u) << 2;   /* 4 where the bit is clear */
+        const v8 f = __builtin_convertvector((i32x8)q - (i32x8)low, v8) * dl;
+        memcpy(out + i, &f, sizeof f);
+    }
+}
+
+/* IQ4_NL (one block of 32) and each 32-value sub-block of IQ4_XS: the nibbles of 16 bytes as Q4_0's, each
+ * the index of its value in iq4_values, times the scale. */
+INLINE void dec_iq4(const uint8_t *qs, float d, float *out) {
+    for (int j = 0; j < 16; j++) {
+        out[j] = (float)iq4_values[qs[j] & 15] * d;
+        out[j + 16] = (float)iq4_values[qs[j] >> 4] * d;
+    }
+}
+
+INLINE void dec_iq4_xs(const uint8_t *b, float *out) {
+    const float d = le_half(b);
+    for (int s = 0; s < 8; s++) dec_iq4(b + IQ4_XS_QS + 16 * s, d * (float)scale_iq4_xs(b, s), out + 32 * s);
+}
+
 /* half_to_float on 8 values at once (little-endian halves, as GGUF stores them on the hosts nvllm runs on). */
 INLINE void halves8(const uint8_t *p, float *out) {
     const u32x8 h = words8(p);
@@ -245,6 +284,15 @@ INLINE void decode_span(int fmt, const uint8_t *row, int64_t k0, int64_t n, floa
         }
         break;
     case Q6_K: for (int64_t j = 0; j < n; j += QK_K) dec_q6_k(row + (k0 + j) / QK_K * Q6_K_BYTES, out + j); break;
+    case Q2_K: for (int64_t j = 0; j < n; j += QK_K) dec_q2_k(row + (k0 + j) / QK_K * Q2_K_BYTES, out + j); break;
+    case Q3_K: for (int64_t j = 0; j < n; j += QK_K) dec_q3_k(row + (k0 + j) / QK_K * Q3_K_BYTES, out + j); break;
+    case IQ4_XS: for (int64_t j = 0; j < n; j += QK_K) dec_iq4_xs(row + (k0 + j) / QK_K * IQ4_XS_BYTES, out + j); break;
+    case IQ4_NL:
+        for (int64_t j = 0; j < n; j += QK) {
+            const uint8_t *b = row + (k0 + j) / QK * IQ4_NL_BYTES;
+            dec_iq4(b + IQ4_NL_QS, le_half(b), out + j);
+        }
+        break;
     default: break;
     }
 }

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "ops.h"
 
 /* On x86-64 each entry point is also built for AVX2+FMA and picked at load time by the CPU it finds;
@@ -37,7 +38,7 @@
 
 /* Bumped with every change to an entry point's arguments or meaning: ops.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
-int kernels_abi(void) { return 3; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part */
+int kernels_abi(void) { return 4; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats */
 
 /* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
  * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. n is
@@ -103,36 +104,141 @@ static inline void dot4(const float *q, const float *k0, const float *k1, const 
 
 /* Ask for the next page while this one is worked on: pages lie anywhere in the pool, and the
  * hardware prefetcher does not follow a jump, nor cross a 4 KiB boundary on its own. */
-static inline void prefetch(const float *p, int64_t floats) {
-    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(p + i, 0, 3);
+static inline void prefetch(const uint8_t *p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
-/* q [S, nh, hd] (already scaled; q_stride floats from one sequence's row to the next), k_pool and v_pool [num_blocks, bs, nkv, hd], block_tables [S, table_stride],
- * context_lens [S] -> out [S, nh, hd]. Pages are read front to back, every head of a token row at once,
- * so each page streams from memory once for keys and once for values. Returns 0, or -1 if scratch could
- * not be allocated. */
+/* ---------------------------------------------------------------- the KV pool's formats
+ * A token's keys (or values) are nkv * hd values stored as GGUF's F32, F16, BF16 or Q8_0 (blocks.h's
+ * type ids; Q8_0 in blocks of 32 along each head, so hd is a multiple of 32). Writes round to nearest
+ * even as NumPy's astype does (f16) and as nvllm's quantizers do (bf16, q8_0: model/quant/quantize.py),
+ * so kv_format.encode is their twin bit for bit; reads are exact conversions. */
+
+/* Bytes of n values in fmt. */
+static inline int64_t kv_bytes(int fmt, int64_t n) {
+    return fmt == Q8_0 ? n / QK * Q8_0_BYTES : n * block_bytes(fmt);
+}
+
+/* float -> IEEE half, to nearest even; overflow gives inf, NaN stays NaN (its top payload bits kept). */
+static inline uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    uint16_t h;
+    if (x > 0x7f800000u) {                       /* NaN */
+        h = (uint16_t)(0x7c00u + (x >> 13 & 0x3ffu));
+        h = h == 0x7c00u ? 0x7c01u : h;
+    } else if (x >= 0x477ff000u) {               /* 65520 and up (inf included) round to inf */
+        h = 0x7c00u;
+    } else if (x < 0x38800000u) {                /* below 2^-14: a subnormal half; adding 0.5 rounds it */
+        float a;
+        memcpy(&a, &x, sizeof a);
+        a += 0.5f;                               /* 0.5's ulp is the half subnormal's step, 2^-24 */
+        uint32_t b;
+        memcpy(&b, &a, sizeof b);
+        h = (uint16_t)(b - 0x3f000000u);
+    } else {                                     /* rebias the exponent, round the 13 bits dropped */
+        x += 0xc8000fffu + ((x >> 13) & 1u);
+        h = (uint16_t)(x >> 13);
+    }
+    return (uint16_t)(sign | h);
+}
+
+/* float -> bfloat16, to nearest even; a NaN stays a quiet NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) x = (x & 0xffff0000u) | 0x00400000u;
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* One Q8_0 block from 32 floats: d = max|x| / 127, q = roundf(x / d) (0 where that is NaN, clamped to
+ * +-127 where 1/d overflowed: the block's d carries NaN or inf on), d kept as fp16. */
+static inline void q8_0_block(const float *x, uint8_t *out) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        const float a = fabsf(x[j]);
+        amax = a > amax || a != a ? a : amax;    /* a NaN wins and stays */
+    }
+    const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = float_to_half(d);
+    memcpy(out, &dh, sizeof dh);
+    for (int j = 0; j < QK; j++) {
+        float v = x[j] * inv;
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        out[Q8_0_QS + j] = (uint8_t)(int8_t)(v == v ? roundf(v) : 0.0f);
+    }
+}
+
+/* n values from float to fmt at dst. */
+static void kv_store(const float *src, uint8_t *dst, int64_t n, int fmt) {
+    if (fmt == F32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    } else if (fmt == F16 || fmt == BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t h = fmt == F16 ? float_to_half(src[i]) : float_to_bf16(src[i]);
+            memcpy(dst + 2 * i, &h, sizeof h);
+        }
+    } else {
+        for (int64_t b = 0; b < n / QK; b++) q8_0_block(src + b * QK, dst + b * Q8_0_BYTES);
+    }
+}
+
+/* n values in fmt (not F32, which is read in place) at src -> float dst, exactly. */
+static void kv_load(const uint8_t *src, float *dst, int64_t n, int fmt) {
+    if (fmt == F16) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) dst[i] = half_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+    } else if (fmt == BF16) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t bits = (uint32_t)(src[2 * i] | src[2 * i + 1] << 8) << 16;
+            memcpy(dst + i, &bits, sizeof bits);
+        }
+    } else {
+        for (int64_t b = 0; b < n / QK; b++) {
+            const uint8_t *blk = src + b * Q8_0_BYTES;
+            const float d = le_half(blk);
+            float *o = dst + b * QK;
+#pragma omp simd
+            for (int j = 0; j < QK; j++) o[j] = (float)(int8_t)blk[Q8_0_QS + j] * d;
+        }
+    }
+}
+
+/* q [S, nh, hd] (already scaled; q_stride floats from one sequence's row to the next), k_pool and v_pool
+ * [num_blocks, bs, nkv, hd] in KV format fmt, block_tables [S, table_stride], context_lens [S] -> out
+ * [S, nh, hd]. Pages are read front to back, every head of a token row at once, so each page streams from
+ * memory once for keys and once for values; a page in another format than F32 is first converted into a
+ * page of floats in scratch (it stays in cache), so the loops below are the same for every format.
+ * Returns 0, or -1 if scratch could not be allocated. */
 static inline __attribute__((always_inline)) int
-decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool, const int32_t *block_tables,
+decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8_t *v_pool, const int32_t *block_tables,
             int64_t table_stride, const int64_t *context_lens, float *out, int64_t S, int64_t nh, int64_t nkv,
-            int64_t hd, int64_t bs) {
-    const int64_t g = nh / nkv, row = nkv * hd, page = bs * row;   /* floats of one token, of one page */
+            int64_t hd, int64_t bs, int fmt) {
+    const int64_t g = nh / nkv, row = nkv * hd;                    /* floats of one token */
+    const int64_t row_bytes = kv_bytes(fmt, row), page = bs * row_bytes;
     int64_t max_ctx = 0;
     for (int64_t s = 0; s < S; s++) max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
-    float *scores = malloc(sizeof(float) * (size_t)(nh * max_ctx + nh * hd + nh));
+    const int64_t converted = fmt == F32 ? 0 : bs * row;
+    float *scores = malloc(sizeof(float) * (size_t)(nh * max_ctx + nh * hd + nh + converted));
     if (!scores) return -1;
-    float *acc = scores + nh * max_ctx, *sums = acc + nh * hd;
+    float *acc = scores + nh * max_ctx, *sums = acc + nh * hd, *floats = sums + nh;
     for (int64_t s = 0; s < S; s++) {
         const int64_t ctx = context_lens[s];
         const int32_t *table = block_tables + s * table_stride;
         const float *qs = q + s * q_stride;
         const int64_t pages = (ctx + bs - 1) / bs;
         for (int64_t b = 0; b < pages; b++) {          /* page by page: no division per token */
-            const float *k = k_pool + (int64_t)table[b] * page;
-            const float *next = b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[0] * page;
+            const uint8_t *kp = k_pool + (int64_t)table[b] * page;
+            const uint8_t *next = b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[0] * page;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
+            const float *k = (const float *)kp;
+            if (converted) kv_load(kp, floats, n * row, fmt), k = floats;
             int64_t o = 0;
             for (; o + 4 <= n; o += 4, k += 4 * row) {    /* four keys per pass: each query load serves four */
-                prefetch(next + o * row, 4 * row);        /* the next page, a slice per pass, as fast as it is used */
+                prefetch(next + o * row_bytes, 4 * row_bytes);   /* the next page, a slice per pass, as fast as it is used */
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++) {
                         const float *qi = qs + (h * g + j) * hd, *k0 = k + h * hd;
@@ -140,7 +246,7 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
                         dot4(qi, k0, k0 + row, k0 + 2 * row, k0 + 3 * row, hd, sc);
                     }
             }
-            if (o < bs) prefetch(next + o * row, (bs - o) * row);
+            if (o < bs) prefetch(next + o * row_bytes, (bs - o) * row_bytes);
             for (; o < n; o++, k += row)
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++)
@@ -149,13 +255,15 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
         for (int64_t i = 0; i < nh; i++) sums[i] = softmax_row(scores + i * ctx, ctx);
         memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
         for (int64_t b = 0; b < pages; b++) {
-            const float *v = v_pool + (int64_t)table[b] * page;
-            const float *next = b + 1 < pages ? v_pool + (int64_t)table[b + 1] * page
-                                : s + 1 < S ? k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page : NULL;
+            const uint8_t *vp = v_pool + (int64_t)table[b] * page;
+            const uint8_t *next = b + 1 < pages ? v_pool + (int64_t)table[b + 1] * page
+                                  : s + 1 < S ? k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page : NULL;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
+            const float *v = (const float *)vp;
+            if (converted) kv_load(vp, floats, n * row, fmt), v = floats;
             int64_t o = 0;
             for (; o + 4 <= n; o += 4, v += 4 * row) {    /* four values per pass: a quarter of the acc traffic */
-                if (next) prefetch(next + o * row, 4 * row);
+                if (next) prefetch(next + o * row_bytes, 4 * row_bytes);
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++) {
                         const float *p = scores + (h * g + j) * ctx + t0 + o, *v0 = v + h * hd;
@@ -166,7 +274,7 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
                         for (int64_t d = 0; d < hd; d++) a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
                     }
             }
-            if (next && o < bs) prefetch(next + o * row, (bs - o) * row);
+            if (next && o < bs) prefetch(next + o * row_bytes, (bs - o) * row_bytes);
             for (; o < n; o++, v += row)
                 for (int64_t h = 0; h < nkv; h++)
                     for (int64_t j = 0; j < g; j++) {
@@ -187,17 +295,15 @@ decode_impl(const float *q, int64_t q_stride, const float *k_pool, const float *
 }
 
 /* The common head sizes get their own copy of the loops, unrolled for a length known when compiled. */
-ENTRY int paged_decode_attention(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool,
+ENTRY int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
                                  const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
-                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs) {
+                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt) {
+    const uint8_t *k = k_pool, *v = v_pool;
     if (hd == 64)
-        return decode_impl(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv,
-                           64, bs);
+        return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 64, bs, fmt);
     if (hd == 128)
-        return decode_impl(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv,
-                           128, bs);
-    return decode_impl(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv, hd,
-                       bs);
+        return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 128, bs, fmt);
+    return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, hd, bs, fmt);
 }
 
 /* scores [rows, width] in place: row r keeps keys [0, limits[r % period]) and gets exp(x - max) there and
@@ -243,11 +349,11 @@ ENTRY void rms_norm(const float *x, const float *weight, float *out, int64_t T, 
 /* One layer's new q, k and v, in the qkv rows [T, row_stride] the projection wrote (q heads, then k,
  * then v): q and k get the rotary embedding in place, as transformers' rotate_half does for Llama and
  * Qwen2 (a head's two halves are the pairs; cos and sin are [T, hd/2]), q also the softmax scale; then
- * k and v are copied to their slots in the page pools [num_slots, nk * hd]. */
+ * k and v are stored in KV format fmt at their slots of the page pools [num_slots, nk * hd]. */
 ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
                          const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots,
-                         float *k_pool, float *v_pool) {
-    const int64_t half = hd / 2;
+                         void *k_pool, void *v_pool, int fmt) {
+    const int64_t half = hd / 2, row_bytes = kv_bytes(fmt, nk * hd);
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * row_stride;
         const float *c = cos_t + t * half, *s = sin_t + t * half;
@@ -261,8 +367,8 @@ ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, 
                 x2[i] = (b * c[i] + a * s[i]) * f;
             }
         }
-        memcpy(k_pool + slots[t] * nk * hd, row + nq * hd, sizeof(float) * (size_t)(nk * hd));
-        memcpy(v_pool + slots[t] * nk * hd, row + (nq + nk) * hd, sizeof(float) * (size_t)(nk * hd));
+        kv_store(row + nq * hd, (uint8_t *)k_pool + slots[t] * row_bytes, nk * hd, fmt);
+        kv_store(row + (nq + nk) * hd, (uint8_t *)v_pool + slots[t] * row_bytes, nk * hd, fmt);
     }
 }
 
@@ -274,6 +380,6 @@ void paged_decode_part(void *arg, int part) {
     if (s1 > s0 && paged_decode_attention(j->q + s0 * j->q_stride, j->q_stride, j->k_pool, j->v_pool,
                                           j->block_tables + s0 * j->table_stride, j->table_stride,
                                           j->context_lens + s0, j->out + s0 * j->nh * j->hd, s1 - s0, j->nh,
-                                          j->nkv, j->hd, j->bs) != 0)
+                                          j->nkv, j->hd, j->bs, j->fmt) != 0)
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 }

@@ -4,14 +4,15 @@
 
 #include <stdint.h>
 
-int paged_decode_attention(const float *q, int64_t q_stride, const float *k_pool, const float *v_pool,
+/* k_pool, v_pool: pages in KV format fmt, a GGUF type id (F32, F16, BF16 or Q8_0: ops.c) */
+int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
                            const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
-                           float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs);
+                           float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt);
 void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter);
 void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps);
 void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
-                   const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots, float *k_pool,
-                   float *v_pool);
+                   const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots, void *k_pool,
+                   void *v_pool, int fmt);
 
 /* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
  * matmul_pool_run): part p takes sequences bounds[p] .. bounds[p+1]. Each sequence is computed exactly
@@ -19,7 +20,7 @@ void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_
 typedef struct {
     const float *q;
     int64_t q_stride;
-    const float *k_pool, *v_pool;
+    const void *k_pool, *v_pool;
     const int32_t *block_tables;
     int64_t table_stride;
     const int64_t *context_lens;
@@ -27,6 +28,7 @@ typedef struct {
     int64_t nh, nkv, hd, bs;
     const int64_t *bounds;
     int failed;
+    int fmt;                        /* the pool's KV format */
 } decode_job_t;
 
 void paged_decode_part(void *arg, int part);

@@ -1,4 +1,5 @@
-/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K: y = x @ W.T
+/* Integer dot products for weights in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants (Q2_K .. Q6_K, IQ4_XS):
+ * y = x @ W.T
  * with x quantized to 16 or 8 bits.
  *
  * Decoding every weight to float is what bounds matmul.c's tiles for the 4- and 8-bit formats (about
@@ -25,7 +26,8 @@
  *   y = acc.
  * w_j is the weight's quant: Q8_0's int8; Q4_0's nibble - 8; Q4_1's nibble (0..15), value j < 16 the
  * low nibble of qs[j], j >= 16 the high nibble of qs[j - 16]; Q5_1's nibble with bit j of qh above it
- * (0..31); Q5_0's that less 16.
+ * (0..31); Q5_0's that less 16; IQ4_NL's the table value its nibble (placed as Q4_0's) indexes (the K-quants and
+ * IQ4_XS: below, at QDOT_KTILES and Q2_K's).
  * Every variant below computes exactly that (only the integer sums are found in different ways), so
  * the variant, the thread count and the other rows of x change no bit of a row's result.
  *
@@ -189,6 +191,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
             else if (fmt == Q4_0) wv[i] = V##_sub8(V##_nibbles(blk[i] + Q4_0_QS));                                     \
             else if (fmt == Q4_1) wv[i] = V##_nibbles(blk[i] + Q4_1_QS);                                               \
             else if (fmt == Q5_0) wv[i] = V##_q5(blk[i] + Q5_0_QH, blk[i] + Q5_0_QS, 1);                               \
+            else if (fmt == IQ4_NL) wv[i] = V##_iq4(blk[i] + IQ4_NL_QS);                                               \
             else wv[i] = V##_q5(blk[i] + Q5_1_QH, blk[i] + Q5_1_QS, 0);                                                \
         }                                                                                                              \
     }                                                                                                                  \
@@ -276,6 +279,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
         case Q4_1: V##_fmt_rows(Q4_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         case Q5_0: V##_fmt_rows(Q5_0, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
         case Q5_1: V##_fmt_rows(Q5_1, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                              \
+        case IQ4_NL: V##_fmt_rows(IQ4_NL, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                          \
         default: break;                                                                                                \
         }                                                                                                              \
     }
@@ -366,12 +370,52 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
     for (int s = 0; s < 8; s++) mw[s] = -m[s];
 }
 
+/* ---------------------------------------------------------------- Q2_K, Q3_K, IQ4_XS (and IQ4_NL)
+ *
+ * Q2_K and Q3_K have Q6_K's shape: 16 scales, one per 16 values, so a sub-block of 32 meets its x block as two
+ * halves summed apart. Q3_K: dw_g = d * (sc_g - 32) (exact: 11 bits by 6), quants in -4..3, no min. Q2_K:
+ * dw_g = d * (sc_g & 15), quants in 0..3, and a min per 16 values, mw_g = -(dmin * (sc_g >> 4)), which meets
+ * the sum of the half's quants of x, sx_g (an integer: exact):
+ *   acc = acc + (dw_lo * dx) * (float)p_lo; acc = acc + (dw_hi * dx) * (float)p_hi;
+ *   Q2_K then: acc = acc + (mw_lo * dx) * (float)sx_lo; acc = acc + (mw_hi * dx) * (float)sx_hi.
+ * IQ4_XS is Q4_0's shape in sub-blocks of 32 (dw_s = d * (sc_s - 32), exact; no min), IQ4_NL Q8_0's (dw = d);
+ * their quants are the table values the nibbles index (iq4_values: -127..113), found with the variant's
+ * V_iq4(qs): the 32 values of 16 bytes of nibbles (low nibbles, then high) in its registers. Q2_K's and Q3_K's
+ * come from V_k23(qs, hm, shift, bit): the 32 values (qs[l] >> shift) & 3, with Q3_K's (hm not NULL) third bit
+ * ((hm[l] >> bit) & 1) << 2 and less 4, in the variant's registers in the order K_EVEN_ODD gives x (where the
+ * variant's V_EO is 1).
+ */
+/* Where a Q2_K, Q3_K or IQ4_XS super-block's d is. */
+#define LOW_K_D(fmt) ((fmt) == Q2_K ? Q2_K_D : (fmt) == Q3_K ? Q3_K_D : 0)
+
+/* dw[g] (and for Q2_K mw[g]) of four rows' Q2_K or Q3_K super-blocks (16 scales), or dw[s] of IQ4_XS's (8),
+ * lane i for row i; d and dmin as the variant's V_halves gives them. */
+INLINE void low_k_scales(int fmt, const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f32x4 *mw) {
+    const int n = fmt == IQ4_XS ? 8 : 16;
+    for (int g = 0; g < n; g++)
+        for (int i = 0; i < 4; i++) {
+            if (fmt == Q2_K) {
+                dw[g][i] = d[i] * (float)(sb[i][g] & 15);
+                mw[g][i] = -(dmin[i] * (float)(sb[i][g] >> 4));
+            } else if (fmt == Q3_K) {
+                dw[g][i] = d[i] * (float)scale_q3_k(sb[i] + Q3_K_SCALES, g);
+            } else {
+                dw[g][i] = d[i] * (float)scale_iq4_xs(sb[i], g);
+            }
+        }
+}
+
 #define QDOT_KTILES(V, ATTR, XB)                                                                                       \
     ATTR INLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                        \
         for (int i = 0; i < 4; i++) {                                                                                  \
             if (fmt == Q6_K)   /* half s / 4, sub-block s % 4 of it */                                                 \
                 wv[i] = V##_kquants(sb[i] + 64 * (s / 4) + 32 * (s & 1), sb[i] + Q6_K_QH + 32 * (s / 4),               \
                                     4 * ((s / 2) & 1), 2 * (s & 3), 2);                                                \
+            else if (fmt == Q2_K || fmt == Q3_K)   /* bits 2j, 2j + 1 of qs[32 (s / 4) + l], j = s % 4 */           \
+                wv[i] = V##_k23(sb[i] + (fmt == Q2_K ? Q2_K_QS : Q3_K_QS) + 32 * (s / 4), fmt == Q3_K ? sb[i] : NULL,   \
+                                2 * (s % 4), s);                                                                       \
+            else if (fmt == IQ4_XS)                                                                                    \
+                wv[i] = V##_iq4(sb[i] + IQ4_XS_QS + 16 * s);                                                           \
             else                                                                                                       \
                 wv[i] = V##_kquants(sb[i] + (fmt == Q4_K ? Q4_K_QS : Q5_K_QS) + 32 * (s / 2),                          \
                                     fmt == Q5_K ? sb[i] + Q5_K_QH : NULL, 4 * (s & 1), s, 1);                          \
@@ -386,21 +430,37 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
             const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
             for (int i = 0; i < 4; i++)   /* every line of the super-block, to L2: see PREFETCH_TILES */               \
                 for (int o = 0; o < bb; o += 64) __builtin_prefetch(sb[i] + ahead + o, 0, 1);                          \
-            f32x4 dw[16], mw[8];                                                                                       \
+            f32x4 dw[16], mw[16];                                                                                      \
             if (fmt == Q6_K)                                                                                           \
                 k6scales(sb, V##_halves(sb[0] + Q6_K_D, sb[1] + Q6_K_D, sb[2] + Q6_K_D, sb[3] + Q6_K_D), dw);          \
-            else kscales(sb, V##_halves(sb[0], sb[1], sb[2], sb[3]),                                                   \
+            else if (fmt == Q2_K || fmt == Q3_K || fmt == IQ4_XS) {                                                    \
+                const int o = LOW_K_D(fmt), m = fmt == Q2_K ? Q2_K_DMIN : o;                                           \
+                low_k_scales(fmt, sb, V##_halves(sb[0] + o, sb[1] + o, sb[2] + o, sb[3] + o),                          \
+                             V##_halves(sb[0] + m, sb[1] + m, sb[2] + m, sb[3] + m), dw, mw);                          \
+            } else kscales(sb, V##_halves(sb[0], sb[1], sb[2], sb[3]),                                                   \
                          V##_halves(sb[0] + K_DMIN, sb[1] + K_DMIN, sb[2] + K_DMIN, sb[3] + K_DMIN), dw, mw);        \
             for (int s = 0; s < 8; s++) {                                                                              \
                 V##_bv wv[4];                                                                                          \
                 V##_kwblocks(fmt, sb, s, wv);                                                                          \
                 for (int t = 0; t < NT; t++) {                                                                         \
                     const XB *xb = x + t * xs + 8 * b + s;                                                             \
-                    if (fmt == Q6_K) {                                                                                 \
+                    if (fmt == Q6_K || fmt == Q3_K || fmt == Q2_K) {                                                   \
                         i32x4 lo, hi;                                                                                  \
                         V##_sums_halves(wv, V##_loadx(xb->q), &lo, &hi);                                               \
                         acc[t] = acc[t] + (dw[2 * s] * xb->d) * __builtin_convertvector(lo, f32x4);                    \
                         acc[t] = acc[t] + (dw[2 * s + 1] * xb->d) * __builtin_convertvector(hi, f32x4);                \
+                        if (fmt == Q2_K) {   /* the halves' sums of x, wherever K_EVEN_ODD put their values */         \
+                            int sl = 0, sh = 0;                                                                        \
+                            for (int j = 0; j < 16; j++) {                                                             \
+                                sl += xb->q[V##_EO ? (j % 2) * 16 + j / 2 : j];                                        \
+                                sh += xb->q[V##_EO ? (j % 2) * 16 + 8 + j / 2 : 16 + j];                               \
+                            }                                                                                          \
+                            acc[t] = acc[t] + (mw[2 * s] * xb->d) * (float)sl;                                         \
+                            acc[t] = acc[t] + (mw[2 * s + 1] * xb->d) * (float)sh;                                     \
+                        }                                                                                              \
+                    } else if (fmt == IQ4_XS) {                                                                        \
+                        const i32x4 p = V##_sums_ss(wv, V##_loadx(xb->q));                                             \
+                        acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                         \
                     } else {                                                                                           \
                         const i32x4 p = V##_sums_us(wv, V##_loadx(xb->q));                                             \
                         acc[t] = acc[t] + (dw[s] * xb->d) * __builtin_convertvector(p, f32x4);                         \
@@ -432,9 +492,15 @@ INLINE void kscales(const uint8_t *const *sb, f32x4 d, f32x4 dmin, f32x4 *dw, f3
     ATTR __attribute__((noinline)) static void V##_krows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb,     \
                                                          int64_t r0, int64_t r1, const XB *x, int64_t t0,              \
                                                          int64_t tn, float *y, int64_t ys) {                           \
-        if (fmt == Q4_K) V##_kfmt_rows(Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                              \
-        else if (fmt == Q5_K) V##_kfmt_rows(Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                         \
-        else V##_kfmt_rows(Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys);                                          \
+        switch (fmt) {                                                                                                 \
+        case Q4_K: V##_kfmt_rows(Q4_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q5_K: V##_kfmt_rows(Q5_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q6_K: V##_kfmt_rows(Q6_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q2_K: V##_kfmt_rows(Q2_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case Q3_K: V##_kfmt_rows(Q3_K, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                             \
+        case IQ4_XS: V##_kfmt_rows(IQ4_XS, w, row_bytes, nb, r0, r1, x, t0, tn, y, ys); break;                         \
+        default: break;                                                                                                \
+        }                                                                                                              \
     }
 
 /* The portable variants, one per width of x: the weights' quants in lanes of lane_t (int8 for 8-bit x,
@@ -493,6 +559,18 @@ INLINE s16_bv s16_loadx(const int16_t *p) {
 
 Q5_FROM_BYTES(sc, )
 Q5_FROM_BYTES(s16, )
+
+/* IQ4's table values of 16 bytes of nibbles, in the portable lanes. */
+#define SCALAR_IQ4(P, lane_t)                                                                                          \
+    INLINE P##_bv P##_iq4(const uint8_t *qs) {                                                                         \
+        P##_bv v;                                                                                                      \
+        for (int j = 0; j < 16; j++) v.b[j] = (lane_t)iq4_values[qs[j] & 15], v.b[j + 16] = (lane_t)iq4_values[qs[j] >> 4]; \
+        return v;                                                                                                      \
+    }
+SCALAR_IQ4(sc, int8_t)
+SCALAR_IQ4(s16, int16_t)
+#define sc_EO 0   /* V_EO: 1 where the variant's K tiles take x's blocks in K_EVEN_ODD's order */
+#define s16_EO 0
 QDOT_KERNEL(sc, , xblock_t)
 QDOT_KERNEL(s16, , xblock16_t)
 
@@ -515,6 +593,15 @@ QDOT_KERNEL(s16, , xblock16_t)
     }
 SCALAR_K(sc, int8_t)
 SCALAR_K(s16, int16_t)
+#define SCALAR_K23(P, lane_t)                                                                                          \
+    INLINE P##_bv P##_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {                                  \
+        P##_bv v;                                                                                                      \
+        for (int j = 0; j < 32; j++)                                                                                   \
+            v.b[j] = (lane_t)(hm ? (((qs[j] >> shift) & 3) | (((hm[j] >> bit) & 1) << 2)) - 4 : (qs[j] >> shift) & 3);  \
+        return v;                                                                                                      \
+    }
+SCALAR_K23(sc, int8_t)
+SCALAR_K23(s16, int16_t)
 QDOT_KTILES(sc, , xblock_t)
 QDOT_KTILES(s16, , xblock16_t)
 
@@ -612,6 +699,16 @@ X86_SUMS(vn, VNNI_ATTR)
 
 #define av_loadx av_load
 #define vn_loadx vn_load
+/* IQ4's nibbles look their values up in the table with one byte shuffle (within each 128-bit lane). */
+#define X86_IQ4(V, ATTR)                                                                                               \
+    ATTR INLINE __m256i V##_iq4(const uint8_t *qs) {                                                                   \
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));              \
+        return _mm256_shuffle_epi8(table, V##_nibbles(qs));                                                            \
+    }
+X86_IQ4(av, AVX2_ATTR)
+X86_IQ4(vn, VNNI_ATTR)
+#define av_EO 0
+#define vn_EO 0
 QDOT_KERNEL(av, AVX2_ATTR, xblock_t)
 QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
 
@@ -636,6 +733,21 @@ QDOT_KERNEL(vn, VNNI_ATTR, xblock_t)
     }
 X86_K8(av, AVX2_ATTR)
 X86_K8(vn, VNNI_ATTR)
+/* Q2_K's and Q3_K's quants as bytes: shifts within 16-bit lanes, the bits that cross from the upper byte masked
+ * off. */
+#define X86_K23(V, ATTR)                                                                                               \
+    ATTR INLINE __m256i V##_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {                            \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs);                                                     \
+        __m256i b = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));             \
+        if (hm) {                                                                                                      \
+            const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)hm), _mm_cvtsi32_si128(bit));       \
+            b = _mm256_or_si256(b, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(1)), 2));                    \
+            b = _mm256_sub_epi8(b, _mm256_set1_epi8(4));                                                               \
+        }                                                                                                              \
+        return b;                                                                                                      \
+    }
+X86_K23(av, AVX2_ATTR)
+X86_K23(vn, VNNI_ATTR)
 QDOT_KTILES(av, AVX2_ATTR, xblock_t)
 QDOT_KTILES(vn, VNNI_ATTR, xblock_t)
 
@@ -672,6 +784,11 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),                                              \
                          _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))};                                        \
     }                                                                                                                  \
+    ATTR INLINE av16_bv V##_iq4(const uint8_t *qs) {                                                                   \
+        const __m256i q = B##_iq4(qs);                                                                                 \
+        return (av16_bv){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),                                              \
+                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1))};                                        \
+    }                                                                                                                  \
     ATTR INLINE av16_bv V##_sub8(av16_bv v) {                                                                          \
         const __m256i e = _mm256_set1_epi16(8);                                                                        \
         return (av16_bv){_mm256_sub_epi16(v.lo, e), _mm256_sub_epi16(v.hi, e)};                                        \
@@ -705,6 +822,21 @@ VNNI_ATTR INLINE __m256i vn16_pairs(__m256i acc, __m256i w, __m256i x) { return 
         }                                                                                                              \
         return (av16_bv){lo, hi};                                                                                      \
     }                                                                                                                  \
+    /* Q2_K's and Q3_K's quants in the same layout: the even bytes' 2-bit fields in lo, the odd ones' in hi */        \
+    ATTR INLINE av16_bv V##_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {                            \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)qs), m2 = _mm256_set1_epi16(3);                          \
+        __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), m2);                              \
+        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift + 8)), m2);                          \
+        if (hm) {                                                                                                      \
+            const __m256i h = _mm256_loadu_si256((const __m256i *)hm), one = _mm256_set1_epi16(1);                     \
+            const __m256i four = _mm256_set1_epi16(4);                                                                 \
+            const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit)), one);                     \
+            const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(bit + 8)), one);                 \
+            lo = _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hl, 2)), four);                                \
+            hi = _mm256_sub_epi16(_mm256_or_si256(hi, _mm256_slli_epi16(hh, 2)), four);                                \
+        }                                                                                                              \
+        return (av16_bv){lo, hi};                                                                                      \
+    }                                                                                                                  \
     /* Q6_K: the sums over values 0..15 and 16..31 apart, which that layout keeps in the low and high 128 bits */    \
     ATTR INLINE void V##_sums_halves(const av16_bv *w, av16_bv x, i32x4 *lo, i32x4 *hi) {                              \
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(V##_dot(w[0], x), V##_dot(w[1], x)),                     \
@@ -720,6 +852,8 @@ X86_16(vn16, vn, VNNI_ATTR)
 #define vn16_sums_us vn16_sums_ss
 #define vn16_sums8_us vn16_sums8_ss
 #define vn16_halves vn_halves
+#define av16_EO 1
+#define vn16_EO 1
 
 QDOT_KERNEL(av16, AVX2_ATTR, xblock16_t)
 QDOT_KERNEL(vn16, VNNI_ATTR, xblock16_t)
@@ -795,6 +929,17 @@ SDOT_ATTR INLINE i32x8 sd_sums8_ss(const ne_bv *w, ne_bv x0, ne_bv x1) {
 
 #define ne_loadx ne_load
 #define sd_loadx sd_load
+/* IQ4's nibbles look their values up in the table with tbl. */
+#define ARM_IQ4(V, ATTR)                                                                                               \
+    ATTR INLINE ne_bv V##_iq4(const uint8_t *qs) {                                                                     \
+        const ne_bv n = V##_nibbles(qs);                                                                               \
+        const int8x16_t table = vld1q_s8(iq4_values);                                                                  \
+        return (ne_bv){vqtbl1q_s8(table, vreinterpretq_u8_s8(n.lo)), vqtbl1q_s8(table, vreinterpretq_u8_s8(n.hi))};    \
+    }
+ARM_IQ4(ne, NEON_ATTR)
+ARM_IQ4(sd, SDOT_ATTR)
+#define ne_EO 0
+#define sd_EO 0
 Q5_FROM_BYTES(ne, NEON_ATTR)
 Q5_FROM_BYTES(sd, SDOT_ATTR)
 QDOT_KERNEL(ne, NEON_ATTR, xblock_t)
@@ -815,6 +960,18 @@ INLINE ne_bv ne_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit
     return v;
 }
 #define sd_kquants ne_kquants
+/* Q2_K's and Q3_K's quants as two vectors of 16 bytes (lo: values 0..15). */
+INLINE ne_bv ne_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {
+    const int8x16_t down = vdupq_n_s8((int8_t)-shift);
+    uint8x16_t a = vandq_u8(vshlq_u8(vld1q_u8(qs), down), vdupq_n_u8(3));
+    uint8x16_t b = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), down), vdupq_n_u8(3));
+    if (!hm) return (ne_bv){vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(b)};
+    const int8x16_t hdown = vdupq_n_s8((int8_t)-bit);
+    a = vorrq_u8(a, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm), hdown), vdupq_n_u8(1)), 2));
+    b = vorrq_u8(b, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm + 16), hdown), vdupq_n_u8(1)), 2));
+    return (ne_bv){vsubq_s8(vreinterpretq_s8_u8(a), vdupq_n_s8(4)), vsubq_s8(vreinterpretq_s8_u8(b), vdupq_n_s8(4))};
+}
+#define sd_k23 ne_k23
 INLINE int32x4_t ne_half_dot(int8x16_t w, int8x16_t x) {
     return vpaddlq_s16(vpaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)), vmull_high_s8(w, x)));
 }
@@ -877,8 +1034,17 @@ INLINE i32x8 n16_sums8_ss(const n16_bv *w, n16_bv x0, n16_bv x1) {
 #define n16_halves ne_halves
 
 Q5_FROM_BYTES(n16, NEON_ATTR)
+INLINE n16_bv n16_iq4(const uint8_t *qs) {
+    const ne_bv b = ne_iq4(qs);
+    return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
+}
+#define n16_EO 0
 QDOT_KERNEL(n16, NEON_ATTR, xblock16_t)
 
+INLINE n16_bv n16_k23(const uint8_t *qs, const uint8_t *hm, int shift, int bit) {
+    const ne_bv b = ne_k23(qs, hm, shift, bit);   /* Q3_K's already less 4: sign-extended */
+    return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
+}
 INLINE n16_bv n16_kquants(const uint8_t *qs, const uint8_t *qh, int shift, int bit, int hbits) {
     const ne_bv b = ne_kquants(qs, qh, shift, bit, hbits);   /* Q6_K's already less 32: sign-extended */
     return (n16_bv){{vmovl_s8(vget_low_s8(b.lo)), vmovl_high_s8(b.lo), vmovl_s8(vget_low_s8(b.hi)), vmovl_high_s8(b.hi)}};
@@ -1072,7 +1238,8 @@ INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-
  * and so every result, are the same in any order of a block's values. */
 #ifdef QDOT_X86
 #define K_EVEN_ODD(v, fmt)                                                                                             \
-    (((v) == V_SIMD16 || (v) == V_DOT16) && ((fmt) == Q4_K || (fmt) == Q5_K || (fmt) == Q6_K))
+    (((v) == V_SIMD16 || (v) == V_DOT16) &&                                                                            \
+     ((fmt) == Q4_K || (fmt) == Q5_K || (fmt) == Q6_K || (fmt) == Q2_K || (fmt) == Q3_K))
 #else
 #define K_EVEN_ODD(v, fmt) 0
 #endif
@@ -1080,7 +1247,7 @@ INLINE int wide(int v) { return v >= V_SCALAR16; }   /* variant v takes x in 16-
 /* 1 if variant v (one of qdot_variants, not 0) has an integer kernel for fmt. */
 int qdot_format(int fmt, int v) {
     return v > 0 && (fmt == Q8_0 || fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q4_K ||
-                     fmt == Q5_K || fmt == Q6_K);
+                     fmt == Q5_K || fmt == Q6_K || fmt == Q2_K || fmt == Q3_K || fmt == IQ4_NL || fmt == IQ4_XS);
 }
 
 /* Bytes the rows of x quantized for variant v take: T rows of in / 32 blocks. */
@@ -1120,7 +1287,7 @@ void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, 
     const int64_t nb = in / 32;
     for (int64_t t0 = 0; t0 < T; t0 += QDOT_TT) {
         const int64_t tn = T - t0 < QDOT_TT ? T - t0 : QDOT_TT;
-        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K) {
+        if (fmt == Q4_K || fmt == Q5_K || fmt == Q6_K || fmt == Q2_K || fmt == Q3_K || fmt == IQ4_XS) {
             switch (v) {
 #ifdef QDOT_X86
             case V_DOT16: vn16_krows(fmt, w, row_bytes, nb, r0, r1, x16, t0, tn, y, y_stride); break;

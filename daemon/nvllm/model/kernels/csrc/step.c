@@ -34,7 +34,7 @@ typedef struct {
     const float *qkv_bias;          /* or NULL */
     const float *q_norm, *k_norm;   /* or NULL: Qwen3's per-head norms */
     step_matrix_t qkv, o, gate_up, down;
-    float *k_pool, *v_pool;         /* this layer's pages [blocks, bs, nkv, hd] each */
+    void *k_pool, *v_pool;          /* this layer's pages [blocks, bs, nkv, hd] each, in the step's KV format */
 } step_layer_t;
 
 typedef struct {
@@ -51,6 +51,7 @@ typedef struct {
     const int64_t *context_lens;    /* [T] */
     const int64_t *bounds;          /* [attn_parts + 1]: the sequences each thread attends for */
     int64_t attn_parts, threads;
+    int64_t kv_fmt;                 /* the pool's KV format, a GGUF type id (ops.c) */
 } step_t;
 
 /* y [T, width] = x [T, in] @ W.T, part by part, as FusedWeight.apply and quant_matmul's wrapper do. */
@@ -91,13 +92,13 @@ int decode_layers(const step_t *s) {
                 rms_norm(row + q_width, L->k_norm, row + q_width, s->nkv, hd, s->eps);
             }
         rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd, s->cos, s->sin, s->q_scale, s->slots, L->k_pool,
-                      L->v_pool);
+                      L->v_pool, (int)s->kv_fmt);
         if (s->attn_parts < 2) {
             rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
-                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs);
+                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt);
         } else {
             decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
-                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0};
+                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt};
             matmul_pool_run(paged_decode_part, &job, (int)s->attn_parts);
             rc = job.failed;
         }

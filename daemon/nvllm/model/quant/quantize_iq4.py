@@ -1,0 +1,83 @@
+"""The quantizers of IQ4_NL and IQ4_XS: float32 blocks -> their bytes, for quantize.py's table.
+
+Both follow llama.cpp's quantize_row_iq4_nl_impl as its quantize tool calls it without an importance
+matrix (quantize_iq4_nl and quantize_iq4_xs: weights x^2, 7 tries each way), in float32 and in the same
+order of operations (tests/model/test_quantize_k.py holds them to a scalar transcription). Each block of
+32 values gets the scale whose nearest table values (IQ4_VALUES) fit it best in the weighted least-squares
+sense; IQ4_XS then stores its eight scales as 6-bit multiples (less 32) of d = -(the largest-magnitude
+scale) / 32 and picks the quants again against those.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from nvllm.model.quant.fitting import f16_bytes, inverse, nearest_int, running_sum
+from nvllm.model.quant.formats import IQ4_VALUES
+
+F = np.float32
+GROUP_MAX_EPS = F(1e-15)
+NTRY = 7
+_VALUES = IQ4_VALUES.astype(F)
+
+
+def _nearest_value(v: np.ndarray) -> np.ndarray:
+    """best_index_int8: the index of the table value nearest v (the lower one unless the upper is
+    strictly nearer), 0 and 15 at the ends."""
+    mu = np.clip(np.searchsorted(_VALUES, v, side="right"), 1, 15)
+    lower = (v - _VALUES[mu - 1]) < (_VALUES[mu] - v)
+    idx = np.where(lower, mu - 1, mu)
+    return np.where(v <= _VALUES[0], 0, np.where(v >= _VALUES[15], 15, idx))
+
+
+def _fit(x: np.ndarray) -> np.ndarray:
+    """The scale of each block of 32: x [32, s] (a column per block) -> d [s] (0 for an all-zero block)."""
+    w = x * x
+    big = np.take_along_axis(x, np.abs(x).argmax(axis=0)[None, :], axis=0)[0]  # [s]
+    zero = np.abs(big) < GROUP_MAX_EPS
+    big = np.where(zero, F(1), big)
+
+    def sums(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        q = _VALUES[_nearest_value(iscale * x)]
+        wq = w * q
+        return running_sum(wq * x), running_sum(wq * q)
+
+    sumqx, sumq2 = sums(F(1) / (-big / _VALUES[0]))
+    d = np.where(sumq2 > 0, sumqx / np.where(sumq2 > 0, sumq2, F(1)), F(0))
+    best = d * sumqx
+    for itry in range(-NTRY, NTRY + 1):
+        sumqx, sumq2 = sums(F(itry + int(IQ4_VALUES[0])) / big)
+        take = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+        d = np.where(take, sumqx / np.where(take, sumq2, F(1)), d)
+        best = np.where(take, d * sumqx, best)
+    return np.where(zero, F(0), d)
+
+
+def _nibbles(L: np.ndarray) -> np.ndarray:
+    """Table indices [m, 32k] -> qs [m, 16k]: in each 32, byte j holds value j low and j + 16 high."""
+    q = L.astype(np.uint8).reshape(len(L), -1, 2, 16)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(len(L), -1)
+
+
+def iq4_nl(x: np.ndarray) -> np.ndarray:
+    """Blocks x [m, 32] -> [m, 18]: d = the block's scale (as float16), each value its nearest table value
+    at 1 / d."""
+    d = _fit(np.ascontiguousarray(x.T))
+    L = _nearest_value(inverse(d)[:, None] * x)
+    return np.concatenate([f16_bytes(d), _nibbles(L)], axis=1)
+
+
+def iq4_xs(x: np.ndarray) -> np.ndarray:
+    """Super-blocks x [m, 256] -> [m, 136]: d, scales_h (bits 2s, 2s + 1: scale s's top two), scales_l
+    (nibble s % 2 of byte s // 2: its low four), qs as IQ4_NL's, a run of 16 bytes per sub-block."""
+    m = len(x)
+    scales = _fit(np.ascontiguousarray(x.reshape(m * 8, 32).T)).reshape(m, 8)
+    top = np.take_along_axis(scales, np.abs(scales).argmax(axis=1)[:, None], axis=1)[:, 0]  # [m]
+    d = -top / F(32)
+    ls = np.clip(nearest_int(inverse(d)[:, None] * scales), -32, 31)  # [m, 8]
+    dl = d[:, None] * ls
+    L = _nearest_value(inverse(dl)[:, :, None] * x.reshape(m, 8, 32)).reshape(m, 256)
+    stored = (ls + 32).astype(np.uint16)
+    high = ((stored >> 4) << np.arange(0, 16, 2, dtype=np.uint16)).sum(axis=1, dtype=np.uint16)  # [m]
+    low = (stored & 0x0F).astype(np.uint8).reshape(m, 4, 2)
+    return np.concatenate([f16_bytes(d), high.astype("<u2").view(np.uint8).reshape(m, 2),
+                           low[:, :, 0] | (low[:, :, 1] << 4), _nibbles(L)], axis=1)
