@@ -5,7 +5,9 @@
 - The resident set after start-up is weights + page pool + at most RUNTIME_OVERHEAD_BYTES, and it
   does not grow when requests run.
 - The page pool is zeroed and resident when KVCache returns (mmap with MAP_POPULATE, else a write per
-  page), on every allocation path, and it is unmapped when the last view of it goes.
+  page), on every allocation path, and it is unmapped when the last view of it goes. (The daemon backs
+  one sequence's pages before READY and the rest just after: the resident set is measured once Health
+  says the whole pool is backed.)
 - Weights are copied once from the memory-mapped files: loading peaks at about the weights' size.
 - `nvllm serve --dry-run [--memory-gb N]` prints the sizing it would do, the demand cap included.
 
@@ -93,6 +95,12 @@ def test_resident_set_is_weights_plus_pool_plus_a_stated_overhead(daemon: Daemon
     weights = load_config(model).weight_bytes
     pool = pool_bytes(model)
     p = psutil.Process(daemon.pid)
+    with grpc.insecure_channel(daemon.address) as channel:
+        health = pb_grpc.GeneratorStub(channel).Health
+        deadline = time.monotonic() + 60
+        while (h := health(pb.HealthRequest(), timeout=10)).pages_backed < h.pages_total:
+            assert time.monotonic() < deadline, "the pool was not backed within 60 s"
+            time.sleep(0.1)
     rss = p.memory_info().rss
     over = rss - weights - pool
     print(f"\nRSS after READY: {rss / MiB:.1f} MiB = weights {weights / MiB:.1f} + pool {pool / MiB:.1f} "

@@ -34,7 +34,7 @@ def alone(model_dir):
 def assert_pool_clean(llm: LLM) -> None:
     bm = llm.engine.block_manager
     bm.check_integrity([])
-    assert bm.num_free_blocks == bm.num_blocks, "after every request ends, all pages are free or cached"
+    assert bm.num_free_blocks == bm.num_backed_blocks, "after every request ends, all backed pages are free or cached"
 
 
 def test_batched_greedy_equals_alone(model_dir, alone):
@@ -118,7 +118,7 @@ def test_abort_frees_pages_at_once(model_dir):
     engine.abort_request("b")
     engine.step()
     engine.block_manager.check_integrity([])
-    assert engine.block_manager.num_free_blocks == 64
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_backed_blocks
     assert not engine.has_unfinished()
 
 
@@ -154,7 +154,7 @@ def test_stats_report_pages_and_counts(model_dir):
     llm.generate(prompts(3), GREEDY)
     s = llm.stats()
     assert s["pages_total"] == 32
-    assert s["pages_free"] + s["pages_cached"] + s["pages_used"] == 32
+    assert s["pages_free"] + s["pages_cached"] + s["pages_used"] == s["pages_backed"] <= 32
     assert s["running"] == 0 and s["waiting"] == 0
     assert s["generated_tokens"] == 36 and s["tokens_per_s"] > 0
 

@@ -54,7 +54,7 @@ def test_a_nan_weight_fails_the_steps_requests_and_a_repaired_model_serves_again
     finally:
         layer.down = healthy
     engine.block_manager.check_integrity([])
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_backed_blocks
     out = llm.generate(later, GREEDY)
     assert [o.error for o in out] == [None] * 3
     assert [o.token_ids for o in out] == expected

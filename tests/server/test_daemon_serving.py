@@ -250,7 +250,8 @@ class TestProbes:
         h = health(daemon.address)
         assert h.state == pb.HealthResponse.STATE_SERVING and not h.not_admitting_reason
         assert h.model == "tiny-llama" and h.version
-        assert h.pages_total == NUM_BLOCKS
+        assert h.pages_total == NUM_BLOCKS and 16 <= h.pages_backed <= NUM_BLOCKS   # 16: one max_model_len sequence
+        assert health_when(daemon.address, lambda h: h.pages_backed == NUM_BLOCKS, "the whole pool backed")
         assert h.kv_cache_dtype == "f32" and h.page_bytes == 2 * 2 * 16 * 2 * 16 * 4   # the tiny Llama's f32 pool
         assert h.uptime_s >= h.startup_s > 0
         assert h.available_memory_bytes == int(PLENTY)

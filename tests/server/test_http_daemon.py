@@ -147,6 +147,7 @@ def test_models_health_and_metrics(daemon, client) -> None:
     assert [m.id for m in client.models.list()] == ["tiny-llama"]
     h = httpx.get(daemon.http_url + "/health")
     assert h.status_code == 200 and h.json()["state"] == "serving"
+    assert 0 < h.json()["pages_backed"] <= h.json()["pages_total"]   # the pool's size: total and backed
     m = httpx.get(daemon.http_url + "/metrics")
     assert m.status_code == 200
     names = {f.name for f in text_string_to_metric_families(m.text)}

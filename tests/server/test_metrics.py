@@ -113,7 +113,9 @@ class TestEngineMetrics:
         asyncio.run(main())
         idle, busy, after, stopped = seen["idle"], seen["busy"], seen["after"], seen["stopped"]
         assert value(idle, "vllm:num_requests_running") == 0 and value(idle, "vllm:kv_cache_usage_perc") == 0
-        assert value(idle, "nvllm:kv_cache_pages", state="free") == 24
+        # Total and backed (16 pages, one 256-token sequence, at once, the rest after); only backed ones are free.
+        backed, total = (value(idle, "nvllm:kv_cache_pool_pages", size=k) for k in ("backed", "total"))
+        assert total == 24 and 16 <= backed == value(idle, "nvllm:kv_cache_pages", state="free") <= 24
         # the tiny Llama's folder is float32: so is its pool (cache.dtype auto)
         assert value(idle, "vllm:cache_config_info", block_size="16", cache_dtype="f32", num_gpu_blocks="24") == 1
         assert value(idle, "nvllm:kv_cache_page_bytes") == 2 * 2 * 16 * 2 * 16 * 4   # layers, K/V, tokens, heads, hd

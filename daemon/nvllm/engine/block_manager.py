@@ -5,6 +5,10 @@ but holding a full block whose hash is known, so a later prompt with the same pr
 evicted least-recently-used when free pages run out) or owned (ref_count > 0). The pool arrays
 themselves live in model/kv_cache.py.
 
+The pool's memory may be backed after start-up, from its first block on (engine/pool_backing.py): only
+the first num_backed_blocks pages are ever in the books, and add_backed() brings in more as they are
+backed, so a page past them is never handed out and the rest of the manager sees a smaller pool.
+
 As in vLLM v1, a full block is registered in the hash table when it is allocated for the step that
 computes it, not after: requests admitted in the same step share it at once.
 """
@@ -35,12 +39,15 @@ def block_hash(parent: bytes, tokens: list[int] | tuple[int, ...]) -> bytes:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 backed_blocks: int | None = None) -> None:
+        """backed_blocks: how many of the first pages are backed now (None: all); add_backed() adds more."""
         self.num_blocks = num_blocks
+        self.num_backed_blocks = num_blocks if backed_blocks is None else max(0, min(backed_blocks, num_blocks))
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.free_ids: deque[int] = deque(range(num_blocks))
+        self.free_ids: deque[int] = deque(range(self.num_backed_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()   # cached pages, least recently used first
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
@@ -64,7 +71,14 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        return self.num_backed_blocks - self.num_free_blocks
+
+    def add_backed(self, backed_blocks: int) -> int:
+        """The first backed_blocks pages are backed now: the new ones join the free list; how many did."""
+        new = range(self.num_backed_blocks, min(backed_blocks, self.num_blocks))
+        self.free_ids.extend(new)
+        self.num_backed_blocks += len(new)
+        return len(new)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -220,7 +234,8 @@ class BlockManager:
 
     # -- checks -------------------------------------------------------------------------------
     def check_integrity(self, seqs: list[SeqBlocks] | None = None) -> None:
-        """Every page is free, cached or owned, exactly once; owners' references add up."""
+        """Every backed page is free, cached or owned, exactly once, and no other page is any of them;
+        owners' references add up."""
         free, cached = set(self.free_ids), set(self.evictable)
         def fail(msg: str) -> None:
             raise IntegrityError(msg)
@@ -231,8 +246,11 @@ class BlockManager:
         owned = {b for b in range(self.num_blocks) if self.ref_counts[b] > 0}
         if owned & (free | cached):
             fail(f"pages both owned and free/cached: {sorted(owned & (free | cached))[:8]}")
-        if len(free) + len(cached) + len(owned) != self.num_blocks:
-            lost = set(range(self.num_blocks)) - free - cached - owned
+        unbacked = {b for b in free | cached | owned if b >= self.num_backed_blocks}
+        if unbacked:
+            fail(f"pages past the {self.num_backed_blocks} backed ones are in the books: {sorted(unbacked)[:8]}")
+        if len(free) + len(cached) + len(owned) != self.num_backed_blocks:
+            lost = set(range(self.num_backed_blocks)) - free - cached - owned
             fail(f"pages neither free, cached nor owned: {sorted(lost)[:8]}")
         if any(r < 0 for r in self.ref_counts):
             fail("a negative reference count")

@@ -7,7 +7,8 @@ and `nvllm serve --dry-run` stops before allocating anything:
 
     loaded = load_model(settings)                          # weights, tokenizer, defaults, EOS ids
     plan = plan_pool(settings, loaded.info, reading)       # pages from one memory reading
-    engine = create_engine(settings, loaded, plan)         # allocates and touches the pool
+    engine = create_engine(settings, loaded, plan)         # maps the pool, backs one sequence's pages
+                                                           # now and the rest in the background
 
 `build_engine(settings)` does all three with the memory available now.
 """
@@ -26,11 +27,13 @@ from typing import Any
 from nvllm.config import Settings
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.engine.pool_backing import PoolBacking
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.quant.kv_format import F32, KVFormat
+from nvllm.model.quant.kv_format import FORMATS_BY_NAME as KV_FORMATS
 from nvllm.model.quant.kv_format import by_name as kv_format_by_name
 from nvllm.model.weights.conversion import matrix_shapes, quantized_weight_bytes
 from nvllm.model.weights.folder import stored_weights
@@ -180,9 +183,25 @@ def plan_for_board(settings: Settings, memory_gb: float) -> tuple[ModelInfo, Poo
     the shapes alone (`nvllm serve --dry-run --memory-gb`): what is left after the weights is the
     reading the sizing rule takes."""
     info = read_model_info(settings)
-    reading = MemoryReading(max(0, int(memory_gb * GiB) - info.weight_bytes),
-                            f"planned: {memory_gb:g} GiB available less the weights")
-    return info, plan_pool(settings, info, reading)
+    return info, plan_pool(settings, info, board_reading(info, memory_gb))
+
+
+def board_reading(info: ModelInfo, memory_gb: float) -> MemoryReading:
+    """The reading a board with memory_gb GiB available before nvllm starts gives once the weights are in."""
+    return MemoryReading(max(0, int(memory_gb * GiB) - info.weight_bytes),
+                         f"planned: {memory_gb:g} GiB available less the weights")
+
+
+def plan_per_format(settings: Settings, info: ModelInfo, reading: MemoryReading) -> dict[str, PoolPlan | str]:
+    """The pool each KV format (cache.dtype's choices) would get from the one reading, or why it gets none."""
+    plans: dict[str, PoolPlan | str] = {}
+    for name, fmt in KV_FORMATS.items():
+        try:
+            fmt.check_head_dim(info.head_dim)
+            plans[name] = plan_pool(settings, info, reading, fmt)
+        except (EngineBuildError, ValueError) as e:
+            plans[name] = str(e)
+    return plans
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -238,14 +257,16 @@ def max_model_len(settings: Settings, info: ModelInfo) -> int:
     return min(settings.scheduler.max_model_len or limit, limit)
 
 
-def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading) -> PoolPlan:
-    """The page pool from one memory reading, taken after the weights are loaded; cache.num_blocks
-    overrides the sizing. Raises EngineBuildError when one max_model_len sequence would not fit."""
+def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: KVFormat | None = None) -> PoolPlan:
+    """The page pool from one memory reading, taken after the weights are loaded, for keys and values in
+    fmt (None: the model's, cache.dtype; --dry-run plans each); cache.num_blocks overrides the sizing.
+    Raises EngineBuildError when one max_model_len sequence would not fit."""
     cache = settings.cache
     max_len = max_model_len(settings, info)
     per_seq = math.ceil(max_len / cache.block_size)
     try:
-        sizing = size_pool(info.bytes_per_token * cache.block_size, reading.available_bytes,
+        per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
+        sizing = size_pool(per_token * cache.block_size, reading.available_bytes,
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
                            cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs)
@@ -254,14 +275,29 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading) -> Po
     return PoolPlan(sizing, max_len)
 
 
-def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan) -> LLMEngine:
-    """Allocate and touch the pool (once, now), then the engine around it."""
+def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
+                  back: Callable[[KVCache, int, int], None] = KVCache.back_blocks) -> LLMEngine:
+    """Map the pool and back the blocks of one max_model_len sequence now, the rest on a thread of its
+    own (engine/pool_backing.py) whose blocks the engine hands out only once backed; then the engine.
+
+    back(kv, start, stop) backs blocks [start, stop) in the background (KVCache.back_blocks; tests slow
+    it or make it fail).
+    """
     t0 = time.monotonic()
-    kv = loaded.model.make_kv_cache(plan.sizing.num_blocks, settings.cache.block_size, loaded.info.kv_format)
-    log.info("page pool allocated and made resident: %s of %s keys and values in %.2f s (%s)",
-             format_bytes(kv.nbytes), kv.format.name, time.monotonic() - t0, kv.populated_by)
+    sz = plan.sizing
+    first = min(sz.num_blocks, math.ceil(plan.max_model_len / sz.block_size))
+    kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, loaded.info.kv_format,
+                                    resident_blocks=first)
+    backing = None
+    if first < sz.num_blocks:
+        backing = PoolBacking(lambda start, stop: back(kv, start, stop), first, sz.num_blocks,
+                              sz.bytes_per_block).start()
+    log.info("page pool of %s of %s keys and values mapped in %.2f s (%s): %d of %d blocks (%s, one "
+             "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
+             time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
+             ", the rest backed in the background" if backing is not None else "")
     return LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
-                     loaded.generation_defaults, loaded.eos_token_ids)
+                     loaded.generation_defaults, loaded.eos_token_ids, backing)
 
 
 def build_engine(settings: Settings,

@@ -14,6 +14,7 @@ import numpy as np
 
 from nvllm.config import Settings
 from nvllm.engine.block_manager import BlockManager
+from nvllm.engine.pool_backing import PoolBacking
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob
 from nvllm.engine.structured import StructuredCompiler
@@ -40,7 +41,7 @@ class LLMEngine:
 
     def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
                  max_model_len: int, generation_defaults: Mapping[str, Any] | None = None,
-                 eos_token_ids: Iterable[int] = ()) -> None:
+                 eos_token_ids: Iterable[int] = (), backing: PoolBacking | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.kv_cache = kv_cache
@@ -48,8 +49,10 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.threads = threads.configure(settings.model.threads)   # BLAS's and the in-place kernels'
         self.activations = matmul.set_activations(settings.model.activations)   # the kernels' variant
-        self.block_manager = BlockManager(kv_cache.num_blocks, kv_cache.block_size,
-                                          settings.cache.enable_prefix_caching)
+        self.backing = backing   # the thread backing the rest of kv_cache's blocks (None: all are resident)
+        bm = BlockManager(kv_cache.num_blocks, kv_cache.block_size, settings.cache.enable_prefix_caching,
+                          None if backing is None else backing.backed)
+        self.block_manager = bm
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
                                    settings.scheduler.max_num_batched_tokens)
         self.generation_defaults = dict(generation_defaults or {})
@@ -180,7 +183,13 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
     # -- the step -----------------------------------------------------------------------------
+    def _take_backed(self) -> None:
+        """Hand the pages backed since the last step to the block manager; none other is ever used."""
+        if self.backing is not None:
+            self.block_manager.add_backed(self.backing.backed)
+
     def step(self) -> list[RequestOutput]:
+        self._take_backed()
         outputs, self._aborted = self._aborted, []
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -415,9 +424,12 @@ class LLMEngine:
         return sum(n for _, n in self._recent) / span
 
     def stats(self) -> dict[str, Any]:
+        self._take_backed()
         bm = self.block_manager
         return {
             "pages_total": bm.num_blocks,
+            "pages_backed": bm.num_backed_blocks,   # the first pages, usable; the rest are being backed
+            "pool_backing_error": self.backing.error or "" if self.backing is not None else "",
             "block_size": bm.block_size,
             "kv_cache_dtype": self.kv_cache.format.name,
             "page_bytes": self.kv_cache.nbytes // max(1, self.kv_cache.num_blocks),

@@ -90,9 +90,12 @@ class Model:
         config, weights = load_weights(model_dir, quantization=quantization)
         return cls(config, weights)
 
-    def make_kv_cache(self, num_blocks: int, block_size: int = 16, fmt: KVFormat = F32) -> KVCache:
+    def make_kv_cache(self, num_blocks: int, block_size: int = 16, fmt: KVFormat = F32,
+                      resident_blocks: int | None = None) -> KVCache:
+        """resident_blocks: back only the first so many blocks now (KVCache.back_blocks the rest)."""
         c = self.config
-        return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, fmt)
+        return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, fmt,
+                       resident_blocks=resident_blocks)
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]

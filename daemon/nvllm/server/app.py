@@ -88,9 +88,11 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
         if memory_gb is None:
             loaded = factory.load_model(settings)
             info = loaded.info
-            plan = factory.plan_pool(settings, info, available_memory())
+            reading = available_memory()
         else:
-            info, plan = factory.plan_for_board(settings, memory_gb)
+            info = factory.read_model_info(settings)
+            reading = factory.board_reading(info, memory_gb)
+        plan = factory.plan_pool(settings, info, reading)
     except factory.EngineBuildError as e:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -112,12 +114,35 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
           f"{sz.num_blocks // per_seq} sequences of full length at once")
     print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
           f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
+    print(f"per KV format: a row each from the same reading (cache.dtype={settings.cache.dtype} gives "
+          f"{info.kv_format.name}, the plan above)")
+    for line in format_rows(factory.plan_per_format(settings, info, reading), info.weight_bytes, max_len):
+        print("  " + line)
     if memory_gb is None:
         print(f"startup: weights and tokenizer loaded in {loaded.load_s:.2f} s "
-              f"({time.monotonic() - t0:.2f} s with sizing; serving also allocates and touches the pool)")
+              f"({time.monotonic() - t0:.2f} s with sizing; serving also maps the pool and backs one "
+              f"max_model_len sequence's pages before it is ready, the rest in the background)")
     else:
         print(f"startup: not measured (planned for {memory_gb:g} GiB available; nothing was loaded)")
     return EXIT_OK
+
+
+def format_rows(plans: dict[str, factory.PoolPlan | str], weight_bytes: int, max_len: int) -> list[str]:
+    """One line per KV format: its pool, the full-length sequences it holds and the resident set."""
+    rows = []
+    for name, plan in plans.items():
+        fmt = factory.KV_FORMATS[name]
+        per_value = f"{fmt.block.block_bytes / fmt.per_element:g} bytes a value"
+        if isinstance(plan, str):
+            rows.append(f"{name:5} {per_value}: no pool ({plan})")
+            continue
+        sz = plan.sizing
+        resident = weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
+        rows.append(f"{name:5} {per_value}: {sz.num_blocks} blocks of {sz.bytes_per_block} bytes = "
+                    f"{format_bytes(sz.pool_bytes)}, {sz.num_blocks // math.ceil(max_len / sz.block_size)} "
+                    f"sequences of {max_len} tokens, resident at most {format_bytes(resident)}; "
+                    f"{sz.decided_by()}")
+    return rows
 
 
 # -- the daemon -----------------------------------------------------------------------------
@@ -193,8 +218,9 @@ class Daemon:
         admit = st.not_admitting_reason()
         how = ("draining" if st.phase is Phase.DRAINING else
                f"not admitting: {admit}" if admit else "admitting")
+        backed = f" ({s['pages_backed']} backed)" if s["pages_backed"] < s["pages_total"] else ""
         return (f"{self.model_name}: {s['running']} running, {s['waiting']} waiting, "
-                f"{free}/{s['pages_total']} pages free, {s['tokens_per_s']:.1f} tokens/s, {how}")
+                f"{free}/{s['pages_total']}{backed} pages free, {s['tokens_per_s']:.1f} tokens/s, {how}")
 
     async def _status_loop(self) -> None:
         while True:

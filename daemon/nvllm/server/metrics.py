@@ -241,6 +241,8 @@ class StateCollector(Collector):
             put("vllm:num_requests_running", s["running"])
             put("vllm:num_requests_waiting", s["waiting"])
             put("vllm:kv_cache_usage_perc", s["pages_used"] / max(1, s["pages_total"]))
+            put("nvllm:kv_cache_pool_pages", s["pages_total"], ("total",))
+            put("nvllm:kv_cache_pool_pages", s["pages_backed"], ("backed",))
             put("nvllm:kv_cache_pages", s["pages_free"], ("free",))
             put("nvllm:kv_cache_pages", s["pages_cached"], ("cached",))
             put("nvllm:kv_cache_pages", s["pages_used"], ("used",))
@@ -272,6 +274,9 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "vllm:kv_cache_usage_perc", "Share of the KV-cache pages held by requests (1 is all).", m),
         (g, "nvllm:kv_cache_pages", "KV-cache pages: free, cached (a reusable prefix, evictable) or used "
                                     "(held by requests).", m + ["state"]),
+        (g, "nvllm:kv_cache_pool_pages", "KV-cache pool size in pages: total, and backed (resident, the only "
+                                         "ones handed out; below total while the pool is backed after "
+                                         "start-up).", m + ["size"]),
         (g, "nvllm:kv_cache_page_bytes", "Bytes of one KV-cache page: every layer's keys and values of "
                                          "block_size tokens, in the cache's dtype.", m),
         (g, "vllm:cache_config_info", "The KV cache's configuration, in labels (always 1).",

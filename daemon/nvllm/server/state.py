@@ -181,6 +181,7 @@ class DaemonState:
         if self.engine is not None:
             s = self.engine.stats()
             r.pages_total, r.pages_free, r.pages_cached = s["pages_total"], s["pages_free"], s["pages_cached"]
+            r.pages_backed = s["pages_backed"]
             r.kv_cache_dtype, r.page_bytes = s["kv_cache_dtype"], s["page_bytes"]
             r.running, r.waiting = s["running"], s["waiting"]
             r.tokens_per_s = float(s["tokens_per_s"])

@@ -178,7 +178,7 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("state", "not_admitting_reason", "model", "uptime_s", "pages_total", "pages_free", "pages_cached", "running", "waiting", "available_memory_bytes", "watchdog_low_bytes", "watchdog_high_bytes", "tokens_per_s", "version", "startup_s", "kv_cache_dtype", "page_bytes")
+    __slots__ = ("state", "not_admitting_reason", "model", "uptime_s", "pages_total", "pages_free", "pages_cached", "running", "waiting", "available_memory_bytes", "watchdog_low_bytes", "watchdog_high_bytes", "tokens_per_s", "version", "startup_s", "kv_cache_dtype", "page_bytes", "pages_backed")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[HealthResponse.State]
@@ -208,6 +208,7 @@ class HealthResponse(_message.Message):
     STARTUP_S_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_BACKED_FIELD_NUMBER: _ClassVar[int]
     state: HealthResponse.State
     not_admitting_reason: str
     model: str
@@ -225,4 +226,5 @@ class HealthResponse(_message.Message):
     startup_s: float
     kv_cache_dtype: str
     page_bytes: int
-    def __init__(self, state: _Optional[_Union[HealthResponse.State, str]] = ..., not_admitting_reason: _Optional[str] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., available_memory_bytes: _Optional[int] = ..., watchdog_low_bytes: _Optional[int] = ..., watchdog_high_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., version: _Optional[str] = ..., startup_s: _Optional[float] = ..., kv_cache_dtype: _Optional[str] = ..., page_bytes: _Optional[int] = ...) -> None: ...
+    pages_backed: int
+    def __init__(self, state: _Optional[_Union[HealthResponse.State, str]] = ..., not_admitting_reason: _Optional[str] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., available_memory_bytes: _Optional[int] = ..., watchdog_low_bytes: _Optional[int] = ..., watchdog_high_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., version: _Optional[str] = ..., startup_s: _Optional[float] = ..., kv_cache_dtype: _Optional[str] = ..., page_bytes: _Optional[int] = ..., pages_backed: _Optional[int] = ...) -> None: ...

@@ -101,8 +101,8 @@ class OpenAIApi:
                               else "the daemon is shutting down")
         if st.engine is not None:
             body.update(running=h.running, waiting=h.waiting, pages_total=h.pages_total,
-                        pages_free=h.pages_free, pages_cached=h.pages_cached, kv_cache_dtype=h.kv_cache_dtype,
-                        page_bytes=h.page_bytes)
+                        pages_backed=h.pages_backed, pages_free=h.pages_free, pages_cached=h.pages_cached,
+                        kv_cache_dtype=h.kv_cache_dtype, page_bytes=h.page_bytes)
         return JSONResponse(body, status_code=200 if state == "serving" else 503)
 
     async def metrics_page(self, request: Request) -> Response:
