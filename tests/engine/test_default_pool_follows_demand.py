@@ -73,3 +73,12 @@ def test_the_engine_allocates_the_planned_bytes(model, dtype) -> None:
     plan = factory.plan_pool(s, loaded.info, PLENTY)
     engine = factory.create_engine(s, loaded, plan)
     assert engine.kv_cache.format.name == dtype and engine.kv_cache.nbytes == plan.sizing.pool_bytes
+
+
+def test_serve_s_max_num_seqs_flag_sizes_the_default_pool():
+    from nvllm import cli
+    from nvllm.server.app import settings_from_args
+
+    args = cli.build_parser().parse_args(["serve", "--max-num-seqs", "4"])
+    assert settings_from_args(args).scheduler.max_num_seqs == 4
+    assert settings_from_args(cli.build_parser().parse_args(["serve"])).scheduler.max_num_seqs == 32

@@ -19,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     help="also serve the OpenAI-compatible HTTP API here, e.g. 127.0.0.1:8000 (http.listen)")
     sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
     sv.add_argument("--max-model-len", type=int, default=None)
+    sv.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                    help="sequences running at once (scheduler.max_num_seqs, default 32); the default pool "
+                         "holds N of max_model_len")
     add_quantization_flag(sv)
     add_activations_flag(sv)
     add_kv_cache_dtype_flag(sv)

@@ -340,7 +340,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "server": {"listen": args.listen},
         "http": {"listen": getattr(args, "http_listen", None)},
         "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},
-        "scheduler": {"max_model_len": args.max_model_len},
+        "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},
     }
     return load_settings(args.config, overrides)
 
