@@ -6,8 +6,9 @@
  * - softmax_causal_rows: max, exp and sum of attention scores in one pass, each row up to its causal
  *   limit. NumPy needs a mask, three passes and a scalar exp.
  * - silu_mul: SwiGLU's silu(gate) * up in one pass.
- * - rms_norm, and rope_write_kv (rotary embedding of q and k in place, then k and v to their pool slots):
- *   one call per layer where NumPy makes five to ten, each with its own pass and temporary.
+ * - rms_norm, and rope_write_kv (rotary embedding of q and k in place, then k and v to their pool slots,
+ *   stored in the pool's KV format): one call per layer where NumPy makes five to ten, each with its own
+ *   pass and temporary.
  *
  * Plain C99, no Python headers, no intrinsics: loops are written so that -O3 vectorises them on any
  * target (SSE2/AVX on x86-64, NEON on aarch64). Every function has a NumPy twin in attention.py or
