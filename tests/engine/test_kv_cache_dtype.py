@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.kv_model import hd64_gguf
 from nvllm import LLM, SamplingParams, cli
 from nvllm.config import ConfigError, load_settings
 from nvllm.engine import factory
 from nvllm.model.quant.kv_format import NAMES
-from nvllm.model.synthetic.shapes import Shape
-from nvllm.model.synthetic.writer import synthesize
 from nvllm.server.app import settings_from_args
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -26,9 +25,7 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def hd64(tmp_path_factory) -> str:
     """A GGUF whose heads are 64 wide (q8_0's blocks of 32 divide them)."""
-    shape = Shape("kv", "qwen2", 256, 512, 2, 4, 2, 64, 1024, 512, 1e6, 1e-6, "qwen2", {1000: "<|endoftext|>"},
-                  bos=1000, eos=1000, bpe=1000)
-    return str(synthesize(shape, "Q8_0", tmp_path_factory.mktemp("kv") / "hd64.gguf"))
+    return str(hd64_gguf(tmp_path_factory.mktemp("kv")))
 
 
 def _format(path: Path | str, dtype: str = "auto") -> str:
