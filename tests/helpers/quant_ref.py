@@ -197,50 +197,67 @@ def ref_quantize_row_q3_k(x: np.ndarray) -> bytes:
     return bytes(out)
 
 
+def _ref_k_super_block(xb: np.ndarray, nmax: int, *fit) -> tuple[np.float16, np.float16, list[int], list[int]]:
+    """What quantize_row_q4_K_ref and quantize_row_q5_K_ref share for one 256-value super-block: each
+    sub-block of 32 fitted (make_qkx2_quants with `fit`), the 6-bit scales and mins packed into 12 bytes,
+    and the quants in [0, nmax] recomputed from the rounded scales. Returns d, dmin, the scale bytes, L."""
+    L = [0] * 256
+    scales, mins = [F(0)] * 8, [F(0)] * 8
+    max_scale = max_min = F(0)
+    for j in range(8):
+        sub = xb[32 * j:32 * (j + 1)]
+        sum_x2 = F(0)
+        for v in sub:
+            sum_x2 = F(sum_x2 + v * v)
+        av_x = F(np.sqrt(F(sum_x2 / F(32))))
+        w = [F(av_x + abs(v)) for v in sub]
+        L[32 * j:32 * (j + 1)], scales[j], mins[j] = ref_make_qkx2_quants(sub, w, nmax, *fit)
+        if scales[j] > max_scale:
+            max_scale = scales[j]
+        if mins[j] > max_min:
+            max_min = mins[j]
+    inv_scale = F(63) / max_scale if max_scale > 0 else F(0)
+    inv_min = F(63) / max_min if max_min > 0 else F(0)
+    sc = [0] * 12
+    ls_all, lm_all = [], []
+    for j in range(8):
+        ls = min(63, ref_nearest_int(F(inv_scale * scales[j])) & 0xFF)
+        lm = min(63, ref_nearest_int(F(inv_min * mins[j])) & 0xFF)
+        ls_all.append(ls)
+        lm_all.append(lm)
+        if j < 4:
+            sc[j], sc[j + 4] = ls, lm
+        else:
+            sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
+            sc[j - 4] |= (ls >> 4) << 6
+            sc[j] |= (lm >> 4) << 6
+    d16 = np.float16(F(max_scale / F(63)))
+    dmin16 = np.float16(F(max_min / F(63)))
+    for j in range(8):
+        d = F(F(d16) * F(ls_all[j]))
+        if not d:
+            continue
+        dm = F(F(dmin16) * F(lm_all[j]))
+        for i in range(32):
+            L[32 * j + i] = max(0, min(nmax, ref_nearest_int(F(F(xb[32 * j + i] + dm) / d))))
+    return d16, dmin16, sc, L
+
+
+def ref_quantize_row_q4_k(x: np.ndarray) -> bytes:
+    """quantize_row_q4_K_ref over one row (a whole number of 256-value super-blocks)."""
+    out = bytearray()
+    for b in range(len(x) // 256):
+        d16, dmin16, sc, L = _ref_k_super_block(x[256 * b:256 * (b + 1)], 15)
+        qs = [L[c * 64 + k] | (L[c * 64 + 32 + k] << 4) for c in range(4) for k in range(32)]
+        out += np.array([d16, dmin16], "<f2").tobytes() + bytes(sc) + bytes(qs)
+    return bytes(out)
+
+
 def ref_quantize_row_q5_k(x: np.ndarray) -> bytes:
     """quantize_row_q5_K_ref over one row."""
     out = bytearray()
     for b in range(len(x) // 256):
-        xb = x[256 * b:256 * (b + 1)]
-        L = [0] * 256
-        scales, mins = [F(0)] * 8, [F(0)] * 8
-        max_scale = max_min = F(0)
-        for j in range(8):
-            sub = xb[32 * j:32 * (j + 1)]
-            sum_x2 = F(0)
-            for v in sub:
-                sum_x2 = F(sum_x2 + v * v)
-            av_x = F(np.sqrt(F(sum_x2 / F(32))))
-            w = [F(av_x + abs(v)) for v in sub]
-            L[32 * j:32 * (j + 1)], scales[j], mins[j] = ref_make_qkx2_quants(sub, w, 31, F(-0.5), F(0.1), 15)
-            if scales[j] > max_scale:
-                max_scale = scales[j]
-            if mins[j] > max_min:
-                max_min = mins[j]
-        inv_scale = F(63) / max_scale if max_scale > 0 else F(0)
-        inv_min = F(63) / max_min if max_min > 0 else F(0)
-        sc = [0] * 12
-        ls_all, lm_all = [], []
-        for j in range(8):
-            ls = min(63, ref_nearest_int(F(inv_scale * scales[j])) & 0xFF)
-            lm = min(63, ref_nearest_int(F(inv_min * mins[j])) & 0xFF)
-            ls_all.append(ls)
-            lm_all.append(lm)
-            if j < 4:
-                sc[j], sc[j + 4] = ls, lm
-            else:
-                sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
-                sc[j - 4] |= (ls >> 4) << 6
-                sc[j] |= (lm >> 4) << 6
-        d16 = np.float16(F(max_scale / F(63)))
-        dmin16 = np.float16(F(max_min / F(63)))
-        for j in range(8):
-            d = F(F(d16) * F(ls_all[j]))
-            if not d:
-                continue
-            dm = F(F(dmin16) * F(lm_all[j]))
-            for i in range(32):
-                L[32 * j + i] = max(0, min(31, ref_nearest_int(F(F(xb[32 * j + i] + dm) / d))))
+        d16, dmin16, sc, L = _ref_k_super_block(x[256 * b:256 * (b + 1)], 31, F(-0.5), F(0.1), 15)
         qh, ql = [0] * 32, [0] * 128
         for p in range(4):
             for j in range(32):

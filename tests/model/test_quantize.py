@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from helpers.quant_ref import ref_make_qkx2_quants, ref_nearest_int
+from helpers.quant_ref import ref_nearest_int, ref_quantize_row_q4_k
 from nvllm import cli
 from nvllm.config import ConfigError, load_settings
 from nvllm.model.matrix.quantized import QuantizedWeight
@@ -80,57 +80,6 @@ def test_bf16_nan_and_inf_as_gguf():
 
 
 # ---------------------------------------------------------------- Q4_K against the reference
-
-
-def ref_quantize_row_q4_k(x: np.ndarray) -> bytes:
-    """quantize_row_q4_K_ref over one row (a whole number of 256-value super-blocks)."""
-    out = bytearray()
-    for b in range(len(x) // 256):
-        xb = x[256 * b:256 * (b + 1)]
-        L = [0] * 256
-        scales, mins = [F(0)] * 8, [F(0)] * 8
-        max_scale = max_min = F(0)
-        for j in range(8):
-            sub = xb[32 * j:32 * (j + 1)]
-            sum_x2 = F(0)
-            for v in sub:
-                sum_x2 = F(sum_x2 + v * v)
-            av_x = F(np.sqrt(F(sum_x2 / F(32))))
-            w = [F(av_x + abs(v)) for v in sub]
-            Lj, scales[j], mins[j] = ref_make_qkx2_quants(sub, w)
-            L[32 * j:32 * (j + 1)] = Lj
-            if scales[j] > max_scale:
-                max_scale = scales[j]
-            if mins[j] > max_min:
-                max_min = mins[j]
-        inv_scale = F(63) / max_scale if max_scale > 0 else F(0)
-        inv_min = F(63) / max_min if max_min > 0 else F(0)
-        sc = [0] * 12
-        ls_all, lm_all = [], []
-        for j in range(8):
-            ls = min(63, ref_nearest_int(F(inv_scale * scales[j])) & 0xFF)
-            lm = min(63, ref_nearest_int(F(inv_min * mins[j])) & 0xFF)
-            ls_all.append(ls)
-            lm_all.append(lm)
-            if j < 4:
-                sc[j] = ls
-                sc[j + 4] = lm
-            else:
-                sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4)
-                sc[j - 4] |= (ls >> 4) << 6
-                sc[j] |= (lm >> 4) << 6
-        d16 = np.float16(F(max_scale / F(63)))
-        dmin16 = np.float16(F(max_min / F(63)))
-        for j in range(8):
-            d = F(F(d16) * F(ls_all[j]))
-            if not d:
-                continue
-            dm = F(F(dmin16) * F(lm_all[j]))
-            for i in range(32):
-                L[32 * j + i] = max(0, min(15, ref_nearest_int(F(F(xb[32 * j + i] + dm) / d))))
-        qs = [L[c * 64 + k] | (L[c * 64 + 32 + k] << 4) for c in range(4) for k in range(32)]
-        out += np.array([d16, dmin16], "<f2").tobytes() + bytes(sc) + bytes(qs)
-    return bytes(out)
 
 
 @pytest.mark.parametrize("x", [special_rows(512), skewed_rows(512), random_rows(3, 768, seed=3)],
