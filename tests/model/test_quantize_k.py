@@ -72,3 +72,18 @@ def test_round_trip_error_within_llama_cpp_bound(name: str, bound: float) -> Non
     x = (0.1 + 2 * np.cos(np.arange(32 * 128, dtype=F))).astype(F)[None, :]
     back = dequantize(FMT[name], qz.quantize(FMT[name], x).reshape(-1), x.shape)
     assert np.sqrt(np.sum((x.astype(np.float64) - back) ** 2)) / x.size < bound
+
+
+def test_iq4_nearest_value_is_best_index_int8_at_every_edge() -> None:
+    """The unit-interval lookup against the scalar binary search, on the floats either side of each
+    threshold it found, on every table value, on a fine grid past both ends, and on random values."""
+    from helpers.quant_ref import ref_best_index_int8
+    from nvllm.model.quant import quantize_iq4
+
+    step = quantize_iq4._UNIT_STEP[np.isfinite(quantize_iq4._UNIT_STEP)]
+    assert len(step) == 15
+    edges = [np.nextafter(step, F(d * np.inf)) for d in (-1, 1)]
+    grid = np.arange(-140, 130, 0.125, dtype=F)
+    noise = (np.random.default_rng(4).standard_normal(20000) * 70).astype(F)
+    v = np.concatenate([step, *edges, quantize_iq4._VALUES, -quantize_iq4._VALUES, grid, noise]).astype(F)
+    assert quantize_iq4._nearest_value(v).tolist() == [ref_best_index_int8(F(x)) for x in v]

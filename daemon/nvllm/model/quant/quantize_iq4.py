@@ -20,13 +20,43 @@ NTRY = 7
 _VALUES = IQ4_VALUES.astype(F)
 
 
+def _lower_wins(v: np.float32, k: int) -> bool:
+    """best_index_int8's last test between table values k and k + 1, in float32 as the C does it."""
+    return bool(np.float32(v - _VALUES[k]) < np.float32(_VALUES[k + 1] - v))
+
+
+def _threshold(k: int) -> np.float32:
+    """The least float32 between values k and k + 1 that goes to k + 1. The test is monotone in v, so
+    one such float splits the interval; it lies within a few ulps of the midpoint."""
+    t = np.float32((_VALUES[k] + _VALUES[k + 1]) / 2)
+    while not _lower_wins(np.nextafter(t, F(-np.inf)), k):
+        t = np.nextafter(t, F(-np.inf))
+    while _lower_wins(t, k):
+        t = np.nextafter(t, F(np.inf))
+    return t
+
+
+def _unit_tables() -> tuple[np.ndarray, np.ndarray]:
+    """Per unit interval [u, u + 1), u = -128..114: the index of its first value, and the threshold in
+    it (+inf if none; the table values lie at least 6 apart, so a unit holds at most one)."""
+    thresholds = np.array([_threshold(k) for k in range(15)], F)
+    units = np.arange(-128, 115, dtype=F)
+    base = np.searchsorted(thresholds, units, side="left")       # thresholds below u
+    inside = np.floor(thresholds).astype(np.int64) + 128          # the unit each threshold lies in
+    step = np.full(len(units), np.inf, F)
+    step[inside] = thresholds
+    return base.astype(np.int64), step
+
+
+_UNIT_BASE, _UNIT_STEP = _unit_tables()
+
+
 def _nearest_value(v: np.ndarray) -> np.ndarray:
     """best_index_int8: the index of the table value nearest v (the lower one unless the upper is
-    strictly nearer), 0 and 15 at the ends."""
-    mu = np.clip(np.searchsorted(_VALUES, v, side="right"), 1, 15)
-    lower = (v - _VALUES[mu - 1]) < (_VALUES[mu] - v)
-    idx = np.where(lower, mu - 1, mu)
-    return np.where(v <= _VALUES[0], 0, np.where(v >= _VALUES[15], 15, idx))
+    strictly nearer), 0 and 15 at the ends. Its binary search and float test come to fixed thresholds,
+    found once; a value's unit interval then gives its index with one comparison."""
+    u = np.clip(np.floor(v), F(-128), F(114)).astype(np.int64) + 128
+    return _UNIT_BASE[u] + (v >= _UNIT_STEP[u])
 
 
 def _fit(x: np.ndarray) -> np.ndarray:
