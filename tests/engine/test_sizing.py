@@ -76,7 +76,7 @@ def test_dry_run_for_a_board_shows_the_served_format(kind: str, tiny_models, cap
     out = capsys.readouterr().out
     c = load_config(folder)
     want = quantized_weight_bytes(c, kind) if kind not in ("", "f32") else c.weight_bytes
-    words = {"": "as stored: 10 float32 matrices", "f32": "float32 (model.quantization)"}.get(
+    words = {"": "stored: 10 float32 matrices", "f32": "float32 (model.quantization)"}.get(
         kind, f"{kind} (model.quantization)")
     assert f"({want} bytes held in memory), as {words}\n" in out
     # converted matrices are read as float32 one at a time: the peak is the weights and the largest one
@@ -133,3 +133,18 @@ def test_the_sizing_table_is_the_dry_runs(tmp_path: Path) -> None:
     weights, pool = line["weights"].split(" (", 1)[0], line["pool"].split(" (", 1)[0]
     seqs = line["context"].split("-> ", 1)[1].split(" sequences", 1)[0]
     assert cells[2] == weights and cells[4] == f"{pool}, {seqs}"
+
+
+def test_a_config_only_folder_is_planned_as_its_torch_dtype(tmp_path: Path) -> None:
+    """Planning for a bf16 checkpoint from its config.json alone: 16-bit matrices and a bf16 KV pool
+    (cache.dtype=auto), as loading the real folder would give; no torch_dtype plans float32."""
+    tool = load_tool()
+    for dtype, weights, kv in (("bfloat16", "BF16", "bf16"), ("float16", "F16", "f16"), (None, "float32", "f32")):
+        folder = tmp_path / str(dtype)
+        folder.mkdir()
+        cfg = dict(tool.SHAPES["Qwen2.5-1.5B-Instruct"], **({"torch_dtype": dtype} if dtype else {}))
+        (folder / "config.json").write_text(json.dumps(cfg))
+        settings = load_settings(None, {"model": {"path": str(folder)}})
+        info = factory.read_model_info(settings)
+        assert info.kv_format.name == kv
+        assert info.weight_format.endswith(f" {weights} matrices"), info.weight_format

@@ -136,7 +136,7 @@ def _folder_plan(path: Path, config: ModelConfig, kind: str) -> tuple[int, str, 
         held, words = quantized_weight_bytes(config, kind), f"{kind} (model.quantization)"
     else:
         held, formats = stored_weights(path, config)
-        words = "as stored: " + ", ".join(f"{n} {f}" for f, n in sorted(formats.items())) + " matrices"
+        words = "stored: " + ", ".join(f"{n} {f}" for f, n in sorted(formats.items())) + " matrices"
         if held == config.weight_bytes:   # nothing converted
             return held, words, held
     return held, words, held + 4 * max(rows * cols for _, rows, cols in matrix_shapes(config))

@@ -248,20 +248,31 @@ def load_weights(model_dir: str | Path, config: ModelConfig | None = None,
 
 
 
+def _config_dtype(model_dir: Path) -> str:
+    """The 16-bit kind config.json's torch_dtype (transformers 5: dtype) names, or "" for float32."""
+    try:
+        cfg = read_json(model_dir / "config.json")
+    except ModelLoadError:
+        return ""
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+    return {"bfloat16": "bf16", "float16": "f16"}.get(dtype, "") if isinstance(dtype, str) else ""
+
+
 def stored_weights(model_dir: str | Path, config: ModelConfig) -> tuple[int, dict[str, int]]:
     """What load_weights(model_dir, config) holds with model.quantization "" (as stored), from the files'
     headers alone: its bytes (float32 less half of every matrix kept in 16 bits) and its matrices by
     format ({"BF16": 120, "float32": 1}). A folder without weight files (config.json only, for planning)
-    is planned as float32."""
+    is planned as its config's torch_dtype says the checkpoint is stored (float32 if it says nothing)."""
     groups = [parts for n in range(config.num_layers) for parts in layer_matrices(config, n).values()]
     groups.append([("model.embed_tokens.weight", (config.vocab_size, config.hidden_size))])
     if not config.tie_word_embeddings:
         groups.append([("lm_head.weight", (config.vocab_size, config.hidden_size))])
     model_dir = Path(model_dir)
+    planned = ""
     try:
         files = _safetensors_files(model_dir) if matrix_rule("") is not None else []
     except ModelLoadError:
-        files = []
+        files, planned = [], _config_dtype(model_dir)
     t = _Tensors(files, model_dir)
     try:
         saved = 0
@@ -270,6 +281,8 @@ def stored_weights(model_dir: str | Path, config: ModelConfig) -> tuple[int, dic
             kind = ""
             if all(name in t for name, _ in parts):
                 kind = kept_kind({t.entries[name].dtype for name, _ in parts})
+            elif planned:
+                kind = planned
             if kind:
                 saved += 2 * sum(math.prod(shape) for _, shape in parts)
             name = kind.upper() if kind else "float32"
