@@ -1,5 +1,6 @@
-"""nvllm models pull | list | synthesize: the models the registry knows, fetched into and listed from a
-folder; and random-weight GGUFs of real models' shapes, for benchmarks without downloads."""
+"""nvllm models pull | list | synthesize | quantize: the models the registry knows, fetched into and listed
+from a folder; random-weight GGUFs of real models' shapes, for benchmarks without downloads; and a GGUF
+written again in another file type, as llama.cpp's quantize tool writes it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from nvllm.config import DEFAULT_MODEL
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    m = sub.add_parser("models", help="pull, list or synthesize models")
+    m = sub.add_parser("models", help="pull, list, synthesize or quantize models")
     msub = m.add_subparsers(dest="action", required=True)
     mp = msub.add_parser("pull", help="fetch a known model's GGUF into DIR (the folder too with --folder)")
     mp.add_argument("name")
@@ -33,6 +34,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ms.add_argument("--out", required=True, help="the GGUF file to write")
     ms.add_argument("--seed", type=int, default=0)
     ms.add_argument("--quiet", action="store_true")
+    mq = msub.add_parser("quantize", help="write a GGUF again in another file type",
+                         description="A GGUF written again in --type, each tensor in the type llama.cpp's "
+                                     "quantize tool picks for it (from F16 or F32, its very bytes). From a "
+                                     "quantized file the values are read back and quantized again, as "
+                                     "llama-quantize --allow-requantize does: quality is lost twice.")
+    mq.add_argument("src", help="the GGUF file to read")
+    mq.add_argument("--type", required=True, help=", ".join(_file_types()))
+    mq.add_argument("--out", required=True, help="the GGUF file to write")
     m.set_defaults(func=cmd_models)
 
 
@@ -40,6 +49,37 @@ def _shape_names() -> list[str]:
     from nvllm.model.synthetic.shapes import SHAPES
 
     return list(SHAPES)
+
+
+def _file_types() -> list[str]:
+    from nvllm.model.synthetic.mixture import FILE_TYPES
+
+    return list(FILE_TYPES)
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nvllm.model.synthetic.mixture import FILE_TYPES
+    from nvllm.model.synthetic.requantize import requantize
+
+    if args.type not in FILE_TYPES:
+        print(f"nvllm models quantize: --type must be one of {', '.join(FILE_TYPES)}, got {args.type!r}",
+              file=sys.stderr)
+        return 2
+    if Path(args.out).resolve() == Path(args.src).resolve():
+        print("nvllm models quantize: --out must not be the file being read", file=sys.stderr)
+        return 2
+    try:
+        path = requantize(Path(args.src), args.type, Path(args.out))
+    except OSError as e:
+        print(f"nvllm models quantize: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except ValueError as e:   # the loader's GGUFError, UnsupportedTensorType, ModelLoadError: each says what
+        print(f"nvllm models quantize: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
@@ -70,6 +110,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     if args.action == "synthesize":
         return cmd_synthesize(args)
+    if args.action == "quantize":
+        return cmd_quantize(args)
     if args.action == "pull":
         try:
             path = registry.pull(args.name, args.dir, progress=not args.quiet, folder=args.folder)

@@ -1,15 +1,16 @@
 """Which block format each tensor gets, as llama.cpp's quantize tool chooses it for a file type.
 
 A transcription of its rules (llama_tensor_get_type in llama-quant.cpp, for dense models without an
-importance matrix) for the file types synthesize writes. For Q4_K_M: Q4_K, but Q6_K for the output
-matrix (the embedding when the two are tied), and for attn_v and ffn_down in the layers use_more_bits
-picks. Q3_K_M: Q3_K, with Q5_K for the first two attn_v and the first sixteenth of ffn_down, Q4_K for
-the other attn_v and ffn_down and every attn_output. Q2_K: Q2_K, with Q3_K for ffn_down and attn_output,
-and for attn_v Q3_K, or Q4_K where four or more heads share a KV head. IQ4_NL and IQ4_XS: their own type,
-with Q5_K for the first eighth of ffn_down and, where four or more heads share a KV head, every attn_v.
-All but F16 and Q8_0 take Q6_K for the output matrix. A matrix whose rows do not split into its type's
-blocks falls back (IQ4_XS -> IQ4_NL, Q2_K and Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then
-F16), so on a 896-wide model most of Q4_K_M is Q5_0 and Q8_0. Norms, biases and every 1-D tensor stay F32.
+importance matrix) for the file types synthesize and requantize write. For Q4_K_M: Q4_K, but Q6_K for
+the output matrix (the embedding when the two are tied), and for attn_v and ffn_down in the layers
+use_more_bits picks. Q3_K_M: Q3_K, with Q5_K for the first two attn_v and the first sixteenth of
+ffn_down, Q4_K for the other attn_v and ffn_down and every attn_output. Q2_K: Q2_K, with Q3_K for
+ffn_down and attn_output, and for attn_v Q3_K, or Q4_K where four or more heads share a KV head. IQ4_NL
+and IQ4_XS: their own type, with Q5_K for the first eighth of ffn_down and, where four or more heads
+share a KV head, every attn_v. Q5_0: Q5_0. All but F32, F16 and Q8_0 take Q6_K for the output matrix.
+A matrix whose rows do not split into its type's blocks falls back (IQ4_XS -> IQ4_NL, Q2_K and Q3_K ->
+Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16), so on a 896-wide model most of Q4_K_M is Q5_0
+and Q8_0. Norms, biases and every 1-D tensor stay F32.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 from nvllm.model.quant.formats import FORMATS
 
 # llama_ftype's values, for general.file_type
-FILE_TYPES: dict[str, int] = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15, "Q3_K_M": 12, "Q2_K": 10, "IQ4_XS": 30,
-                              "IQ4_NL": 25}
-_DEFAULT = {"F16": "F16", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K",
-            "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL"}
+FILE_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "Q8_0": 7, "Q5_0": 8, "Q4_K_M": 15, "Q3_K_M": 12, "Q2_K": 10,
+                              "IQ4_XS": 30, "IQ4_NL": 25}
+_DEFAULT = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q4_K_M": "Q4_K", "Q3_K_M": "Q3_K",
+            "Q2_K": "Q2_K", "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL"}
 _FALLBACK = {"IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 _BLOCK = {f.name: f.block_elems for f in FORMATS.values()}
 _IQ4 = ("IQ4_NL", "IQ4_XS")
@@ -85,7 +86,7 @@ def tensor_types(file_type: str, tensors: list[TensorSpec], layers: int, gqa: in
             continue
         new = _DEFAULT[file_type]
         row = t.shape[-1]
-        if file_type != "F16":
+        if file_type not in ("F32", "F16"):
             if t.role == "output" or (tied and t.role == "token_embd"):
                 if row % _BLOCK[new]:
                     new = "Q8_0"

@@ -1,0 +1,47 @@
+"""The GGUFs that hold the low-bit types to transformers (tests/golden/make_golden_gguf.py writes their
+goldens, tests/model/test_golden_gguf_types.py checks nvllm against them). Both sides make the files
+the same way, with nvllm's quantizers, whose output is llama-quantize's byte for byte:
+
+- SmolLM2: the shipped Q4_1 file written again in each file type (`nvllm models quantize`, as
+  llama-quantize --allow-requantize). Its 576-wide rows make most tensors fall back to other types.
+- tiny256: a random float32 model whose rows are multiples of 256 (helpers/gguf_util.write_random_gguf),
+  written in each file type, so that every tensor can take the type itself.
+
+A golden records each file's tensors_sha256: if the quantizers or the shipped file change, the test
+says the golden is stale rather than failing on a token.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import gguf
+from gguf import GGMLQuantizationType as T
+
+from helpers.gguf_util import write_random_gguf
+from nvllm.model.synthetic.requantize import requantize
+
+FILE_TYPES = ("Q5_0", "IQ4_NL", "Q3_K_M", "Q2_K", "IQ4_XS")
+TINY256 = {"hidden": 256, "intermediate": 512, "heads": 4, "kv_heads": 2, "layers": 2, "vocab": 64, "seed": 7}
+GREEDY_TOKENS = 32
+# Greedy cases kept only where every step's top-1 leads the top-2 by more than this: the default
+# (16-bit x) path moves logits by up to ~0.007 on these files, so a narrower lead is a coin toss.
+CLEAR_MARGIN = 0.02
+
+
+def tensors_sha256(path: Path) -> str:
+    """sha256 over every tensor's name, type, shape and bytes, in file order (metadata left out)."""
+    h = hashlib.sha256()
+    for t in gguf.GGUFReader(str(path)).tensors:
+        h.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}\n".encode())
+        h.update(t.data.tobytes())
+    return h.hexdigest()
+
+
+def smollm2_files(shipped: Path, out: Path) -> dict[str, Path]:
+    return {t: requantize(shipped, t, out / f"smollm2-{t}.gguf") for t in FILE_TYPES}
+
+
+def tiny256_files(out: Path) -> dict[str, Path]:
+    base = write_random_gguf(out / "tiny256-F32.gguf", T.F32, **TINY256)
+    return {t: requantize(base, t, out / f"tiny256-{t}.gguf") for t in FILE_TYPES}
