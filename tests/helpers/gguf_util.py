@@ -209,11 +209,14 @@ def write_random_gguf(out: Path, qtype: T, arch: str = "llama", *, hidden: int =
            "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
            "rms_norm_eps": 1e-6, "vocab_size": vocab, "rope_theta": rope_theta, "rope_scaling": rope_scaling}
     add_hparams(w, cfg, arch, qtype)
-    tokens: list[str] = [f"t{i}" for i in range(vocab)]
+    # whole tokens t2, t3, ... and one merge (t + 3 -> t3) from ids 0 and 1: a BPE the loader can build,
+    # enough to serve ids and read them back
+    tokens: list[str] = ["t", "3"] + [f"t{i}" for i in range(2, vocab)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(PRE[arch])
     w.add_token_list(tokens)
     w.add_token_types([1] * vocab)
+    w.add_token_merges(["t 3"])
     w.add_eos_token_id(vocab - 1)
 
     def matrix(name: str, shape: tuple) -> None:

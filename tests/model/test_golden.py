@@ -31,23 +31,6 @@ MODEL_PARAMS = [pytest.param((n, f), marks=[] if n == "smollm2-135m-instruct" el
                              id=f"{n}-{f}") for n in MODELS for f in FORMS]
 
 
-@pytest.fixture
-def exact_float_matmuls():
-    """The GGUF forms' logits are held to transformers within 1e-3 on the exact float path: Q8_0, Q4_0 and
-    Q4_1 decoded to float, x kept float32. Their default, x quantized to 16 bits, moves SmolLM2's logits by
-    up to ~0.007 and is held to its own rule (tests/model/test_qdot.py); the greedy continuations below run on
-    the default path and must still be transformers' token for token."""
-    from nvllm.model.kernels import matmul as mk
-
-    if mk.lib is None:
-        yield
-        return
-    lib, was = mk.lib, mk.lib.qdot_variant(-1)
-    lib.qdot_variant(0)                                     # float; kernel_path may take mk.lib away meanwhile
-    yield
-    lib.qdot_variant(was)
-
-
 def model_path(name: str, form: str, request) -> Path:
     if name == "smollm2-135m-instruct":
         return request.getfixturevalue("smollm2" if form == "folder" else "smollm2_gguf")

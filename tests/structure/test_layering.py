@@ -38,7 +38,7 @@ ROOMS = {
     "kernels": {M + "quant"},                                    # C and its wrappers and twins
     "matrix": {M + "kernels", M + "quant"},                      # a weight that multiplies itself
     "weights": {M + "config", M + "matrix", M + "kernels", M + "quant"},   # weight files -> weights
-    "synthetic": {M + "quant"},                                  # random-weight GGUFs of real shapes
+    "synthetic": {M + "quant", M + "weights"},                   # GGUFs as llama.cpp's tools write them
 }
 
 
