@@ -15,7 +15,8 @@ from typing import Any, cast
 
 from nvllm.config import load_settings
 from nvllm.engine.factory import build_engine
-from nvllm.engine.llm_engine import LLMEngine, Prompt
+from nvllm.engine.llm_engine import LLMEngine
+from nvllm.engine.prompt import Prompt
 from nvllm.engine.sequence import RequestOutput, TokenLogprob
 from nvllm.sampling_params import SamplingParams
 
@@ -75,19 +76,23 @@ class LLM:
         self._ids = itertools.count()
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
-               params: SamplingParams | Sequence[SamplingParams] | None = None
-               ) -> Iterator[tuple[int, RequestOutput]]:
-        """All prompts through one engine, batched; yields (prompt index, delta) as they come."""
+               params: SamplingParams | Sequence[SamplingParams] | None = None,
+               priority: Sequence[int] | None = None) -> Iterator[tuple[int, RequestOutput]]:
+        """All prompts through one engine, batched; yields (prompt index, delta) as they come.
+        `priority`: one per prompt, lower runs earlier (vLLM's rule); all 0 by default."""
         batch = _prompt_list(prompts)
         per_prompt: Sequence[SamplingParams | None] = (
             [params] * len(batch) if params is None or isinstance(params, SamplingParams) else params)
         if len(per_prompt) != len(batch):
             raise ValueError(f"{len(per_prompt)} SamplingParams for {len(batch)} prompts")
+        priorities = [0] * len(batch) if priority is None else list(priority)
+        if len(priorities) != len(batch):
+            raise ValueError(f"{len(priorities)} priorities for {len(batch)} prompts")
         index: dict[str, int] = {}
         try:
-            for i, (prompt, p) in enumerate(zip(batch, per_prompt)):
+            for i, (prompt, p, rank) in enumerate(zip(batch, per_prompt, priorities)):
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, prompt, p)
+                self.engine.add_request(rid, prompt, p, rank)
                 index[rid] = i
             while self.engine.has_unfinished():
                 for out in self.engine.step():
@@ -99,11 +104,12 @@ class LLM:
                 self.engine.step()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[CompletionOutput]:
         """One result per prompt, in order."""
         batch = _prompt_list(prompts)
         results: list[CompletionOutput | None] = [None] * len(batch)
-        for i, out in self.stream(batch, params):
+        for i, out in self.stream(batch, params, priority):
             result = results[i]
             if result is None:
                 result = results[i] = CompletionOutput(out.request_id)

@@ -101,3 +101,15 @@ def test_cli_writes_the_file_and_refuses_clearly(source, tmp_path):
     r = run(str(bad), "--type", "Q8_0", "--out", str(tmp_path / "y.gguf"))
     assert r.returncode == 1 and "Traceback" not in r.stderr and str(bad) in r.stderr
     assert not list(tmp_path.glob("y.gguf*"))
+
+
+def test_the_help_names_every_file_type() -> None:
+    """The CLI's help is written out (building it must not import NumPy); it lists what requantize takes."""
+    from nvllm.model.synthetic.mixture import FILE_TYPES
+
+    for action in ("quantize", "synthesize"):
+        r = subprocess.run([sys.executable, "-m", "nvllm.cli", "models", action, "--help"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0
+        listed = r.stdout.replace("\n", " ").replace("or ", ", ")
+        assert all(f" {t}," in listed or f" {t} " in listed for t in FILE_TYPES), (action, r.stdout)

@@ -209,7 +209,7 @@ def test_cli_writes_and_refuses_clearly(tmp_path, capsys):
     assert "unknown shape 'qwen9-7b'; known: qwen2.5-0.5b" in capsys.readouterr().err
     assert cli.main(["models", "synthesize", "qwen2.5-0.5b", "--type", "Q3_K_S", "--out",
                      str(tmp_path / "x.gguf")]) == 2
-    assert "--type must be one of F16, Q8_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS, IQ4_NL" in capsys.readouterr().err
+    assert "--type must be one of F32, F16, Q8_0, Q5_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS, IQ4_NL" in capsys.readouterr().err
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert cli.main(["models", "synthesize", "smollm2-360m", "--out", str(blocked / "x.gguf"), "--quiet"]) == 1

@@ -184,6 +184,7 @@ async def churn_one(address: str, shared: grpc.aio.Channel, rng: random.Random, 
     kind = rng.choices(KINDS, WEIGHTS)[0]
     req = request(f"churn {i} " + "word " * rng.randint(0, 40), max_tokens=rng.randint(1, 32),
                   temperature=rng.choice([0.0, 0.8]), seed=i, ignore_eos=rng.random() < 0.5)
+    req.priority = rng.choice([0, 0, 0, 1, -1, 5])   # priority preemption in the churn too
     if kind == "complete":
         r = await run_call(pb_grpc.GeneratorStub(shared), req, 120)
         assert r.code == grpc.StatusCode.OK, (r.code, r.details)
@@ -265,9 +266,10 @@ def interleaved_rates(a: str, b: str, rounds: int = 5) -> tuple[float, float]:
 
 
 def test_churn_2000_requests_leaks_nothing(tiny: Path, tmp_path: Path, offline, reliability) -> None:
-    """2,000 requests of which most are cancelled, run past their deadline or lose their connection:
-    every page comes back, the per-client stream count comes back to zero, the resident set stays
-    within 5% of its size after warm-up, and the engine is as fast at the end as a fresh daemon's.
+    """2,000 requests of mixed priorities (so some preempt others), most of them cancelled, run past
+    their deadline or cut off with their connection: every page comes back, the per-client stream
+    count comes back to zero, the resident set stays within 5% of its size after warm-up, and the
+    engine is as fast at the end as a fresh daemon's.
 
     Speed is compared with a fresh daemon measured in turns with the churned one rather than with the
     churned one's own speed before: on a shared machine the load changes more between "before" and

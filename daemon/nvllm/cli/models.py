@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                      "and memory figures without downloading weights (its answers are noise).")
     ms.add_argument("shape", help="one of " + ", ".join(_shape_names()))
     ms.add_argument("--type", default="Q4_K_M",
-                    help="F16, Q8_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS or IQ4_NL (default Q4_K_M)")
+                    help="F32, F16, Q8_0, Q5_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS or IQ4_NL (default Q4_K_M)")
     ms.add_argument("--out", required=True, help="the GGUF file to write")
     ms.add_argument("--seed", type=int, default=0)
     ms.add_argument("--quiet", action="store_true")
@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                      "quantized file the values are read back and quantized again, as "
                                      "llama-quantize --allow-requantize does: quality is lost twice.")
     mq.add_argument("src", help="the GGUF file to read")
-    mq.add_argument("--type", required=True, help=", ".join(_file_types()))
+    mq.add_argument("--type", required=True,
+                    help="F32, F16, Q8_0, Q5_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS or IQ4_NL")
     mq.add_argument("--out", required=True, help="the GGUF file to write")
     m.set_defaults(func=cmd_models)
 
@@ -49,12 +50,6 @@ def _shape_names() -> list[str]:
     from nvllm.model.synthetic.shapes import SHAPES
 
     return list(SHAPES)
-
-
-def _file_types() -> list[str]:
-    from nvllm.model.synthetic.mixture import FILE_TYPES
-
-    return list(FILE_TYPES)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:

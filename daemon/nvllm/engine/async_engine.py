@@ -186,9 +186,10 @@ class AsyncEngine:
             snap["waiting"] = snap.get("waiting", 0) + self._pending_adds
         return snap
 
-    def make_sequence(self, request_id: str, prompt: str | list[int], params: Any = None) -> Sequence:
+    def make_sequence(self, request_id: str, prompt: str | list[int], params: Any = None,
+                      priority: int = 0) -> Sequence:
         """Validate and tokenize (InvalidParameter on a bad request); safe off the engine thread."""
-        return self.engine.make_sequence(request_id, prompt, params)
+        return self.engine.make_sequence(request_id, prompt, params, priority)
 
     def add(self, seq: Sequence) -> RequestStream:
         """Queue `seq` now and return its stream of outputs (iterate it with `async for`).

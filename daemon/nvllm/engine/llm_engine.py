@@ -15,8 +15,9 @@ import numpy as np
 from nvllm.config import Settings
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.pool_backing import PoolBacking
+from nvllm.engine.prompt import Prompt, prompt_ids
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
-from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob
+from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob, check_priority
 from nvllm.engine.structured import StructuredCompiler
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.kernels import matmul, threads
@@ -30,11 +31,6 @@ from nvllm.text.tokenizer import Tokenizer
 log = logging.getLogger("nvllm.engine")
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-
-# What a request may give as its prompt: text, token ids, or {"prompt": text},
-# {"prompt_token_ids": [...]}, {"messages": [...]} (rendered here with the model's chat template).
-Prompt = str | list[int] | Mapping[str, Any]
-
 
 class LLMEngine:
     """Built by engine/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
@@ -54,7 +50,8 @@ class LLMEngine:
                           None if backing is None else backing.backed)
         self.block_manager = bm
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
-                                   settings.scheduler.max_num_batched_tokens)
+                                   settings.scheduler.max_num_batched_tokens,
+                                   settings.scheduler.priority_aging_steps)
         self.generation_defaults = dict(generation_defaults or {})
         self.eos_token_ids = frozenset(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}      # every unfinished request, by id
@@ -90,9 +87,11 @@ class LLMEngine:
             max_stop_string_chars=limits.max_stop_string_chars,
             vocab_size=self.model.config.vocab_size, max_model_len=self.max_model_len)
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
-        """Queue a request; refuses (InvalidParameter) one that is malformed or can never fit."""
-        self.add_sequence(self.make_sequence(request_id, prompt, params))
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    priority: int = 0) -> None:
+        """Queue a request; refuses (InvalidParameter) one that is malformed or can never fit. Lower
+        priority runs earlier (vLLM's rule)."""
+        self.add_sequence(self.make_sequence(request_id, prompt, params, priority))
 
     def add_sequence(self, seq: Sequence) -> None:
         if seq.request_id in self.seqs:
@@ -101,48 +100,13 @@ class LLMEngine:
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def prompt_ids(self, prompt: Prompt) -> tuple[str, list[int]]:
-        """(the field the prompt came in, its token ids): text is tokenized and chat messages rendered
-        with the model's template here, the one place a request becomes tokens."""
-        if isinstance(prompt, str):
-            prompt = {"prompt": prompt}
-        elif isinstance(prompt, (list, tuple)):
-            prompt = {"prompt_token_ids": prompt}
-        # Chat messages may come with OpenAI's tools, which the template renders (or the system message describes).
-        tools = prompt.get("tools") if isinstance(prompt, Mapping) and "messages" in prompt else None
-        if isinstance(prompt, Mapping) and "tools" in prompt and "messages" in prompt:
-            prompt = {"messages": prompt["messages"]}
-        if not isinstance(prompt, Mapping) or len(prompt) != 1 or \
-                next(iter(prompt)) not in ("prompt", "prompt_token_ids", "messages"):
-            raise InvalidParameter("prompt", prompt, 'text, token ids, or one of {"prompt": ...}, '
-                                   '{"prompt_token_ids": [...]} or {"messages": [...]} (with "tools": [...])')
-        field, value = next(iter(prompt.items()))
-        if field == "prompt":
-            if not isinstance(value, str):
-                raise InvalidParameter(field, value, "a string")
-            return field, self.tokenizer.encode(value) if value else []
-        if field == "messages":
-            try:
-                return field, self.tokenizer.encode_chat(value, tools=tools)
-            except ValueError as e:
-                text = str(e)
-                if text.startswith("tools"):
-                    raise InvalidParameter("tools", tools, text, message=text) from None
-                raise InvalidParameter(field, value, text, message=text if text.startswith(field)
-                                       else f"{field}: {text}") from None
-        vocab = self.model.config.vocab_size
-        ids = []
-        for t in value:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
-                raise InvalidParameter(field, t, f"token ids in [0, {vocab})")
-            ids.append(int(t))
-        return field, ids
-
-    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> Sequence:
+    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                      priority: int = 0) -> Sequence:
         """Validate a request, render and tokenize its prompt, and build its sequence. Reads no engine
         state that steps change, so another thread may call it while the engine runs."""
+        priority = check_priority(priority)
         params = self.make_params(params)
-        field, ids = self.prompt_ids(prompt)
+        field, ids = prompt_ids(self.tokenizer, self.model.config.vocab_size, prompt)
         if not ids:
             raise InvalidParameter(field, "", "non-empty")
         vocab = self.model.config.vocab_size
@@ -164,7 +128,7 @@ class LLMEngine:
                                    f"by {n + params.max_tokens - self.max_model_len})")
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
-        seq = Sequence(request_id, ids, params, detok, self.eos_token_ids, seed)
+        seq = Sequence(request_id, ids, params, detok, self.eos_token_ids, seed, priority)
         if params.structured is not None:   # compiled here, off the engine thread, in bounded time
             seq.structured = self.structured.matcher(params.structured)
         return seq

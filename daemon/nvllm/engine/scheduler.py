@@ -1,16 +1,22 @@
 """Continuous batching: which tokens of which sequences run in the next forward pass.
 
 Each step has a token budget. Running sequences go first (a decode token each, or the next chunk of a
-prompt still being prefilled), then waiting sequences are admitted in arrival order with as much of
-their prompt as the budget leaves (chunked prefill), so decodes are never starved by a long prompt.
-Pages are registered in the prefix cache as they are allocated, so a request admitted after another in
-the same step already reuses the blocks that one computes in this step.
-When a running sequence needs a page and none is free, the most recently admitted sequence is
-preempted by recompute: its pages are freed and it goes back to the head of the queue.
+prompt still being prefilled), then waiting sequences are admitted by priority (lower runs earlier,
+vLLM's rule), then arrival, with as much of their prompt as the budget leaves (chunked prefill), so
+decodes are never starved by a long prompt. Pages are registered in the prefix cache as they are
+allocated, so a request admitted after another in the same step already reuses the blocks that one
+computes in this step.
+Running sequences are kept by the rank they were admitted at, then admission: when one needs a page and
+none is free, the last (lowest priority, most recently admitted) is preempted by recompute: its pages are freed and it
+goes back to the queue. A waiting request that outranks the last running one takes its seat and pages
+the same way when the batch or the pool is full.
+A request waiting does not starve: its priority class ranks one level higher for every `aging_steps`
+steps its oldest member has waited (0: strict priority), so it ends up first whatever keeps arriving.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,15 +38,24 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 aging_steps: int = 0) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.aging_steps = aging_steps
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []    # in admission order: the last is preempted first
+        self.running: list[Sequence] = []    # by (rank, admission): the last is preempted first
         self.num_preemptions = 0
+        self.steps = 0
+        self._arrivals = 0
+        self._admissions = 0
+        self._bonus: dict[int, int] = {}      # priority -> levels its waiting class has gained this step
 
     def add(self, seq: Sequence) -> None:
+        seq.arrival = self._arrivals
+        self._arrivals += 1
+        seq.waiting_since = self.steps
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -49,23 +64,55 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
+        seq.waiting_since = self.steps
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _order_waiting(self) -> None:
+        """Waiting sequences by rank, then arrival. With one priority among them the queue keeps its
+        order (arrivals appended, preempted ones at the head)."""
+        classes = {s.priority for s in self.waiting}
+        self._bonus = {}
+        if self.aging_steps:
+            for p in classes:
+                waited = self.steps - min(s.waiting_since for s in self.waiting if s.priority == p)
+                self._bonus[p] = waited // self.aging_steps
+        if len(classes) > 1:
+            self.waiting = deque(sorted(self.waiting, key=lambda s: (self._rank(s), s.arrival)))
+
+    def _rank(self, seq: Sequence) -> int:
+        """A waiting sequence's priority less what its class has gained by waiting."""
+        return seq.priority - self._bonus.get(seq.priority, 0)
+
+    def _head_outranks(self, victim: Sequence) -> bool:
+        """Whether the head of the queue may take running `victim`'s seat and pages: it ranks strictly
+        above the rank `victim` was admitted at, and is of another priority (within one priority the
+        queue waits its turn, so aging never swaps equals back and forth)."""
+        head = self.waiting[0]
+        return head.priority != victim.priority and self._rank(head) < victim.rank
+
+    def _run(self, seq: Sequence) -> None:
+        seq.rank = self._rank(seq)
+        seq.admission = self._admissions
+        self._admissions += 1
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: (s.rank, s.admission))
+
     def schedule(self) -> ScheduledBatch:
+        self.steps += 1
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         scheduled: list[Sequence] = []
         counts: list[int] = []
 
-        # 1. Running sequences, oldest first.
+        # 1. Running sequences, highest priority and oldest first.
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
             while not bm.ensure_slots(seq, seq.num_computed_tokens + n):
-                victim = self.running.pop()          # the newest
+                victim = self.running.pop()          # the lowest priority, newest
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -78,26 +125,50 @@ class Scheduler:
                 continue
             break  # seq itself was preempted; everything after it already was too
 
-        # 2. Waiting sequences, in arrival order, while budget, seats and pages last.
-        # Nothing new is admitted in a step that had to preempt: pages are short already.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+        # 2. Waiting sequences, by priority and arrival, while budget, seats and pages last. In a step
+        # that had to preempt pages are short already: only a request that outranks a running one
+        # is admitted then, in its place.
+        self._order_waiting()
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            outranks = bool(self.running) and self._head_outranks(self.running[-1])
+            if preempted and not outranks:
+                break
+            if len(self.running) >= self.max_num_seqs:
+                if not outranks:
+                    break
+                budget += self._unseat(self.running[-1], scheduled, counts)
+                continue
             # Hits may include blocks that sequences scheduled earlier in this step compute now.
             hits = bm.lookup(seq)
             cached = len(hits) * bm.block_size
             n = min(seq.num_tokens - cached, budget)
             if not bm.admit(seq, hits, cached + n, record=not seq.admitted_once):
-                break  # not enough pages yet; nothing was taken
+                if not outranks:
+                    break  # not enough pages yet; nothing was taken
+                budget += self._unseat(self.running[-1], scheduled, counts)
+                continue
             if not seq.admitted_once:
                 seq.num_cached_tokens = cached
                 seq.admitted_once = True
             self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._run(seq)
             scheduled.append(seq)
             counts.append(n)
             budget -= n
         return ScheduledBatch(scheduled, counts)
+
+    def _unseat(self, victim: Sequence, scheduled: list[Sequence], counts: list[int]) -> int:
+        """Preempt running `victim` for the head of the queue; returns the budget it had this step."""
+        self.running.remove(victim)
+        given_back = 0
+        if victim in scheduled:
+            k = scheduled.index(victim)
+            given_back = counts.pop(k)
+            scheduled.pop(k)
+        self._preempt(victim)
+        self._order_waiting()
+        return given_back
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence from the queues and free its pages."""

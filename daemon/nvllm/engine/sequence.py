@@ -8,8 +8,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from nvllm.sampling_params import SamplingParams
+from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
+
+# A request's priority: lower runs earlier; the range of the gRPC field (int32).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+
+def check_priority(priority: Any) -> int:
+    """A request's priority as an int, or InvalidParameter naming the field."""
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)) \
+            or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidParameter("priority", priority, f"an integer in [{PRIORITY_MIN}, {PRIORITY_MAX}]")
+    return int(priority)
 
 
 class SequenceStatus(enum.Enum):
@@ -52,8 +63,10 @@ class RequestOutput:
 
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 detokenizer: IncrementalDetokenizer, eos_token_ids: frozenset[int], seed: int) -> None:
+                 detokenizer: IncrementalDetokenizer, eos_token_ids: frozenset[int], seed: int,
+                 priority: int = 0) -> None:
         self.request_id = request_id
+        self.priority = priority          # lower runs earlier (vLLM's rule)
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
@@ -77,6 +90,12 @@ class Sequence:
         # exactly the output tokens so far (preemption by recompute keeps them, so it keeps its state).
         self.structured: Any = None
         self.error: str | None = None     # why the engine failed the request, when it did
+        # The scheduler's bookkeeping: arrival order, the step it last began waiting, and while it
+        # runs the rank it was admitted at and its admission order.
+        self.arrival = 0
+        self.waiting_since = 0
+        self.rank = priority
+        self.admission = 0
 
     @property
     def text(self) -> str:

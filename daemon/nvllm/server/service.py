@@ -117,7 +117,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         try:
             input_field, prompt, params = read_request(request, rid, st.model_name, st.max_message_bytes)
             seq = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._make_sequence, engine, rid, input_field, prompt, params)
+                self.executor, self._make_sequence, engine, rid, input_field, prompt, params, request.priority)
         except BadRequest as e:
             log.info("refused: %s", e)
             track.refused("invalid")
@@ -160,10 +160,10 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, input_field))
 
     def _make_sequence(self, engine: AsyncEngine, rid: str, input_field: str, prompt: Any,
-                       params: SamplingParams) -> Sequence:
+                       params: SamplingParams, priority: int) -> Sequence:
         """Render chat, tokenize, validate (the engine does all three): runs in the executor."""
         try:
-            return engine.make_sequence(rid, prompt, params)
+            return engine.make_sequence(rid, prompt, params, priority)
         except InvalidParameter as e:
             raise BadRequest(proto_field(e.field, input_field), invalid_message(e, input_field)) from None
 

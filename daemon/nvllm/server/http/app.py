@@ -205,7 +205,8 @@ class OpenAIApi:
         for i in range(req.num_choices):
             prompt, params = req.choice(i)
             try:
-                seqs.append(engine.make_sequence(rid if req.num_choices == 1 else f"{rid}-{i}", prompt, params))
+                seqs.append(engine.make_sequence(rid if req.num_choices == 1 else f"{rid}-{i}", prompt, params,
+                                                 req.priority))
             except InvalidParameter as e:
                 raise invalid(e, req) from None
         return seqs

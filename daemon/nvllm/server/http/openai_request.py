@@ -33,7 +33,7 @@ SAMPLING_FIELDS: dict[str, str] = {
     "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "include_stop_str_in_output": _BOOL,
 }
 COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_ids", "max_tokens", "user",
-                 "logit_bias", *SAMPLING_FIELDS}
+                 "logit_bias", "priority", *SAMPLING_FIELDS}
 # Constraints (response_format, structured_outputs) and tools: server/http/response_format.py, tool_plan.py.
 CONSTRAINT_FIELDS = {"response_format", "structured_outputs"}
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
@@ -73,6 +73,7 @@ class ParsedRequest:
     echo: bool = False
     max_tokens_name: str = "max_tokens"  # the parameter max_tokens came in, for errors
     user: str | None = None
+    priority: int = 0                  # vLLM's: lower runs earlier; the engine checks its range
     tool_plan: ToolPlan | None = None   # chat with tools: the prompt's tools, the constraint, how calls read back
     constraint_param: str | None = None  # the parameter the engine's constraint came from, for its errors
 
@@ -202,6 +203,8 @@ def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) 
                                   code="unknown_parameter")
     if body.get("user") is not None:
         req.user = _need("user", body["user"], "a string")[:256]
+    if body.get("priority") is not None:
+        req.priority = _need("priority", body["priority"], _INT)
     return req
 
 

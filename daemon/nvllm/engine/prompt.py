@@ -1,0 +1,52 @@
+"""A request's prompt as token ids: text tokenized, chat messages rendered with the model's template
+(with OpenAI's tools), ids checked against the vocabulary. The one place a request becomes tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nvllm.sampling_params import InvalidParameter
+from nvllm.text.tokenizer import Tokenizer
+
+# What a request may give as its prompt: text, token ids, or {"prompt": text},
+# {"prompt_token_ids": [...]}, {"messages": [...]} (rendered here with the model's chat template).
+Prompt = str | list[int] | Mapping[str, Any]
+
+
+def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, list[int]]:
+    """(the field the prompt came in, its token ids); ids must lie in [0, vocab)."""
+    if isinstance(prompt, str):
+        prompt = {"prompt": prompt}
+    elif isinstance(prompt, (list, tuple)):
+        prompt = {"prompt_token_ids": prompt}
+    # Chat messages may come with OpenAI's tools, which the template renders (or the system message describes).
+    tools = prompt.get("tools") if isinstance(prompt, Mapping) and "messages" in prompt else None
+    if isinstance(prompt, Mapping) and "tools" in prompt and "messages" in prompt:
+        prompt = {"messages": prompt["messages"]}
+    if not isinstance(prompt, Mapping) or len(prompt) != 1 or \
+            next(iter(prompt)) not in ("prompt", "prompt_token_ids", "messages"):
+        raise InvalidParameter("prompt", prompt, 'text, token ids, or one of {"prompt": ...}, '
+                               '{"prompt_token_ids": [...]} or {"messages": [...]} (with "tools": [...])')
+    field, value = next(iter(prompt.items()))
+    if field == "prompt":
+        if not isinstance(value, str):
+            raise InvalidParameter(field, value, "a string")
+        return field, tokenizer.encode(value) if value else []
+    if field == "messages":
+        try:
+            return field, tokenizer.encode_chat(value, tools=tools)
+        except ValueError as e:
+            text = str(e)
+            if text.startswith("tools"):
+                raise InvalidParameter("tools", tools, text, message=text) from None
+            raise InvalidParameter(field, value, text, message=text if text.startswith(field)
+                                   else f"{field}: {text}") from None
+    ids = []
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+            raise InvalidParameter(field, t, f"token ids in [0, {vocab})")
+        ids.append(int(t))
+    return field, ids
