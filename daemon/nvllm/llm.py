@@ -90,9 +90,9 @@ class LLM:
             raise ValueError(f"{len(priorities)} priorities for {len(batch)} prompts")
         index: dict[str, int] = {}
         try:
-            for i, (prompt, p, rank) in enumerate(zip(batch, per_prompt, priorities)):
+            for i, (prompt, p, priority_i) in enumerate(zip(batch, per_prompt, priorities)):
                 rid = f"offline-{next(self._ids)}"
-                self.engine.add_request(rid, prompt, p, rank)
+                self.engine.add_request(rid, prompt, p, priority_i)
                 index[rid] = i
             while self.engine.has_unfinished():
                 for out in self.engine.step():

@@ -6,10 +6,10 @@ vLLM's rule), then arrival, with as much of their prompt as the budget leaves (c
 decodes are never starved by a long prompt. Pages are registered in the prefix cache as they are
 allocated, so a request admitted after another in the same step already reuses the blocks that one
 computes in this step.
-Running sequences are kept by the rank they were admitted at, then admission: when one needs a page and
-none is free, the last (lowest priority, most recently admitted) is preempted by recompute: its pages are freed and it
-goes back to the queue. A waiting request that outranks the last running one takes its seat and pages
-the same way when the batch or the pool is full.
+Running sequences are kept by the rank they were admitted at, then admission: when one needs a page
+and none is free, the last (lowest priority, most recently admitted) is preempted by recompute: its
+pages are freed and it goes back to the queue. A waiting request that outranks the last running one
+takes its seat and pages the same way when the batch or the pool is full.
 A request waiting does not starve: its priority class ranks one level higher for every `aging_steps`
 steps its oldest member has waited (0: strict priority), so it ends up first whatever keeps arriving.
 """
@@ -137,7 +137,7 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs:
                 if not outranks:
                     break
-                budget += self._unseat(self.running[-1], scheduled, counts)
+                budget += self._unseat(scheduled, counts)
                 continue
             # Hits may include blocks that sequences scheduled earlier in this step compute now.
             hits = bm.lookup(seq)
@@ -146,7 +146,7 @@ class Scheduler:
             if not bm.admit(seq, hits, cached + n, record=not seq.admitted_once):
                 if not outranks:
                     break  # not enough pages yet; nothing was taken
-                budget += self._unseat(self.running[-1], scheduled, counts)
+                budget += self._unseat(scheduled, counts)
                 continue
             if not seq.admitted_once:
                 seq.num_cached_tokens = cached
@@ -158,9 +158,10 @@ class Scheduler:
             budget -= n
         return ScheduledBatch(scheduled, counts)
 
-    def _unseat(self, victim: Sequence, scheduled: list[Sequence], counts: list[int]) -> int:
-        """Preempt running `victim` for the head of the queue; returns the budget it had this step."""
-        self.running.remove(victim)
+    def _unseat(self, scheduled: list[Sequence], counts: list[int]) -> int:
+        """Preempt the last running sequence for the head of the queue; returns the budget it had this
+        step."""
+        victim = self.running.pop()
         given_back = 0
         if victim in scheduled:
             k = scheduled.index(victim)

@@ -17,12 +17,12 @@ import gguf
 import numpy as np
 
 from nvllm.model.quant.dequantize import dequantize
-from nvllm.model.quant.formats import FORMATS, BlockFormat
+from nvllm.model.quant.formats import BlockFormat
 from nvllm.model.quant.quantize import quantize
 from nvllm.model.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
+from nvllm.model.synthetic.writer import BY_NAME, write_header
 from nvllm.model.weights.gguf_file import read_gguf
 
-_BY_NAME = {f.name: f for f in FORMATS.values()}
 _ROWS_VALUES = 1 << 22  # values read back and quantized at a time
 _LAYER = re.compile(r"blk\.(\d+)\.")
 _LAYER_ROLE = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
@@ -94,17 +94,9 @@ def requantize(src: Path, file_type: str, out: Path) -> Path:
         _copy_metadata(src, w)
         w.add_file_type(FILE_TYPES[file_type])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        write_header(w, specs, types)
         for spec, t in zip(specs, types):
-            fmt = _BY_NAME[t]
-            row_bytes = spec.shape[-1] // fmt.block_elems * fmt.block_bytes
-            rows = int(np.prod(spec.shape[:-1], dtype=np.int64))
-            w.add_tensor_info(spec.name, [*spec.shape[:-1], row_bytes], np.dtype(np.uint8), rows * row_bytes,
-                              raw_dtype=gguf.GGMLQuantizationType[t])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for spec, t in zip(specs, types):
-            w.write_tensor_data(_requantized(*model.tensors[spec.name], _BY_NAME[t]))
+            w.write_tensor_data(_requantized(*model.tensors[spec.name], BY_NAME[t]))
             model.release(model.tensors[spec.name][1])
         w.close()
     except BaseException:

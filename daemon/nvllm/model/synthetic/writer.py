@@ -25,7 +25,7 @@ from nvllm.model.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
 from nvllm.model.synthetic.shapes import Shape
 from nvllm.model.synthetic.vocab import vocabulary
 
-_BY_NAME = {f.name: f for f in FORMATS.values()}
+BY_NAME = {f.name: f for f in FORMATS.values()}
 _ROWS_VALUES = 1 << 22  # values drawn and quantized at a time
 
 
@@ -91,7 +91,7 @@ def _values(shape: Shape, spec: TensorSpec, rng: np.random.Generator, rows: int)
 def _encoded(shape: Shape, spec: TensorSpec, type_name: str, seed: int, index: int) -> np.ndarray:
     """The tensor's bytes in `type_name`, drawn and quantized a slice of rows at a time."""
     rng = np.random.default_rng([seed, index])
-    fmt = _BY_NAME[type_name]
+    fmt = BY_NAME[type_name]
     if len(spec.shape) == 1:
         return quantize(fmt, _values(shape, spec, rng, 1).reshape(1, -1)).reshape(-1)
     rows, n = spec.shape
@@ -133,6 +133,20 @@ def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> No
     w.add_chat_template(shape.chat_template)
 
 
+def write_header(w: gguf.GGUFWriter, specs: list[TensorSpec], types: list[str]) -> None:
+    """Every tensor's name, shape and type, then the header, metadata and tensor infos: the tensors'
+    bytes follow one at a time (write_tensor_data), so no tensor need be held whole."""
+    for spec, t in zip(specs, types):
+        fmt = BY_NAME[t]
+        row_bytes = spec.shape[-1] // fmt.block_elems * fmt.block_bytes
+        rows = int(np.prod(spec.shape[:-1], dtype=np.int64))
+        w.add_tensor_info(spec.name, [*spec.shape[:-1], row_bytes], np.dtype(np.uint8), rows * row_bytes,
+                          raw_dtype=gguf.GGMLQuantizationType[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+
+
 def synthesize(shape: Shape, file_type: str, out: Path, seed: int = 0, progress: bool = False) -> Path:
     """Write the file; returns its path. Tensors are drawn, quantized and written one at a time, so the
     memory held is one tensor's blocks."""
@@ -143,15 +157,7 @@ def synthesize(shape: Shape, file_type: str, out: Path, seed: int = 0, progress:
     try:
         w = gguf.GGUFWriter(str(tmp), shape.arch)
         _metadata(w, shape, file_type, seed)
-        for spec, t in zip(specs, types):
-            fmt = _BY_NAME[t]
-            row_bytes = spec.shape[-1] // fmt.block_elems * fmt.block_bytes
-            rows = spec.shape[0] if len(spec.shape) == 2 else 1
-            w.add_tensor_info(spec.name, [*spec.shape[:-1], row_bytes], np.dtype(np.uint8), rows * row_bytes,
-                              raw_dtype=gguf.GGMLQuantizationType[t])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
+        write_header(w, specs, types)
         start = time.monotonic()
         for i, (spec, t) in enumerate(zip(specs, types)):
             w.write_tensor_data(_encoded(shape, spec, t, seed, i))
