@@ -149,6 +149,20 @@ class SchedulerSettings:
 
 
 @dataclass
+class SpeculativeSettings:
+    # "ngram": tokens proposed from the sequence's own prompt and output (vLLM's prompt lookup); "none": off.
+    method: str = field(default="none", metadata=one_of("none", "ngram"))
+    # Tokens proposed per step, all verified in one forward pass (vLLM's num_speculative_tokens).
+    num_tokens: int = field(default=4, metadata=between(1, 16))
+    # The n-gram that must recur for a proposal: the longest of these lengths that matches is used.
+    prompt_lookup_min: int = field(default=2, metadata=between(1, 16))
+    prompt_lookup_max: int = field(default=4, metadata=between(1, 16))
+    # Off for a step with more running sequences than this (vLLM's disable_by_batch_size): a large
+    # batch already reads each weight once for many rows, so extra rows cost more than they save.
+    disable_by_batch_size: int = field(default=4, metadata=at_least(1))
+
+
+@dataclass
 class ServerSettings:
     # host:port, or unix:/path/to/socket
     listen: str = field(default="127.0.0.1:50051", metadata=NON_EMPTY)
@@ -201,6 +215,7 @@ class Settings:
     model: ModelSettings = field(default_factory=ModelSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
@@ -375,5 +390,9 @@ def validate(s: Settings) -> None:
     need(s.scheduler.max_num_batched_tokens >= s.cache.block_size,
          f"scheduler.max_num_batched_tokens must be >= cache.block_size ({s.cache.block_size}), "
          f"got {s.scheduler.max_num_batched_tokens}")
+    sp = s.speculative
+    need(sp.prompt_lookup_min <= sp.prompt_lookup_max,
+         f"speculative.prompt_lookup_min ({sp.prompt_lookup_min}) must be <= speculative.prompt_lookup_max "
+         f"({sp.prompt_lookup_max})")
     need(s.watchdog.low_mb <= s.watchdog.high_mb,
          f"watchdog.low_mb ({s.watchdog.low_mb}) must be <= watchdog.high_mb ({s.watchdog.high_mb})")

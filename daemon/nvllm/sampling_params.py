@@ -192,6 +192,8 @@ class SamplingParams:
     logprobs: int | None = None  # top-N alternatives per token; the chosen token's always when set
     structured: StructuredSpec | None = None  # constrain the output (JSON Schema, regex, choice, grammar)
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before any other step
+    # Speculative decoding never changes the output; a request may still opt out (to time the model alone).
+    disable_speculation: bool = False
 
     def __post_init__(self) -> None:
         self.structured = _structured(self.structured)
@@ -251,6 +253,7 @@ class SamplingParams:
         _flag("ignore_eos", self.ignore_eos)
         _flag("include_stop_str_in_output", self.include_stop_str_in_output)
         _flag("skip_special_tokens", self.skip_special_tokens)
+        _flag("disable_speculation", self.disable_speculation)
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS,
                      f"an integer in [0, {MAX_LOGPROBS}] or unset")

@@ -120,7 +120,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        first, last = seq.num_computed_tokens // bs, num_tokens // bs
+        # Only blocks of tokens the sequence holds: proposed tokens a step verifies are not its own yet.
+        first, last = seq.num_computed_tokens // bs, min(num_tokens, len(seq.token_ids)) // bs
         if first >= last:
             return
         hashes = self._hashes(seq, last)
@@ -141,6 +142,23 @@ class BlockManager:
         bs = self.block_size
         for b in seq.block_table[num_before // bs:seq.num_computed_tokens // bs]:
             self.pending.discard(b)
+
+    def settle(self, seq: SeqBlocks, num_before: int) -> None:
+        """After a step that verified proposed tokens: of the slots it took, the sequence keeps those of
+        its tokens (the first num_computed computed, the last to compute next). Blocks the accepted
+        tokens filled become findable; the pages past its tokens, which held only rejected proposals'
+        K/V, go back to the free list."""
+        computed = seq.num_computed_tokens
+        seq.num_computed_tokens = num_before
+        self._register(seq, computed)
+        seq.num_computed_tokens = computed
+        self.mark_computed(seq, num_before)
+        keep = self.blocks_needed(len(seq.token_ids))
+        while len(seq.block_table) > keep:
+            b = seq.block_table.pop()
+            self.ref_counts[b] -= 1
+            assert self.ref_counts[b] == 0 and self.block_hashes[b] is None, "a proposal's page is private"
+            self.free_ids.append(b)
 
     # -- allocation ---------------------------------------------------------------------------
     def can_allocate(self, num_blocks: int) -> bool:

@@ -16,21 +16,20 @@ from nvllm.config import Settings
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.pool_backing import PoolBacking
 from nvllm.engine.prompt import Prompt, prompt_ids
+from nvllm.engine.sampling_rows import Row, sampling_batch
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob, check_priority
+from nvllm.engine.speculation import Speculator
 from nvllm.engine.structured import StructuredCompiler
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.kernels import matmul, threads
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.sampling.batch import SamplingBatch
 from nvllm.model.sampling.sampler import SamplerOutput, sample
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
 from nvllm.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine")
-
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 class LLMEngine:
     """Built by engine/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
@@ -52,6 +51,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
                                    settings.scheduler.max_num_batched_tokens,
                                    settings.scheduler.priority_aging_steps)
+        self.speculator = Speculator(settings.speculative, max_model_len)
         self.generation_defaults = dict(generation_defaults or {})
         self.eos_token_ids = frozenset(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}      # every unfinished request, by id
@@ -156,6 +156,7 @@ class LLMEngine:
         self._take_backed()
         outputs, self._aborted = self._aborted, []
         t0 = time.perf_counter()
+        self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
@@ -185,50 +186,85 @@ class LLMEngine:
         self.num_steps += 1
         now = time.monotonic()
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if seq.draft_tokens:
+                continue   # what it computed depends on what verification accepts: _accept
             before = seq.num_computed_tokens
             seq.num_computed_tokens += n
             if before < seq.num_prompt_tokens:
                 self.num_prompt_tokens_computed += min(seq.num_prompt_tokens, seq.num_computed_tokens) - before
             self.block_manager.mark_computed(seq, before)
-        for row, seq in enumerate(sampled):
+        row = generated = 0
+        while row < len(sampled):
             assert result is not None     # _run samples whenever a sequence is due a token
-            token = int(result.token_ids[row])
-            lp = None
-            if seq.params.logprobs is not None:
-                top = result.top_logprobs[row]
-                pairs = [] if top is None else [TopLogprob(int(i), float(p), *self._token_strings(int(i)))
-                                                for i, p in zip(*top)]
-                lp = TokenLogprob(token, float(result.logprobs[row]), pairs, *self._token_strings(token))
-            self._append(seq, token, lp)
+            seq = sampled[row][0]
+            drafts, before = seq.draft_tokens, seq.num_computed_tokens
+            kept = 1
+            if drafts:   # its cache now holds the K/V of its last token and of the proposals kept
+                kept += self.speculator.accept(seq, result.token_ids[row:row + 1 + len(drafts)])
+                seq.num_computed_tokens += kept
+            for r in range(row, row + kept):
+                self._append(seq, int(result.token_ids[r]), self._logprob(seq, result, r))
+                generated += 1
+                if seq.is_finished:
+                    break
+            if drafts and not seq.is_finished:
+                self.block_manager.settle(seq, before)   # the rejected proposals' slots given back
+            row += 1 + len(drafts)
+            seq.draft_tokens = []
             outputs.append(self._output(seq))
-        self.num_generated_tokens += len(sampled)
-        self._recent.append((now, len(sampled)))
+        self.num_generated_tokens += generated
+        self._recent.append((now, generated))
         return outputs
+
+    def _logprob(self, seq: Sequence, result: SamplerOutput, row: int) -> TokenLogprob | None:
+        if seq.params.logprobs is None:
+            return None
+        token = int(result.token_ids[row])
+        top = result.top_logprobs[row]
+        pairs = [] if top is None else [TopLogprob(int(i), float(p), *self._token_strings(int(i)))
+                                        for i, p in zip(*top)]
+        return TokenLogprob(token, float(result.logprobs[row]), pairs, *self._token_strings(token))
 
     def _token_strings(self, token_id: int) -> tuple[str, str]:
         """(vocabulary entry, text decoded alone) of a token, for logprobs."""
         return (self.tokenizer.id_to_token(token_id) or "",
                 self.tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def _run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput | None]:
-        """Pack the batch, run the model, sample the sequences whose last token was computed."""
+    def _run(self, batch: ScheduledBatch) -> tuple[list[Row], SamplerOutput | None]:
+        """Pack the batch, run the model, sample the rows of sequences whose last token was computed.
+        A sequence with proposed tokens is one decode row per token it verifies, sharing its table."""
         bs = self.kv_cache.block_size
-        ids, pos, slots, qlens, clens, tables, logit_rows, sampled = [], [], [], [], [], [], [], []
+        ids: list = []
+        pos, slots, tables = [], [], []
+        qlens: list[int] = []
+        clens: list[int] = []
+        logit_rows: list[int] = []
+        rows: list[Row] = []
         t = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
             p = np.arange(start, start + n)                                  # [n]
             table = np.asarray(seq.block_table, dtype=np.int64)
-            ids.append(seq.token_ids[start:start + n])
-            pos.append(p)
+            drafts = seq.draft_tokens
             slots.append(table[p // bs] * bs + p % bs)
+            pos.append(p)
+            if drafts:
+                ids.append([seq.token_ids[-1], *drafts])
+                qlens.extend([1] * n)
+                clens.extend(range(start + 1, start + n + 1))
+                tables.extend([table] * n)
+                logit_rows.extend(range(t, t + n))
+                rows.extend((seq, drafts[:j]) for j in range(n))
+                t += n
+                continue
+            ids.append(seq.token_ids[start:start + n])
             qlens.append(n)
             clens.append(start + n)
             tables.append(table)
             t += n
             if start + n == seq.num_tokens:   # the whole sequence is computed: sample its next token
                 logit_rows.append(t - 1)
-                sampled.append(seq)
+                rows.append((seq, []))
         width = max(len(tb) for tb in tables)
         block_tables = np.zeros((len(tables), width), dtype=np.int32)       # [S, max_blocks]
         for r, tb in enumerate(tables):
@@ -237,62 +273,26 @@ class LLMEngine:
         fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
                                 np.concatenate(pos), np.concatenate(slots), i64(qlens), i64(clens), block_tables,
                                 i64(logit_rows))
-        constrained = [r for r, s in enumerate(sampled) if s.structured is not None]
+        constrained = [r for r, (s, _) in enumerate(rows) if s.structured is not None]
+        # Each constrained sequence once, with its proposals: a mask for each of its rows.
+        items = [(s.structured, s.draft_tokens) for s, ahead in rows if s.structured is not None and not ahead]
         bits: np.ndarray | None = None
         filling: Future | None = None
         if constrained and self.structured_overlap:
             if self._mask_pool is None:
                 self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="nvllm-mask")
-            filling = self._mask_pool.submit(self.structured.fill, [sampled[r].structured for r in constrained])
+            filling = self._mask_pool.submit(self.structured.fill_ahead, items)
         try:
             logits = self.model.forward(fb, self.kv_cache)
         finally:
             if filling is not None:   # never leave a fill running past the step
                 bits = filling.result()
-        if not sampled:
-            return sampled, None
+        if not rows:
+            return rows, None
         if constrained and bits is None:
-            bits = self.structured.fill([sampled[r].structured for r in constrained])
-        return sampled, sample(logits, self._sampling_batch(sampled, constrained, bits))
-
-    def _sampling_batch(self, seqs: list[Sequence], constrained: list[int] | None = None,
-                        bits: np.ndarray | None = None) -> SamplingBatch:
-        ps = [s.params for s in seqs]
-        f32 = lambda vals: np.asarray(vals, dtype=np.float32)  # noqa: E731
-        banned = []
-        for s in seqs:
-            # Under a constraint, the grammar's end wins over min_tokens: EOS stays allowed once it accepts.
-            if s.num_output_tokens < s.params.min_tokens and \
-                    (s.structured is None or not s.structured.is_accepting()):
-                stop_ids = set(s.params.stop_token_ids or ())
-                if not s.params.ignore_eos:
-                    stop_ids |= s.eos_token_ids
-                banned.append(np.fromiter(stop_ids, dtype=np.int64) if stop_ids else None)
-            else:
-                banned.append(None)
-        penalised = [p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1 for p in ps]
-        biased = [(i, p.logit_bias) for i, p in enumerate(ps) if p.logit_bias]
-        bias_rows = np.concatenate([np.full(len(b), i, dtype=np.int64) for i, b in biased]) if biased else None
-        return SamplingBatch(
-            temperature=f32([p.temperature for p in ps]),
-            top_k=np.asarray([p.top_k for p in ps], dtype=np.int32),
-            top_p=f32([p.top_p for p in ps]),
-            min_p=f32([p.min_p for p in ps]),
-            presence_penalty=f32([p.presence_penalty for p in ps]),
-            frequency_penalty=f32([p.frequency_penalty for p in ps]),
-            repetition_penalty=f32([p.repetition_penalty for p in ps]),
-            output_token_ids=[np.asarray(s.output_token_ids, dtype=np.int64) if pen else _EMPTY
-                              for s, pen in zip(seqs, penalised)],
-            prompt_token_ids=[s.prompt_array if pen else _EMPTY for s, pen in zip(seqs, penalised)],
-            generators=[s.generator for s in seqs],
-            banned_token_ids=banned,
-            num_logprobs=np.asarray([-1 if p.logprobs is None else p.logprobs for p in ps], dtype=np.int32),
-            allowed_tokens=bits if constrained else None,
-            allowed_rows=np.asarray(constrained, dtype=np.int64) if constrained else None,
-            bias_rows=bias_rows,
-            bias_ids=np.fromiter((t for _, b in biased for t in b), dtype=np.int64) if biased else None,
-            bias_values=f32([v for _, b in biased for v in b.values()]) if biased else None,
-        )
+            bits = self.structured.fill_ahead(items)
+        self.speculator.before_sampling(batch.seqs)
+        return rows, sample(logits, sampling_batch(rows, constrained, bits))
 
     # -- after sampling -----------------------------------------------------------------------
     def _append(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> None:
@@ -411,4 +411,5 @@ class LLMEngine:
             "prompt_tokens_computed": self.num_prompt_tokens_computed,
             "generated_tokens": self.num_generated_tokens,
             "tokens_per_s": self.tokens_per_second(),
+            **self.speculator.stats(),
         }

@@ -63,10 +63,26 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.draft_tokens = []
         seq.status = SequenceStatus.WAITING
         seq.waiting_since = self.steps
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _num_new_tokens(self, seq: Sequence, budget: int) -> int:
+        """Tokens of a running sequence this step computes: its own uncomputed ones and as many of its
+        proposed tokens as the budget and the free pages allow (a proposal never preempts anything)."""
+        own = min(seq.num_uncomputed_tokens, budget)
+        drafts, bm = seq.draft_tokens, self.block_manager
+        if drafts:
+            del drafts[max(0, budget - own):]
+            total = seq.num_computed_tokens + own + len(drafts)
+            # A page for every running sequence's own next token is left free, so that no proposal takes
+            # the page another sequence needs.
+            if bm.num_new_blocks(seq, total) + len(self.running) > bm.num_free_blocks or \
+                    not bm.ensure_slots(seq, total):
+                drafts.clear()
+        return own + len(drafts)
 
     def _order_waiting(self) -> None:
         """Waiting sequences by rank, then arrival. With one priority among them the queue keeps its
@@ -110,7 +126,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._num_new_tokens(seq, budget)
             while not bm.ensure_slots(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()          # the lowest priority, newest
                 self._preempt(victim)

@@ -86,6 +86,10 @@ class Sequence:
         self.num_tokens_sent = 0
         self.pending_logprobs: list[TokenLogprob] = []
         self.prompt_array = np.asarray(prompt_token_ids, dtype=np.int64)
+        self._array = np.zeros(max(64, 2 * len(prompt_token_ids)), dtype=np.int64)   # token_ids, as filled
+        self._array_len = 0
+        # Tokens proposed for this step (engine/speculation.py), verified with its last token; not yet its own.
+        self.draft_tokens: list[int] = []
         # Structured output: the request's llguidance matcher (engine/structured.py), which has consumed
         # exactly the output tokens so far (preemption by recompute keeps them, so it keeps its state).
         self.structured: Any = None
@@ -105,6 +109,18 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def token_array(self) -> np.ndarray:
+        """token_ids as an int64 array, kept up to date as tokens are appended (they never go away)."""
+        n = len(self.token_ids)
+        if n > self._array.size:
+            grown = np.zeros(max(2 * self._array.size, n), dtype=np.int64)
+            grown[:self._array_len] = self._array[:self._array_len]
+            self._array = grown
+        if n > self._array_len:
+            self._array[self._array_len:n] = self.token_ids[self._array_len:n]
+            self._array_len = n
+        return self._array[:n]
 
     @property
     def num_output_tokens(self) -> int:

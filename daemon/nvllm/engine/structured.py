@@ -166,6 +166,30 @@ class StructuredCompiler:
             _clear_from(out, tail)
         return out
 
+    def fill_ahead(self, items: Seq[tuple[LLMatcher, list[int]]]) -> np.ndarray:
+        """As fill, for matchers with proposed tokens too: a row for the next token, then one after each
+        proposal (which the matcher must allow: engine/speculation.py cuts proposals to what it takes);
+        the matchers end as they began."""
+        if not any(drafts for _, drafts in items):
+            return self.fill([m for m, _ in items])
+        total = sum(1 + len(drafts) for _, drafts in items)
+        out = np.zeros((total, words(self.vocab_size)), dtype=np.int32)
+        if self._executor is None:
+            self._executor = LLExecutor(max(1, os.cpu_count() or 1))
+        row_bytes = out.shape[1] * 4
+        jobs, row = [], 0
+        for m, drafts in items:
+            if drafts:
+                jobs.append((m, row, list(drafts)))
+            else:   # llguidance refuses an empty draft: this row alone, as fill does
+                m.unsafe_compute_mask_ptr(out[row].ctypes.data, row_bytes)
+            row += 1 + len(drafts)
+        self._executor.unsafe_compute_mask_ptr_with_draft_token(jobs, out.ctypes.data, row_bytes, total)
+        tail = self.tokenizer.vocab_size
+        if tail < self.vocab_size:
+            _clear_from(out, tail)
+        return out
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

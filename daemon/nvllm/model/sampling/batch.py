@@ -1,5 +1,5 @@
 """What the sampler takes: one row per sequence being sampled, each with its own parameters and
-generator, as arrays; built by the engine (LLMEngine._sampling_batch)."""
+generator, as arrays; built by the engine (engine/sampling_rows.py)."""
 
 from __future__ import annotations
 

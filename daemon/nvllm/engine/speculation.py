@@ -1,0 +1,100 @@
+"""Speculative decoding: which sequences get proposed tokens this step, how many the target model's
+verification accepts, and the counts the metrics report.
+
+A proposal is checked by the target model itself: the step computes the sequence's last token and each
+proposed one as decode rows sharing its block table, so every row's logits are those a plain decode step
+would give at that position. Each row is sampled as it would be without speculation (its own penalties,
+bias, mask and the sequence's generator), and proposals are accepted while they equal what was sampled;
+the first row that differs gives the next token instead, and when all match the last row gives one
+more. A proposal is one token with probability 1, so "sample, then compare" is exactly rejection
+sampling's rule (accept with probability p(token), else draw from p without it): the output is that of
+decoding without speculation. A seeded request even draws the same numbers: its generator is rewound to
+one draw per token kept, so its output is the same with and without speculation.
+
+Where it pays: one decode step reads every weight for one row; k + 1 rows cost little more. With many
+sequences running a step already has many rows, so above `disable_by_batch_size` nothing is proposed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from nvllm.config import SpeculativeSettings
+from nvllm.engine import ngram
+from nvllm.engine.sequence import Sequence
+from nvllm.model.sampling.sampler import GREEDY_EPS
+
+
+class Speculator:
+    def __init__(self, settings: SpeculativeSettings, max_model_len: int) -> None:
+        self.settings = settings
+        self.max_model_len = max_model_len
+        self.enabled = settings.method != "none"
+        # vLLM's counters: steps with proposals (per sequence), tokens proposed, tokens accepted, and
+        # accepted by position in the proposal.
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos: Counter[int] = Counter()
+        self._states: dict[str, Any] = {}   # request id -> its generator's state before the step
+
+    def propose(self, running: list[Sequence]) -> None:
+        """Set each running sequence's draft_tokens for the coming step (empty when it gets none)."""
+        on = self.enabled and len(running) <= self.settings.disable_by_batch_size
+        for seq in running:
+            seq.draft_tokens = self._proposal(seq) if on else []
+
+    def _proposal(self, seq: Sequence) -> list[int]:
+        p = seq.params
+        if p.disable_speculation or seq.num_uncomputed_tokens != 1:   # prefilling: no decode row yet
+            return []
+        assert p.max_tokens is not None   # make_sequence set it
+        # A step emits up to k + 1 tokens: never past max_tokens or the context.
+        k = min(self.settings.num_tokens, p.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - seq.num_tokens - 1)
+        matcher = seq.structured
+        if k <= 0 or (matcher is not None and seq.num_output_tokens < p.min_tokens):
+            return []   # (min_tokens under a grammar depends on the grammar's state at each row)
+        s = self.settings
+        drafts = ngram.propose(seq.token_array(), k, s.prompt_lookup_min, s.prompt_lookup_max)
+        if drafts and matcher is not None:   # only what the grammar allows can be accepted
+            drafts = drafts[:matcher.validate_tokens(drafts)]
+        return drafts
+
+    def before_sampling(self, seqs: list[Sequence]) -> None:
+        """Remember the generators of the sequences about to sample several rows."""
+        self._states = {s.request_id: s.generator.bit_generator.state for s in seqs
+                        if s.draft_tokens and (s.params.temperature or 0) >= GREEDY_EPS}
+
+    def accept(self, seq: Sequence, sampled: np.ndarray) -> int:
+        """How many of seq's proposals its rows' tokens confirm (sampled: the k + 1 rows' tokens); the
+        generator is left as if it had drawn only for the tokens kept."""
+        drafts = seq.draft_tokens
+        accepted = 0
+        while accepted < len(drafts) and int(sampled[accepted]) == drafts[accepted]:
+            accepted += 1
+        self.num_drafts += 1
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += accepted
+        for pos in range(accepted):
+            self.accepted_per_pos[pos] += 1
+        state = self._states.pop(seq.request_id, None)
+        if state is not None:   # one uniform per kept token, as decoding them one by one draws
+            seq.generator.bit_generator.state = state
+            seq.generator.random(accepted + 1)
+        return accepted
+
+    def stats(self) -> dict[str, Any]:
+        rate = self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+        return {
+            "spec_method": self.settings.method,
+            "spec_num_tokens": self.settings.num_tokens if self.enabled else 0,
+            "spec_drafts": self.num_drafts,
+            "spec_draft_tokens": self.num_draft_tokens,
+            "spec_accepted_tokens": self.num_accepted_tokens,
+            "spec_accepted_per_position": [self.accepted_per_pos[i] for i in range(self.settings.num_tokens)],
+            "spec_acceptance_rate": rate,
+        }
