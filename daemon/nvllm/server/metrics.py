@@ -253,6 +253,13 @@ class StateCollector(Collector):
             put("nvllm:prefix_cache_hit_rate", s["prefix_cache_hit_rate"])
             put("vllm:num_preemptions", s["preemptions"])
             put("nvllm:generation_tokens_per_second", s["tokens_per_s"])
+            if s.get("spec_num_tokens"):   # speculating: vLLM's counters, and the rate by method
+                put("vllm:spec_decode_num_drafts", s["spec_drafts"])
+                put("vllm:spec_decode_num_draft_tokens", s["spec_draft_tokens"])
+                put("vllm:spec_decode_num_accepted_tokens", s["spec_accepted_tokens"])
+                for pos, n in enumerate(s["spec_accepted_per_position"]):
+                    put("vllm:spec_decode_num_accepted_tokens_per_pos", n, (str(pos),))
+                put("nvllm:spec_decode_acceptance_rate", s["spec_acceptance_rate"], (s["spec_method"],))
         if watchdog is not None:
             put("nvllm:memory_low_watermark_bytes", watchdog.low_bytes)
             put("nvllm:memory_high_watermark_bytes", watchdog.high_bytes)
@@ -286,6 +293,13 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "nvllm:prefix_cache_hit_rate", "Prefix-cache hits over queries, in tokens, since start.", m),
         (c, "vllm:num_preemptions", "Requests preempted (pages freed, recomputed later).", m),
         (g, "nvllm:generation_tokens_per_second", "Tokens generated per second over the last 10 s.", m),
+        (c, "vllm:spec_decode_num_drafts", "Speculative proposals verified (one per sequence and step).", m),
+        (c, "vllm:spec_decode_num_draft_tokens", "Tokens proposed by speculative decoding.", m),
+        (c, "vllm:spec_decode_num_accepted_tokens", "Proposed tokens the target model accepted.", m),
+        (c, "vllm:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by their position in "
+                                                            "the proposal.", m + ["position"]),
+        (g, "nvllm:spec_decode_acceptance_rate", "Accepted over proposed tokens since start, by proposal "
+                                                 "method.", m + ["method"]),
         (g, "nvllm:memory_available_bytes", "Available memory at the watchdog's last reading.", m),
         (g, "nvllm:memory_low_watermark_bytes", "Below this available memory, admission stops.", m),
         (g, "nvllm:memory_high_watermark_bytes", "Above this available memory, admission resumes.", m),
