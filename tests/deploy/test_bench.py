@@ -51,3 +51,20 @@ def test_sampler_bench_times_every_case():
     assert [r["case"] for r in results] == list(bench.SAMPLER_CASES)
     assert all(0 < r["min_ms"] <= r["median_ms"] for r in results)
     assert bench.main(["no-such-bench"]) == 2
+
+
+def test_speculation_bench_times_each_task_with_and_without(tiny_models):
+    res = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--speculation", "--model",
+                          str(tiny_models["tiny-llama"]), "--gen-len", "24", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    obj = json.loads(res.stdout)
+    from nvllm.bench_speculation import TASKS, format_speculation
+    assert [t["task"] for t in obj["tasks"]] == list(TASKS) and obj["weight_read_ms"] > 0
+    ran = [t for t in obj["tasks"] if "skipped" not in t]
+    assert ran and all("max_model_len" in t["skipped"] for t in obj["tasks"] if t not in ran)
+    for t in ran:
+        # greedy either way: the same tokens, in no more steps with proposals than without
+        assert t["tokens"] > 0 and t["steps_with"] <= t["steps_without"] <= t["tokens"]
+        assert t["itl_ms_without"] > 0 and t["itl_ms_with"] > 0 and 0 <= t["acceptance_rate"] <= 1
+    assert "speed-up" in format_speculation(obj)

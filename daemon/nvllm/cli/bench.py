@@ -22,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--query", default=None, metavar="URL",
                    help="time the drone's query through a running daemon's HTTP API (e.g. http://127.0.0.1:8000): "
                         "190 prompt tokens, the first 176 already cached, 20 answered")
+    b.add_argument("--speculation", action="store_true",
+                   help="one stream's time per token with n-gram speculation and without, on tasks that repeat "
+                        "their input and on free text (in-process, --gen-len tokens at most)")
     b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
     b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -48,6 +51,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.query:
         return _query(args)
+    if args.speculation:
+        return _speculation(args)
     try:
         bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
@@ -77,4 +82,20 @@ def _query(args: argparse.Namespace) -> int:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result) if args.json else format_query(result))
+    return 0
+
+
+def _speculation(args: argparse.Namespace) -> int:
+    import json
+
+    from nvllm.bench_speculation import bench_speculation, format_speculation
+    from nvllm.config import ConfigError
+    from nvllm.engine.factory import EngineBuildError
+
+    try:
+        result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads)
+    except (ConfigError, EngineBuildError) as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else format_speculation(result))
     return 0
