@@ -66,7 +66,7 @@ def bench_speculation(model_dir: Path, gen_len: int = 128, repeats: int = 3, thr
     engine = build_engine(load_settings(overrides={
         "model": {"path": str(model_dir), "threads": threads},
         "cache": {"enable_prefix_caching": False, "num_blocks": 64},
-        "scheduler": {"max_num_seqs": 1, "max_model_len": None},   # the model's own
+        "scheduler": {"max_num_seqs": 1, "max_model_len": 1024},   # or the model's own limit, if less
         "speculative": {"method": "ngram", "num_tokens": num_tokens}}))
     w = engine.model.weights
     out: dict[str, Any] = {
@@ -96,6 +96,9 @@ def bench_speculation(model_dir: Path, gen_len: int = 128, repeats: int = 3, thr
             "itl_ms_without": round(1000 * s0 / n0, 2), "itl_ms_with": round(1000 * s1 / n1, 2),
             "speedup": round((s0 / n0) / (s1 / n1), 2),
             "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0})
+    # What a step of n decode rows cost, as the speculator measured it (its price list)
+    out["step_ms_by_rows"] = {n: round(1000 * c, 2) for n, c in enumerate(engine.speculator.costs.seconds)
+                              if c is not None}
     return out
 
 
@@ -115,4 +118,8 @@ def format_speculation(r: dict[str, Any]) -> str:
         lines.append(f"{t['task']:<34} {t['tokens']:>6} {t['itl_ms_without']:>9}ms {t['itl_ms_with']:>7}ms "
                      f"{t['speedup']:>7}x {t['steps_without']:>4} -> {t['steps_with']:<4} "
                      f"{100 * t['acceptance_rate']:>7.0f}%")
+    costs = r.get("step_ms_by_rows") or {}
+    if costs:
+        lines += ["", "a decode step by its rows (as the speculator measured it): " + ", ".join(
+            f"{n}: {ms} ms" for n, ms in costs.items())]
     return "\n".join(lines)

@@ -160,6 +160,9 @@ class SpeculativeSettings:
     # Off for a step with more running sequences than this (vLLM's disable_by_batch_size): a large
     # batch already reads each weight once for many rows, so extra rows cost more than they save.
     disable_by_batch_size: int = field(default=4, metadata=at_least(1))
+    # Verify, of each proposal, only as much as pays by this machine's measured step costs and the
+    # sequence's acceptance so far; false: every proposed token, each step.
+    adaptive: bool = True
 
 
 @dataclass

@@ -28,7 +28,7 @@ def engine(model: Path, method: str = "ngram", num_blocks: int = 256, max_num_se
     return build_engine(load_settings(overrides={
         "model": {"path": str(model)}, "cache": {"num_blocks": num_blocks, "block_size": 16},
         "scheduler": {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs},
-        "speculative": {"method": method, **speculative}}))
+        "speculative": {"method": method, "adaptive": False, **speculative}}))
 
 
 def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
@@ -207,3 +207,58 @@ def test_settings_are_checked():
 ])
 def test_ngram_proposals(tokens_, k, lo, hi, want):
     assert ngram.propose(np.array(tokens_, dtype=np.int64), k, lo, hi) == want
+
+
+def test_step_costs_average_each_row_count_and_price_unseen_ones_to_be_tried():
+    from nvllm.engine.step_costs import StepCosts
+    costs = StepCosts(8)
+    assert costs.estimate(1) is None                   # nothing measured: no price
+    costs.observe(1, 0.010)
+    costs.observe(4, 0.020)
+    assert costs.estimate(1) == 0.010
+    assert costs.estimate(2) == pytest.approx(0.011)   # unseen: a little above the nearest smaller count
+    assert costs.estimate(6) == pytest.approx(0.024)
+    costs.observe(4, 0.030)
+    assert costs.estimate(4) == pytest.approx(0.022)   # a moving average
+    costs.observe(9, 1.0)                              # past the counts it keeps: ignored
+    assert costs.estimate(9) == costs.estimate(8)
+
+
+def _seq_with(eng: LLMEngine, drafts: list[int], acceptance: float, idle: int = 0):
+    seq = eng.make_sequence("s", [1, 2, 3], SamplingParams(max_tokens=50))
+    seq.draft_tokens, seq.draft_acceptance, seq.draft_idle_steps = list(drafts), acceptance, idle
+    return seq
+
+
+def test_adaptive_speculation_verifies_what_pays_at_the_measured_costs(tiny):
+    """With 4 rows costing 2x one and 5 rows 4x (a kernel's tile of four), a sequence whose proposals
+    are always accepted verifies 3 of 4; one whose proposals are seldom accepted verifies none, but is
+    probed after a while; a second sequence's rows are priced on top of the first's."""
+    from nvllm.config import SpeculativeSettings
+    from nvllm.engine.speculation import PROBE_EVERY, Speculator
+    spec = Speculator(SpeculativeSettings(method="ngram", num_tokens=4), max_model_len=256)
+    eng = engine(tiny)
+    for rows, s in {1: 10, 2: 12, 3: 19, 4: 20, 5: 40, 6: 42, 7: 43, 8: 44, 9: 60, 10: 80}.items():
+        spec.costs.observe(rows, s / 1000)
+    good, bad = _seq_with(eng, [7, 8, 9, 10], 1.0), _seq_with(eng, [7, 8, 9, 10], 0.05)
+    spec._choose([good])
+    assert good.draft_tokens == [7, 8, 9]
+    spec._choose([bad])
+    assert bad.draft_tokens == [] and bad.draft_idle_steps == 1
+    probed = _seq_with(eng, [7, 8], 0.05, idle=PROBE_EVERY)
+    spec._choose([probed])
+    assert probed.draft_tokens == [7] and probed.draft_idle_steps == 0
+    # two sequences: 2 rows to start; the first takes 2 more (4 rows), the second none (5 would cost 2x)
+    a, b = _seq_with(eng, [7, 8, 9, 10], 1.0), _seq_with(eng, [7, 8, 9, 10], 0.6)
+    spec._choose([a, b])
+    assert (len(a.draft_tokens), len(b.draft_tokens)) == (2, 0)
+
+
+def test_acceptance_estimate_follows_verified_positions(tiny):
+    eng = engine(tiny, adaptive=True)
+    run(eng, PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    st = eng.stats()
+    assert st["spec_drafts"] > 0   # costs were measured and some proposals verified
+    seq = _seq_with(eng, [5, 6, 7], 0.5)
+    eng.speculator.accept(seq, np.array([5, 6, 9, 1]))   # two accepted, the third rejected
+    assert seq.draft_acceptance == pytest.approx(0.544)   # 0.5 -> 0.6 -> 0.68 (accepted) -> 0.544 (rejected)

@@ -160,10 +160,14 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
+        # A step of decode rows only prices its row count for the speculator (prefill chunks do not).
+        decode_only = all(n == 1 + len(s.draft_tokens) for s, n in zip(batch.seqs, batch.num_new_tokens))
         try:
             return self._step(batch, outputs)
         finally:
             self.last_step_s = time.perf_counter() - t0
+            if decode_only:
+                self.speculator.costs.observe(batch.num_tokens, self.last_step_s)
             self.last_step_tokens = batch.num_tokens
             self.step_seconds_total += self.last_step_s
             self.num_timed_steps += 1

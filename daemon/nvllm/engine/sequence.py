@@ -13,6 +13,7 @@ from nvllm.text.detokenizer import IncrementalDetokenizer
 
 # A request's priority: lower runs earlier; the range of the gRPC field (int32).
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+PRIOR_ACCEPTANCE = 0.5   # a sequence's speculative acceptance estimate before its first verified proposal
 
 
 def check_priority(priority: Any) -> int:
@@ -90,6 +91,8 @@ class Sequence:
         self._array_len = 0
         # Tokens proposed for this step (engine/speculation.py), verified with its last token; not yet its own.
         self.draft_tokens: list[int] = []
+        self.draft_acceptance = PRIOR_ACCEPTANCE   # its proposals' share accepted, per position, lately
+        self.draft_idle_steps = 0                  # steps since its last verified proposal
         # Structured output: the request's llguidance matcher (engine/structured.py), which has consumed
         # exactly the output tokens so far (preemption by recompute keeps them, so it keeps its state).
         self.structured: Any = None

@@ -11,8 +11,14 @@ sampling's rule (accept with probability p(token), else draw from p without it):
 decoding without speculation. A seeded request even draws the same numbers: its generator is rewound to
 one draw per token kept, so its output is the same with and without speculation.
 
-Where it pays: one decode step reads every weight for one row; k + 1 rows cost little more. With many
-sequences running a step already has many rows, so above `disable_by_batch_size` nothing is proposed.
+Where it pays: one decode step reads every weight for one row, and a few more rows cost less than
+their share, but not by the same amount for every count (engine/step_costs.py). With `adaptive`, each
+step verifies, of each sequence's proposal, the prefix that maximises the tokens expected per second:
+the expected tokens from the sequence's own acceptance so far (each proposed position accepted with
+probability a, the k-th therefore with a^k), the seconds from the measured cost of the step's rows.
+Often that is none: free text with few matches costs nothing then. A sequence that gets none is
+still probed now and then, so that its acceptance estimate can recover. Above `disable_by_batch_size`
+running sequences nothing is proposed.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ import numpy as np
 from nvllm.config import SpeculativeSettings
 from nvllm.engine import ngram
 from nvllm.engine.sequence import Sequence
+from nvllm.engine.step_costs import StepCosts
 from nvllm.model.sampling.sampler import GREEDY_EPS
+
+ACCEPTANCE_ALPHA = 0.2   # weight of each verified position in it
+PROBE_EVERY = 8          # steps a sequence goes without proposals before one is verified anyway
 
 
 class Speculator:
@@ -40,12 +50,42 @@ class Speculator:
         self.num_accepted_tokens = 0
         self.accepted_per_pos: Counter[int] = Counter()
         self._states: dict[str, Any] = {}   # request id -> its generator's state before the step
+        self.costs = StepCosts(settings.disable_by_batch_size * (settings.num_tokens + 1))
 
     def propose(self, running: list[Sequence]) -> None:
         """Set each running sequence's draft_tokens for the coming step (empty when it gets none)."""
         on = self.enabled and len(running) <= self.settings.disable_by_batch_size
         for seq in running:
             seq.draft_tokens = self._proposal(seq) if on else []
+        if on and self.settings.adaptive:
+            self._choose(running)
+
+    def _choose(self, running: list[Sequence]) -> None:
+        """Cut each proposal to the length that makes the step's expected tokens per second highest,
+        sequence by sequence, given the rows chosen for those before it."""
+        rows = len(running)
+        tokens = float(rows)       # expected this step
+        for seq in running:
+            drafts = seq.draft_tokens
+            if not drafts:
+                continue
+            base = self.costs.estimate(rows)
+            if base is None:       # no decode step measured yet: this one measures it
+                seq.draft_tokens = []
+                continue
+            best_k, best_rate, expected, a = 0, tokens / base, 0.0, seq.draft_acceptance
+            for k in range(1, len(drafts) + 1):
+                expected += a ** k
+                cost = self.costs.estimate(rows + k)
+                assert cost is not None
+                if (tokens + expected) / cost > best_rate:
+                    best_k, best_rate = k, (tokens + expected) / cost
+            if best_k == 0 and seq.draft_idle_steps >= PROBE_EVERY:
+                best_k = 1
+            seq.draft_idle_steps = 0 if best_k else seq.draft_idle_steps + 1
+            seq.draft_tokens = drafts[:best_k]
+            rows += best_k
+            tokens += sum(a ** i for i in range(1, best_k + 1))
 
     def _proposal(self, seq: Sequence) -> list[int]:
         p = seq.params
@@ -81,6 +121,9 @@ class Speculator:
         self.num_accepted_tokens += accepted
         for pos in range(accepted):
             self.accepted_per_pos[pos] += 1
+        # Positions verified: each accepted one, and the first rejected (later ones were not tried).
+        for outcome in [1.0] * accepted + [0.0] * (accepted < len(drafts)):
+            seq.draft_acceptance += ACCEPTANCE_ALPHA * (outcome - seq.draft_acceptance)
         state = self._states.pop(seq.request_id, None)
         if state is not None:   # one uniform per kept token, as decoding them one by one draws
             seq.generator.bit_generator.state = state
