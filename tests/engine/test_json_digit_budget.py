@@ -30,6 +30,7 @@ from nvllm.text.tokenizer import Tokenizer
     ({"type": "number", "minimum": 0.000001, "maximum": 0.5}, DigitBudget(17, 8, 3)),
     ({"type": "integer", "maximum": 2**63 - 1}, DigitBudget(19, 8, 3)),
     ({"type": "integer", "minimum": 1e18}, DigitBudget(19, 8, 3)),           # written out: 19 digits
+    ({"type": "number", "maximum": 1e308}, DigitBudget(19, 8, 3)),           # int64's digits at most
     ({"properties": {"k": {"const": 0.123456789012}}}, DigitBudget(17, 12, 3)),
     ({"enum": [1, {"a": [0.5, 1e-9]}]}, DigitBudget(17, 9, 3)),
     ({"properties": {"minimum": {"type": "string"}}, "minimum": True}, DigitBudget(17, 8, 3)),  # not bounds

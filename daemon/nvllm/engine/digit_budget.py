@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -22,8 +23,10 @@ from typing import Any
 SIGNIFICANT = 17       # a double's round-trip digits
 FRACTION = 8           # after the point, unless the schema's numbers need more
 EXPONENT = 3           # a double's exponent is at most 308 (324 for the smallest subnormal)
-# Past these a schema's numbers are not ones a budget helps with: no budget then (the regex would grow).
-MAX_SIGNIFICANT = 40
+# An integer is written out whole, and llguidance bounds integers as int64: a bound's digits before the
+# point count up to int64's 19 (a larger one, 1e308 say, is a number the answer writes with an exponent).
+INTEGER_DIGITS = 19
+# Past this a schema's numbers are not ones a budget helps with: no budget then (the regex would grow).
 MAX_FRACTION = 40
 # Keywords whose numbers the answer's numbers are compared with; const and enum are written as they are.
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -51,47 +54,39 @@ class DigitBudget:
 
 def budget_for(schema_text: str | None) -> DigitBudget | None:
     """The budget for answers to a JSON Schema (None: any JSON); None when its numbers need more digits
-    than a budget should hold, or the text is not JSON (llguidance reports that)."""
+    than a budget should hold, or the text does not parse here (llguidance has its own say on it)."""
     if schema_text is None:
         return DigitBudget()
     try:
         schema = json.loads(schema_text)
-    except ValueError:
+    except (ValueError, RecursionError):   # nested deeper than Python's parser goes, which llguidance's may
         return None
     significant, fraction = SIGNIFICANT, FRACTION
     for x in _schema_numbers(schema):
         digits, after = _digits(x)
         significant, fraction = max(significant, digits), max(fraction, after)
-    if significant > MAX_SIGNIFICANT or fraction > MAX_FRACTION:
+    if fraction > MAX_FRACTION:
         return None
     return DigitBudget(significant, fraction)
 
 
-def _schema_numbers(node: Any) -> list[float | int]:
-    """The numbers of a schema's bounds, multipleOf, const and enum, anywhere in it."""
-    found: list[float | int] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _BOUNDS and _is_number(value):
-                found.append(value)
-            elif key in _LITERALS:
-                found.extend(_all_numbers(value))
-            else:
-                found.extend(_schema_numbers(value))
-    elif isinstance(node, list):
-        for value in node:
-            found.extend(_schema_numbers(value))
-    return found
-
-
-def _all_numbers(value: Any) -> list[float | int]:
-    if _is_number(value):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list):
-        return [x for v in value for x in _all_numbers(v)]
-    return []
+def _schema_numbers(schema: Any) -> Iterator[float | int]:
+    """The numbers of a schema's bounds and multipleOf, and every number in its const and enum values.
+    A walk with a stack of its own, so that no nesting is too deep for it."""
+    stack: list[tuple[Any, bool]] = [(schema, False)]   # (node, inside a const or enum value)
+    while stack:
+        node, literal = stack.pop()
+        if _is_number(node):
+            if literal:
+                yield node
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if not literal and key in _BOUNDS and _is_number(value):
+                    yield value
+                else:
+                    stack.append((value, literal or key in _LITERALS))
+        elif isinstance(node, list):
+            stack.extend((value, literal) for value in node)
 
 
 def _is_number(value: Any) -> bool:
@@ -106,4 +101,4 @@ def _digits(x: float | int) -> tuple[int, int]:
     assert isinstance(exponent, int)   # finite, checked by _is_number
     after = max(0, -exponent)
     before = max(0, len(digits) + exponent)   # digits before the point (trailing zeros of a big one too)
-    return max(1, before) + after, after
+    return min(max(1, before), INTEGER_DIGITS) + after, after
