@@ -18,7 +18,7 @@ from helpers.drone_command import DRONE_COMMAND
 from nvllm.engine.digit_budget import DigitBudget, budget_for
 from nvllm.engine.matcher_pair import MatcherPair
 from nvllm.engine.structured import StructuredCompiler
-from nvllm.sampling_params import StructuredSpec
+from nvllm.sampling_params import InvalidParameter, StructuredSpec
 from nvllm.text.tokenizer import Tokenizer
 
 
@@ -42,6 +42,16 @@ def test_the_budget_is_a_doubles_unless_the_schemas_numbers_need_more(schema, bu
 def test_numbers_past_any_sensible_budget_get_none() -> None:
     assert budget_for(json.dumps({"type": "number", "multipleOf": 1e-50})) is None
     assert budget_for("{not json") is None   # llguidance names the error; the budget stays out of it
+
+
+def test_a_schema_nested_past_pythons_parser_is_refused_naming_the_field(smollm2: Path) -> None:
+    """json.loads gives up 2000 deep (llguidance would not): a clear refusal, not a RecursionError."""
+    deep = '{"items":' * 2000 + '{"type":"number"}' + "}" * 2000
+    assert budget_for(deep) is None
+    tok = Tokenizer.from_dir(smollm2)
+    with pytest.raises(InvalidParameter) as e:
+        StructuredCompiler(tok, tok.vocab_size, [0]).matcher(StructuredSpec("json_schema", deep))
+    assert e.value.field == "structured.json_schema" and "nested" in str(e.value)
 
 
 # -- the compiled matcher ------------------------------------------------------------------------
