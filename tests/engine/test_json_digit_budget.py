@@ -126,6 +126,14 @@ class TestMasks:
             compiler.tokenizer.encode("0.000000001", add_special_tokens=False))
         assert m.digits is None and m.is_accepting()                          # the budget stepped aside
 
+    def test_the_schemas_own_x_guidance_still_wins(self, compiler: StructuredCompiler) -> None:
+        spaced = schema({"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+                         "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "integer"}},
+                         "required": ["a", "b"], "additionalProperties": False})
+        assert passes(compiler, spaced, '{"a": 1.5, "b": 2}', whole=True)
+        assert not passes(compiler, spaced, '{"a":1.5')
+        assert not passes(compiler, spaced, '{"a": 1.123456789')
+
     def test_regex_and_grammars_are_as_written(self, compiler: StructuredCompiler) -> None:
         digits = "1234567890" * 3
         assert passes(compiler, StructuredSpec("regex", "[0-9]{30}"), digits, whole=True)
