@@ -158,6 +158,8 @@ class StructuredSpec:
                 schema = json.loads(v)
             except ValueError as e:
                 raise InvalidParameter(name, v, f"{what}: not valid JSON ({e})") from None
+            except RecursionError:
+                raise InvalidParameter(name, v, f"{what} nested less deeply (Python's JSON parser gives up)") from None
             if not isinstance(schema, (dict, bool)):
                 raise InvalidParameter(name, v, f"{what}: a JSON object or boolean")
 

@@ -119,6 +119,18 @@ def test_structured_output_masks_every_proposed_position(tiny):
     assert all(outs[-1].finish_reason == "stop" for outs in a.values())
 
 
+def test_a_json_schema_with_its_digit_budget_masks_every_proposed_position(tiny):
+    """The schema's matcher and the digit budget's both advance through the proposals
+    (engine/matcher_pair.py): every verified row gets the mask it would get one token at a time."""
+    schema = ('{"type":"object","properties":{"a":{"type":"number"},"b":{"type":"array","items":'
+              '{"type":"integer"},"maxItems":30}},"required":["a","b"],"additionalProperties":false}')
+    params = [SamplingParams(temperature=t, seed=s, max_tokens=120, structured={"json_schema": schema})
+              for t, s in ((0.0, 0), (0.9, 1), (1.2, 2), (0.7, 3))]
+    a, b = run(engine(tiny), PROMPTS, params), run(engine(tiny, "none"), PROMPTS, params)
+    assert tokens(a) == tokens(b)
+    assert [o[-1].finish_reason for o in a.values()] == [o[-1].finish_reason for o in b.values()]
+
+
 def test_a_small_pool_preempts_and_the_prefix_cache_shares_and_nothing_changes(tiny):
     """Proposals take pages only when every running sequence keeps one for its own token; preempted
     sequences resume with the same tokens, shared prefixes are found, rejected proposals' pages freed."""

@@ -32,8 +32,8 @@ from nvllm.text.tokenizer import Tokenizer
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
-# Enums, number ranges (a number's digits bounded by multipleOf: a bare "number" may run on digits
-# until max_tokens, which no grammar forbids), nested objects and arrays.
+# Enums, number ranges (multipleOf on top of the digit budget, test_json_digit_budget.py), nested objects
+# and arrays.
 PERSON = {
     "type": "object",
     "properties": {

@@ -15,6 +15,10 @@ branches; tools/bench_structured.py measures it). What this module adds:
   sequence gets a cheap copy of the cached matcher, advanced by every token it appends.
 - JSON is compact (no whitespace between tokens), so a constrained answer cannot loop on whitespace; a
   schema's own "x-guidance" options still win (llguidance applies them over these defaults).
+- JSON's numbers carry at most the digits a double holds (engine/digit_budget.py), so one cannot run on
+  until max_tokens: a JSON constraint's matcher is a MatcherPair (engine/matcher_pair.py), the schema's
+  matcher with the budget's beside it, whose masks `fill` intersects. Regex, choice and grammars are
+  left as they are written.
 - The bitmask covers the model's whole vocabulary: ids the tokenizer does not have (a padded embedding)
   are never allowed.
 - Added tokens that are not special (Qwen's <tool_call>, say) are text: llguidance, reading tokenizer.json,
@@ -38,6 +42,8 @@ import llguidance
 import numpy as np
 from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
+from nvllm.engine.digit_budget import budget_for
+from nvllm.engine.matcher_pair import MatcherPair
 from nvllm.sampling_params import InvalidParameter, StructuredSpec
 from nvllm.text.tokenizer import Tokenizer
 
@@ -84,7 +90,7 @@ class StructuredCompiler:
                 self._lltokenizer = build_lltokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
             return self._lltokenizer
 
-    def matcher(self, spec: StructuredSpec) -> LLMatcher:
+    def matcher(self, spec: StructuredSpec) -> LLMatcher | MatcherPair:
         """A matcher at the start of spec's grammar; InvalidParameter naming `structured.<kind>` if the
         grammar does not compile, breaks llguidance's limits or takes over timeout_s to compile."""
         spec.validate()
@@ -117,19 +123,30 @@ class StructuredCompiler:
     def cache_len(self) -> int:
         return len(self._cache)
 
-    def _compile(self, spec: StructuredSpec) -> tuple[LLMatcher | None, str | None]:
+    def _compile(self, spec: StructuredSpec) -> tuple[LLMatcher | MatcherPair | None, str | None]:
         """(matcher, None) or (None, why not). Runs on the compile pool; never raises."""
         try:
             grammar = self._grammar(spec)
         except Exception as e:   # noqa: BLE001 - the GBNF converter is Python and may fail in any way
             return None, _short(str(e) or type(e).__name__)
-        limits = LLParserLimits(max_lexer_states=MAX_LEXER_STATES)
-        m = LLMatcher(self.lltokenizer(), grammar, log_level=0, limits=limits)
-        if not m.is_error():
-            m.compute_bitmask()   # the first mask builds the lexer's start: an error may only show here
+        m = self._start(grammar)
         if m.is_error():
             return None, _short(m.get_error())
-        return m, None
+        if spec.kind not in ("json_schema", "json_object"):
+            return m, None
+        schema = spec.value if spec.kind == "json_schema" else None
+        assert schema is None or isinstance(schema, str)
+        budget = budget_for(schema)
+        digits = None if budget is None else self._start(LLMatcher.grammar_from_regex(budget.regex()))
+        # The budget's regex is ours and small; should it ever fail, the schema still holds alone.
+        return MatcherPair(m, None if digits is None or digits.is_error() else digits), None
+
+    def _start(self, grammar: str) -> LLMatcher:
+        m = LLMatcher(self.lltokenizer(), grammar, log_level=0,
+                      limits=LLParserLimits(max_lexer_states=MAX_LEXER_STATES))
+        if not m.is_error():
+            m.compute_bitmask()   # the first mask builds the lexer's start: an error may only show here
+        return m
 
     @staticmethod
     def _grammar(spec: StructuredSpec) -> str:
@@ -149,46 +166,58 @@ class StructuredCompiler:
         return llguidance.grammar_from("grammar", value)   # Lark, or GBNF turned into Lark
 
     # -- each step ----------------------------------------------------------------------------------
-    def fill(self, matchers: Seq[LLMatcher]) -> np.ndarray:
+    def fill(self, matchers: Seq[LLMatcher | MatcherPair]) -> np.ndarray:
         """[len(matchers), words(vocab)] int32: each matcher's allowed next tokens, one bit per token."""
-        out = np.zeros((len(matchers), words(self.vocab_size)), dtype=np.int32)
-        row_bytes = out.shape[1] * 4
-        if len(matchers) >= PARALLEL_MIN_ROWS:
-            if self._executor is None:
-                self._executor = LLExecutor(max(1, os.cpu_count() or 1))
-            self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)],
-                                                   out.ctypes.data, row_bytes, len(matchers))
-        else:
-            for i, m in enumerate(matchers):
-                m.unsafe_compute_mask_ptr(out[i].ctypes.data, row_bytes)
+        return self.fill_ahead([(m, []) for m in matchers])
+
+    def fill_ahead(self, items: Seq[tuple[LLMatcher | MatcherPair, list[int]]]) -> np.ndarray:
+        """As fill, for matchers with proposed tokens too: a row for the next token, then one after each
+        proposal (which the matcher must allow: engine/speculation.py cuts proposals to what it takes);
+        the matchers end as they began."""
+        out = self._masks([(m.schema if isinstance(m, MatcherPair) else m, drafts) for m, drafts in items])
+        budgeted: list[int] = []   # rows under a digit budget, and the budgets' matchers
+        budgets: list[tuple[LLMatcher, list[int]]] = []
+        row = 0
+        for m, drafts in items:
+            if isinstance(m, MatcherPair) and m.digits is not None:
+                budgeted.extend(range(row, row + 1 + len(drafts)))
+                budgets.append((m.digits, drafts))
+            row += 1 + len(drafts)
+        if budgets:
+            both = out[budgeted] & self._masks(budgets)
+            some = both.any(axis=1)   # none in common: the schema's mask alone (matcher_pair.py)
+            out[np.asarray(budgeted)[some]] = both[some]
         tail = self.tokenizer.vocab_size
         if tail < self.vocab_size:   # a padded vocabulary: ids past the tokenizer's are never allowed
             _clear_from(out, tail)
         return out
 
-    def fill_ahead(self, items: Seq[tuple[LLMatcher, list[int]]]) -> np.ndarray:
-        """As fill, for matchers with proposed tokens too: a row for the next token, then one after each
-        proposal (which the matcher must allow: engine/speculation.py cuts proposals to what it takes);
-        the matchers end as they began."""
-        if not any(drafts for _, drafts in items):
-            return self.fill([m for m, _ in items])
+    def _masks(self, items: Seq[tuple[LLMatcher, list[int]]]) -> np.ndarray:
         total = sum(1 + len(drafts) for _, drafts in items)
         out = np.zeros((total, words(self.vocab_size)), dtype=np.int32)
-        if self._executor is None:
-            self._executor = LLExecutor(max(1, os.cpu_count() or 1))
         row_bytes = out.shape[1] * 4
+        if not any(drafts for _, drafts in items):
+            if len(items) >= PARALLEL_MIN_ROWS:
+                self._exec().unsafe_compute_mask_ptr([(m, i) for i, (m, _) in enumerate(items)],
+                                                     out.ctypes.data, row_bytes, total)
+            else:
+                for i, (m, _) in enumerate(items):
+                    m.unsafe_compute_mask_ptr(out[i].ctypes.data, row_bytes)
+            return out
         jobs, row = [], 0
         for m, drafts in items:
             if drafts:
                 jobs.append((m, row, list(drafts)))
-            else:   # llguidance refuses an empty draft: this row alone, as fill does
+            else:   # llguidance refuses an empty draft: this row alone
                 m.unsafe_compute_mask_ptr(out[row].ctypes.data, row_bytes)
             row += 1 + len(drafts)
-        self._executor.unsafe_compute_mask_ptr_with_draft_token(jobs, out.ctypes.data, row_bytes, total)
-        tail = self.tokenizer.vocab_size
-        if tail < self.vocab_size:
-            _clear_from(out, tail)
+        self._exec().unsafe_compute_mask_ptr_with_draft_token(jobs, out.ctypes.data, row_bytes, total)
         return out
+
+    def _exec(self) -> LLExecutor:
+        if self._executor is None:
+            self._executor = LLExecutor(max(1, os.cpu_count() or 1))
+        return self._executor
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
