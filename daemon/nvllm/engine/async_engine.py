@@ -163,6 +163,14 @@ class AsyncEngine:
             log.error("engine thread did not stop within %s s", timeout)
         self._thread = None
 
+    def save_cache(self) -> None:
+        """After stop_thread (the engine is no one's then): write the prefix cache to cache.persist_dir,
+        when set (engine/warmup.py). Blocks for the write; failures are logged, never raised."""
+        if self._thread is not None:
+            raise RuntimeError("save_cache runs once the engine thread has stopped")
+        if self.engine.warmup is not None:
+            self.engine.warmup.save()
+
     def abort_leftovers(self) -> None:
         """On the loop, after stop_thread: end the streams the engine never answered."""
         self._deliver([_failed_output(rid, None) for rid in list(self._streams)])
