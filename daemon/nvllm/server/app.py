@@ -319,6 +319,8 @@ class Daemon:
             log.warning("drain grace %.1f s elapsed: aborting %d requests", grace, left)
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop_thread)
         self.engine.abort_leftovers()
+        # cache.persist_dir: the pinned and hottest pages for the next start, once nothing runs.
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.save_cache)
         await server.stop(STOP_GRACE_S)
         if self.http is not None:
             await self.http.stop(STOP_GRACE_S)
