@@ -8,7 +8,8 @@ watchdog, then READY=1 and the line "nvllm serving MODEL on ADDR" on stdout.
 
 Shutdown: the first SIGTERM/SIGINT stops admission at once (readiness NOT_SERVING, new calls
 UNAVAILABLE "draining"), lets running requests finish for up to server.drain_grace_s, ends the rest
-with finish_reason ABORT, and exits 0. A second signal exits at once (status 1).
+with finish_reason ABORT, writes the prefix cache to cache.persist_dir when set, and exits 0. A second
+signal exits at once (status 1).
 
 Daemon takes its memory reader (the watchdog's source of "available bytes") and any extra signal
 handlers as arguments; `main` passes neither, so the daemon reads real memory and answers only
