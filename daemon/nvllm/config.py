@@ -138,7 +138,8 @@ class CacheSettings:
     # A directory the pinned and the hottest cached pages are written to at drain and read back at
     # start (engine/prefix_store.py); empty: off.
     persist_dir: str = ""
-    # The most the file in persist_dir may hold, in MB: pinned pages first, then the hottest cached.
+    # The file in persist_dir holds every pinned page, then the most recently used cached ones while it
+    # stays within this many MB.
     persist_max_mb: int = field(default=64, metadata=at_least(0))
 
 

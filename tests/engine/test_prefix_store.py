@@ -177,3 +177,17 @@ def test_a_file_for_another_model_or_format_is_ignored(model, tmp_path, caplog, 
     out = llm.generate({"prompt_token_ids": OTHER_IDS}, GREEDY)[0]
     assert out.cached_tokens == 0 and out.token_ids == cold
     assert len(pinned_pages(llm)) == 48 // llm.engine.block_manager.block_size
+
+
+def test_no_write_while_an_engine_thread_may_still_run(model, tmp_path):
+    from nvllm.engine.async_engine import AsyncEngine
+
+    pinned = write_prompt(tmp_path / "sys.json", {"prompt_token_ids": SYSTEM_IDS})
+    llm = engine_llm(model, pinned_prompts=[pinned], persist_dir=str(tmp_path / "store"))
+    engine = AsyncEngine(llm.engine)
+    engine._stuck = True    # as stop_thread leaves it when the thread outlived its timeout
+    engine.save_cache()
+    assert not (tmp_path / "store").exists()
+    engine._stuck = False
+    engine.save_cache()
+    assert (tmp_path / "store" / FILE_NAME).exists()
