@@ -388,11 +388,11 @@ def validate(s: Settings) -> None:
         if not cond:
             raise ConfigError(msg)
 
-    need(s.scheduler.max_num_batched_tokens >= s.cache.block_size,
-         f"scheduler.max_num_batched_tokens must be >= cache.block_size ({s.cache.block_size}), "
-         f"got {s.scheduler.max_num_batched_tokens}")
     need(s.cache.enable_prefix_caching or not (s.cache.pinned_prompts or s.cache.persist_dir),
          "cache.pinned_prompts and cache.persist_dir keep pages in the prefix cache: they need "
          "cache.enable_prefix_caching = true")
+    need(s.scheduler.max_num_batched_tokens >= s.cache.block_size,
+         f"scheduler.max_num_batched_tokens must be >= cache.block_size ({s.cache.block_size}), "
+         f"got {s.scheduler.max_num_batched_tokens}")
     need(s.watchdog.low_mb <= s.watchdog.high_mb,
          f"watchdog.low_mb ({s.watchdog.low_mb}) must be <= watchdog.high_mb ({s.watchdog.high_mb})")
