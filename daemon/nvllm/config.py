@@ -132,6 +132,15 @@ class CacheSettings:
     # What the pool stores keys and values in (vLLM's --kv-cache-dtype): auto is f16 for a GGUF (as
     # llama.cpp) and the weights' own float type for a folder; q8_0 is 34 bytes per 32 values.
     dtype: str = field(default="auto", metadata=one_of("auto", "f32", "f16", "bf16", "q8_0"))
+    # JSON files, each one prompt ({"prompt": ...}, {"prompt_token_ids": [...]} or {"messages": [...]}),
+    # whose full pages are computed at start and never evicted (engine/warmup.py).
+    pinned_prompts: list[str] = field(default_factory=list)
+    # A directory the pinned and the hottest cached pages are written to at drain and read back at
+    # start (engine/prefix_store.py); empty: off.
+    persist_dir: str = ""
+    # The file in persist_dir holds every pinned page, then the most recently used cached ones while it
+    # stays within this many MB.
+    persist_max_mb: int = field(default=64, metadata=at_least(0))
 
 
 @dataclass
@@ -273,6 +282,11 @@ def _coerce(hint: Any, value: Any) -> Any:
         return _NO
     if hint is type(None):
         return value if value is None else _NO
+    if origin is list:   # list[str]: a TOML array, each item of the item type
+        if not isinstance(value, list):
+            return _NO
+        items = [_coerce(typing.get_args(hint)[0], v) for v in value]
+        return _NO if any(v is _NO for v in items) else items
     if hint is bool:
         return value if isinstance(value, bool) else _NO
     if hint is int:
@@ -290,6 +304,8 @@ def _describe_type(hint: Any) -> str:
     if origin in _UNION_TYPES:
         return _or_list([_describe_type(a) for a in typing.get_args(hint) if a is not type(None)])
     names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+    if typing.get_origin(hint) is list:
+        return f"a list of {_describe_type(typing.get_args(hint)[0]).split(' ', 1)[-1]}s"
     return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
 
 
@@ -390,6 +406,9 @@ def validate(s: Settings) -> None:
         if not cond:
             raise ConfigError(msg)
 
+    need(s.cache.enable_prefix_caching or not (s.cache.pinned_prompts or s.cache.persist_dir),
+         "cache.pinned_prompts and cache.persist_dir keep pages in the prefix cache: they need "
+         "cache.enable_prefix_caching = true")
     need(s.scheduler.max_num_batched_tokens >= s.cache.block_size,
          f"scheduler.max_num_batched_tokens must be >= cache.block_size ({s.cache.block_size}), "
          f"got {s.scheduler.max_num_batched_tokens}")

@@ -119,6 +119,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] = engine.stats()
         self._pending_adds = 0
+        self._stuck = False
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -161,7 +162,19 @@ class AsyncEngine:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("engine thread did not stop within %s s", timeout)
+            self._stuck = True   # it may still touch the engine: save_cache leaves it alone
         self._thread = None
+
+    def save_cache(self) -> None:
+        """After stop_thread (the engine is no one's then): write the prefix cache to cache.persist_dir,
+        when set (engine/warmup.py). Blocks for the write; failures are logged, never raised."""
+        if self._thread is not None:
+            raise RuntimeError("save_cache runs once the engine thread has stopped")
+        if self._stuck:
+            log.error("prefix cache not written: the engine thread did not stop")
+            return
+        if self.engine.warmup is not None:
+            self.engine.warmup.save()
 
     def abort_leftovers(self) -> None:
         """On the loop, after stop_thread: end the streams the engine never answered."""

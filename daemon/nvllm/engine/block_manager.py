@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -243,6 +244,22 @@ class BlockManager:
         for b in child.block_table:
             self.ref_counts[b] += 1
         child.num_computed_tokens = full * bs
+
+    def add_cached(self, h: bytes, tokens: tuple[int, ...], write: Callable[[int], None]) -> int | None:
+        """Put a block computed elsewhere (the persisted cache, engine/prefix_store.py) in a free page:
+        write(page) fills its K/V, then it is cached, findable by h. None, and nothing changed, when the
+        block is cached already or no page is free (none is evicted for it)."""
+        if not self.enable_prefix_caching or h in self.hash_to_block or not self.free_ids:
+            return None
+        b = self.free_ids.popleft()
+        try:
+            write(b)
+        except BaseException:
+            self.free_ids.appendleft(b)
+            raise
+        self.block_hashes[b], self.block_tokens[b], self.hash_to_block[h] = h, tokens, b
+        self.evictable[b] = None
+        return b
 
     def reset_prefix_cache(self) -> None:
         for b in list(self.evictable):

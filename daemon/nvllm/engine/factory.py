@@ -20,14 +20,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.engine.pinned_prompts import PinnedPrompt, PinnedPromptError, read_pinned_prompts
 from nvllm.engine.pool_backing import PoolBacking
+from nvllm.engine.prefix_store import model_identity
+from nvllm.engine.warmup import Warmup
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
@@ -67,6 +70,7 @@ class ModelInfo:
     kv_format: KVFormat = F32     # what the pool stores keys and values in (cache.dtype)
     num_kv_heads: int = 0         # with head_dim: a token's keys and values, for the pool in another format
     head_dim: int = 0
+    pinned_blocks: int = 0        # pages the pinned prompts hold for good (cache.pinned_prompts)
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
@@ -90,6 +94,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     info: ModelInfo
     load_s: float
+    pinned: list[PinnedPrompt] = field(default_factory=list)   # cache.pinned_prompts, tokenized
 
 
 @dataclass(frozen=True)
@@ -230,7 +235,13 @@ def load_model(settings: Settings) -> LoadedModel:
     else:
         _, words, peak = _folder_plan(path, c, kind)
         info = ModelInfo.of(path, c, model.weights.nbytes, words, peak, kv)
-    return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0)
+    try:
+        pinned = read_pinned_prompts(settings.cache.pinned_prompts, tokenizer, c.vocab_size,
+                                     max_model_len(settings, info), settings.cache.block_size)
+    except PinnedPromptError as e:
+        raise EngineBuildError(str(e)) from None
+    info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size)
+    return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
 
 
 def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
@@ -269,7 +280,8 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
         sizing = size_pool(per_token * cache.block_size, reading.available_bytes,
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
                            cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
-                           max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs)
+                           max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs,
+                           held_blocks=info.pinned_blocks)
     except PoolTooSmall as e:
         raise EngineBuildError(f"page pool too small: {e}") from e
     return PoolPlan(sizing, max_len)
@@ -285,7 +297,8 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     """
     t0 = time.monotonic()
     sz = plan.sizing
-    first = min(sz.num_blocks, math.ceil(plan.max_model_len / sz.block_size))
+    # One max_model_len sequence and the pinned prompts' pages, which are held for good.
+    first = min(sz.num_blocks, math.ceil(plan.max_model_len / sz.block_size) + loaded.info.pinned_blocks)
     kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, loaded.info.kv_format,
                                     resident_blocks=first)
     backing = None
@@ -296,8 +309,23 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
              time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
-    return LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
-                     loaded.generation_defaults, loaded.eos_token_ids, backing)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
+                       loaded.generation_defaults, loaded.eos_token_ids, backing)
+    cache = settings.cache
+    if loaded.pinned or cache.persist_dir:
+        engine.warmup = Warmup(engine, loaded.pinned, cache.persist_dir, cache.persist_max_mb << 20,
+                               identity(settings, loaded.info), loaded.info.vocab_size)
+    return engine
+
+
+def identity(settings: Settings, info: ModelInfo) -> dict[str, Any]:
+    """What the persisted prefix cache must match: the model's files, its shape, how its weights are
+    held and multiplied (engine/prefix_store.py)."""
+    m = settings.model
+    return model_identity(info.path, {
+        "architecture": info.architecture, "num_layers": info.num_layers, "hidden_size": info.hidden_size,
+        "vocab_size": info.vocab_size, "num_kv_heads": info.num_kv_heads, "head_dim": info.head_dim,
+        "weight_format": info.weight_format, "quantization": m.quantization, "activations": m.activations})
 
 
 def build_engine(settings: Settings,

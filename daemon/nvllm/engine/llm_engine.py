@@ -21,6 +21,7 @@ from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob, check_priority
 from nvllm.engine.speculation import Speculator
 from nvllm.engine.structured import StructuredCompiler
+from nvllm.engine.warmup import Warmup
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.kernels import matmul, threads
 from nvllm.model.kv_cache import KVCache
@@ -71,6 +72,8 @@ class LLMEngine:
         # of the GIL); False fills it after the forward pass, on the engine thread.
         self.structured_overlap = True
         self._mask_pool: ThreadPoolExecutor | None = None
+        # Pinned prompts and the persisted prefix cache (engine/warmup.py), set by the factory when asked.
+        self.warmup: Warmup | None = None
 
     @property
     def chat_template(self) -> str | None:
@@ -144,7 +147,8 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or \
+            (self.warmup is not None and self.warmup.busy)
 
     # -- the step -----------------------------------------------------------------------------
     def _take_backed(self) -> None:
@@ -154,6 +158,12 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         self._take_backed()
+        if self.warmup is None:
+            return self._schedule_and_run()
+        self.warmup.advance()   # a share of the start-up work; the pinned prompts' outputs are its own
+        return self.warmup.own(self._schedule_and_run())
+
+    def _schedule_and_run(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
         t0 = time.perf_counter()
         self.speculator.propose(self.scheduler.running)
@@ -404,6 +414,7 @@ class LLMEngine:
             "pages_free": len(bm.free_ids),
             "pages_cached": bm.num_cached_blocks,
             "pages_used": bm.num_used_blocks,
+            "pages_pinned": 0 if self.warmup is None else len(self.warmup.pinned_pages),
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "prefix_cache_hit_rate": bm.prefix_hit_rate,

@@ -206,13 +206,15 @@ def pool_budget(available_bytes: int, memory_fraction: float, reserve_bytes: int
 def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float,
               reserve_bytes: int, max_pool_bytes: int, num_blocks_override: int | None,
               min_blocks_needed: int, *, block_size: int, source: str = "",
-              max_model_len: int | None = None, max_num_seqs: int | None = None) -> PoolSizing:
+              max_model_len: int | None = None, max_num_seqs: int | None = None,
+              held_blocks: int = 0) -> PoolSizing:
     """Pages for the KV pool from one memory reading.
 
     min_blocks_needed: what one max_model_len sequence needs, ceil(max_model_len / block_size).
     max_model_len: only for the error message (defaults to min_blocks_needed * block_size).
     max_num_seqs: when given, the pool never exceeds what the settings can use at once,
     max_num_seqs x min_blocks_needed blocks (num_blocks_override still wins over everything).
+    held_blocks: pages held for good (cache.pinned_prompts), on top of the demand and of what must fit.
     Raises PoolTooSmall, naming the settings to change and the figures, when the pool is smaller.
     """
     if bytes_per_block <= 0 or block_size <= 0:
@@ -220,7 +222,7 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
     if max_num_seqs is not None and max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
     budget = pool_budget(available_bytes, memory_fraction, reserve_bytes, max_pool_bytes)
-    demand = max_num_seqs * min_blocks_needed if max_num_seqs is not None else 0
+    demand = max_num_seqs * min_blocks_needed + held_blocks if max_num_seqs is not None else 0
     overridden = num_blocks_override is not None
     if num_blocks_override is not None:
         num_blocks = num_blocks_override
@@ -234,20 +236,23 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
         available_bytes=available_bytes, source=source or "given", reserve_bytes=reserve_bytes,
         memory_fraction=memory_fraction, max_pool_bytes=max_pool_bytes, budget_bytes=budget,
         overridden=overridden, demand_blocks=demand, max_num_seqs=max_num_seqs or 0)
-    if num_blocks < min_blocks_needed:
+    if num_blocks < min_blocks_needed + held_blocks:
         raise PoolTooSmall(_too_small_message(sizing, min_blocks_needed,
-                                              max_model_len or min_blocks_needed * block_size))
+                                              max_model_len or min_blocks_needed * block_size, held_blocks))
     return sizing
 
 
-def _too_small_message(s: PoolSizing, min_blocks: int, max_model_len: int) -> str:
-    need = min_blocks * s.bytes_per_block
+def _too_small_message(s: PoolSizing, min_blocks: int, max_model_len: int, held: int = 0) -> str:
+    need = (min_blocks + held) * s.bytes_per_block
+    pinned = f" besides the {held} the pinned prompts hold (cache.pinned_prompts)" if held else ""
     head = (f"the KV page pool holds {s.num_blocks} blocks ({s.num_tokens} tokens), but one "
             f"sequence of scheduler.max_model_len={max_model_len} needs {min_blocks} blocks of "
-            f"{s.block_size} tokens ({format_bytes(need)} at {s.bytes_per_block} bytes per block)")
+            f"{s.block_size} tokens{pinned} ({format_bytes(need)} at {s.bytes_per_block} bytes per block)")
+    min_blocks += held
     fixes = []
-    if s.num_tokens >= 2:  # the smallest max_model_len the settings accept
-        fixes.append(f"lower scheduler.max_model_len to {s.num_tokens} or less")
+    room = s.num_tokens - held * s.block_size   # what a sequence may use beside the pinned pages
+    if room >= 2:  # the smallest max_model_len the settings accept
+        fixes.append(f"lower scheduler.max_model_len to {room} or less")
     if s.overridden:
         fixes.append(f"raise cache.num_blocks to {min_blocks} or more")
         return f"{head}. To fix: {', or '.join(fixes)}."

@@ -8,7 +8,8 @@ watchdog, then READY=1 and the line "nvllm serving MODEL on ADDR" on stdout.
 
 Shutdown: the first SIGTERM/SIGINT stops admission at once (readiness NOT_SERVING, new calls
 UNAVAILABLE "draining"), lets running requests finish for up to server.drain_grace_s, ends the rest
-with finish_reason ABORT, and exits 0. A second signal exits at once (status 1).
+with finish_reason ABORT, writes the prefix cache to cache.persist_dir when set, and exits 0. A second
+signal exits at once (status 1).
 
 Daemon takes its memory reader (the watchdog's source of "available bytes") and any extra signal
 handlers as arguments; `main` passes neither, so the daemon reads real memory and answers only
@@ -319,6 +320,8 @@ class Daemon:
             log.warning("drain grace %.1f s elapsed: aborting %d requests", grace, left)
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop_thread)
         self.engine.abort_leftovers()
+        # cache.persist_dir: the pinned and hottest pages for the next start, once nothing runs.
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.save_cache)
         await server.stop(STOP_GRACE_S)
         if self.http is not None:
             await self.http.stop(STOP_GRACE_S)
