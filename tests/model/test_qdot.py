@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.aarch64, pytest.mark.usefixtures("keep_int_variant")]
 
 FORMAT = {f.name: f for f in FORMATS.values()}
 RTOL = 1e-5
-T_SIZES = [1, 2, 3, 4, 5, 7, 16, 33, 64, 200]
+T_SIZES = [1, 2, 3, 4, 5, 6, 7, 16, 33, 64, 200]
 # (rows, blocks per row): rows not a multiple of the kernel's 4; one block; the model's 18 and 48
 LAYOUTS = [(1, 1), (5, 1), (7, 18), (37, 5), (12, 48)]
 VARIANTS = [v for v in mk.int_variants() if v != "float"]

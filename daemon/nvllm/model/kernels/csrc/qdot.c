@@ -181,7 +181,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
  *   V_sums_us(w, x)      the same with every w in 0..15
  *   V_sums8_ss(w, x0, x1), V_sums8_us   i32x8: the sums with x0, then those with x1
  *   V_halves(p0..p3)     f32x4: the four little-endian halves at p0 .. p3
- * A tile is 4 rows of W by 1, 2 or 4 rows of x, its outputs in vectors (lane 4t + r of vector t / 2),
+ * A tile is 4 rows of W by 1 to 8 rows of x, its outputs in vectors (lane 4 (t % 2) + r of vector t / 2),
  * the blocks of a row taken in order. Rows of W past r1 are read as row r1 - 1 and not stored.
  */
 #define QDOT_KERNEL(V, ATTR, XB)                                                                                       \
@@ -214,10 +214,11 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
         }                                                                                                              \
         return acc;                                                                                                    \
     }                                                                                                                  \
-    /* 4 rows of W by NT = 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of acc[t / 2] */                \
+    /* 4 rows of W by NT = 2 .. 8 rows of x (x + t * xs): output (t, r) in lane 4 (t % 2) + r of out[t / 2]; an odd   \
+     * NT's last row is paired with itself (its twin's lanes are not stored): one unpacking of W for all NT */    \
     ATTR INLINE void V##_tile24(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nb,      \
                                 const XB *x, int64_t xs, f32x8 *out) {                                                 \
-        f32x8 acc[2] = {{0}, {0}};                                                                                     \
+        f32x8 acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
         const int bb = block_bytes(fmt);                                                                               \
         for (int64_t b = 0; b < nb; b++) {                                                                             \
             const uint8_t *blk[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                  \
@@ -231,8 +232,8 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
                 const f32x4 mw = V##_halves(blk[0] + Q4_1_M, blk[1] + Q4_1_M, blk[2] + Q4_1_M, blk[3] + Q4_1_M);       \
                 mw8 = (f32x8){mw[0], mw[1], mw[2], mw[3], mw[0], mw[1], mw[2], mw[3]};                                 \
             }                                                                                                          \
-            for (int h = 0; h < NT / 2; h++) {                                                                         \
-                const XB *x0 = x + 2 * h * xs + b, *x1 = x0 + xs;                                                      \
+            for (int h = 0; h < (NT + 1) / 2; h++) {                                                                   \
+                const XB *x0 = x + 2 * h * xs + b, *x1 = 2 * h + 1 < NT ? x0 + xs : x0;                                \
                 const V##_bv xv0 = V##_loadx(x0->q), xv1 = V##_loadx(x1->q);                                           \
                 const i32x8 s = HAS_MIN(fmt) ? V##_sums8_us(wv, xv0, xv1) : V##_sums8_ss(wv, xv0, xv1);                \
                 const f32x8 dx8 = {x0->d, x0->d, x0->d, x0->d, x1->d, x1->d, x1->d, x1->d};                            \
@@ -243,7 +244,7 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
                 }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
-        for (int h = 0; h < NT / 2; h++) out[h] = acc[h];                                                              \
+        for (int h = 0; h < (NT + 1) / 2; h++) out[h] = acc[h];                                                        \
     }                                                                                                                  \
     ATTR INLINE void V##_fmt_rows(const int fmt, const uint8_t *w, int64_t row_bytes, int64_t nb, int64_t r0,          \
                                   int64_t r1, const XB *x, int64_t t0, int64_t tn, float *y, int64_t ys) {             \
@@ -251,22 +252,27 @@ INLINE void q5_bytes(const uint8_t *qh, const uint8_t *qs, int centred, int8_t *
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
             const uint8_t *wr[4];                                                                                      \
             const int live = tile_rows(w, row_bytes, r, r1, wr);                                                       \
-            int64_t t = t0;                                                                                            \
-            f32x8 v[2];                                                                                                \
-            for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
-                V##_tile24(fmt, 4, wr, ahead, nb, x + t * nb, nb, v);                                                  \
-                for (int i = 0; i < 4; i++)                                                                            \
+            f32x8 v[4];                                                                                                \
+            for (int64_t t = t0; t < t0 + tn; t += 8) {                                                                \
+                /* each count its own constant (the tile unrolls): W unpacked once for all of them */                \
+                const int n = t0 + tn - t < 8 ? (int)(t0 + tn - t) : 8;                                                \
+                const XB *xt = x + t * nb;                                                                             \
+                switch (n) {                                                                                           \
+                case 1: {                                                                                              \
+                    const f32x4 one = V##_tile1(fmt, wr, ahead, nb, xt);                                               \
+                    qdot_store(y + t * ys + r, &one, live);                                                            \
+                    continue;                                                                                          \
+                }                                                                                                      \
+                case 2: V##_tile24(fmt, 2, wr, ahead, nb, xt, nb, v); break;                                           \
+                case 3: V##_tile24(fmt, 3, wr, ahead, nb, xt, nb, v); break;                                           \
+                case 4: V##_tile24(fmt, 4, wr, ahead, nb, xt, nb, v); break;                                           \
+                case 5: V##_tile24(fmt, 5, wr, ahead, nb, xt, nb, v); break;                                           \
+                case 6: V##_tile24(fmt, 6, wr, ahead, nb, xt, nb, v); break;                                           \
+                case 7: V##_tile24(fmt, 7, wr, ahead, nb, xt, nb, v); break;                                           \
+                default: V##_tile24(fmt, 8, wr, ahead, nb, xt, nb, v); break;                                          \
+                }                                                                                                      \
+                for (int i = 0; i < n; i++)                                                                            \
                     qdot_store(y + (t + i) * ys + r, (const float *)&v[i / 2] + 4 * (i % 2), live);                    \
-            }                                                                                                          \
-            if (t + 2 <= t0 + tn) {                                                                                    \
-                V##_tile24(fmt, 2, wr, ahead, nb, x + t * nb, nb, v);                                                  \
-                qdot_store(y + t * ys + r, &v[0], live);                                                               \
-                qdot_store(y + (t + 1) * ys + r, (const float *)&v[0] + 4, live);                                      \
-                t += 2;                                                                                                \
-            }                                                                                                          \
-            if (t < t0 + tn) {                                                                                         \
-                const f32x4 v = V##_tile1(fmt, wr, ahead, nb, x + t * nb);                                             \
-                qdot_store(y + t * ys + r, &v, live);                                                                  \
             }                                                                                                          \
         }                                                                                                              \
     }                                                                                                                  \
@@ -405,6 +411,7 @@ INLINE void low_k_scales(int fmt, const uint8_t *const *sb, f32x4 d, f32x4 dmin,
         }
 }
 
+#define KT 8   /* rows of x per K-quant tile at most (8 f32x4 accumulators) */
 #define QDOT_KTILES(V, ATTR, XB)                                                                                       \
     ATTR INLINE void V##_kwblocks(const int fmt, const uint8_t *const *sb, int s, V##_bv *wv) {                        \
         for (int i = 0; i < 4; i++) {                                                                                  \
@@ -421,10 +428,10 @@ INLINE void low_k_scales(int fmt, const uint8_t *const *sb, f32x4 d, f32x4 dmin,
                                     fmt == Q5_K ? sb[i] + Q5_K_QH : NULL, 4 * (s & 1), s, 1);                          \
         }                                                                                                              \
     }                                                                                                                  \
-    /* 4 rows of W by NT = 1, 2 or 4 rows of x (x + t * xs): output (t, r) in lane 4t + r of out */                    \
+    /* 4 rows of W by NT = 1 .. KT rows of x (x + t * xs): output (t, r) in lane r of out[t] */                        \
     ATTR INLINE void V##_ktile(const int fmt, const int NT, const uint8_t *const *wr, int64_t ahead, int64_t nsb,      \
                                const XB *x, int64_t xs, f32x4 *out) {                                                  \
-        f32x4 acc[4] = {{0}, {0}, {0}, {0}};                                                                           \
+        f32x4 acc[KT] = {{0}};                                                                                         \
         const int bb = block_bytes(fmt);                                                                               \
         for (int64_t b = 0; b < nsb; b++) {                                                                            \
             const uint8_t *sb[4] = {wr[0] + b * bb, wr[1] + b * bb, wr[2] + b * bb, wr[3] + b * bb};                   \
@@ -477,15 +484,23 @@ INLINE void low_k_scales(int fmt, const uint8_t *const *sb, f32x4 d, f32x4 dmin,
         for (int64_t r = r0; r < r1; r += 4) {                                                                         \
             const uint8_t *wr[4];                                                                                      \
             const int live = tile_rows(w, row_bytes, r, r1, wr);                                                       \
-            int64_t t = t0;                                                                                            \
-            f32x4 v[4];                                                                                                \
-            for (; t + 4 <= t0 + tn; t += 4) {                                                                         \
-                V##_ktile(fmt, 4, wr, ahead, nb / 8, x + t * nb, nb, v);                                               \
-                for (int i = 0; i < 4; i++) qdot_store(y + (t + i) * ys + r, &v[i], live);                             \
-            }                                                                                                          \
-            for (; t < t0 + tn; t++) {                                                                                 \
-                V##_ktile(fmt, 1, wr, ahead, nb / 8, x + t * nb, nb, v);                                               \
-                qdot_store(y + t * ys + r, &v[0], live);                                                               \
+            f32x4 v[KT];                                                                                               \
+            for (int64_t t = t0; t < t0 + tn; t += KT) {                                                               \
+                /* each count its own constant, so every tile unrolls: a tile's scales and quants are unpacked      \
+                 * once for all its rows of x, so 3 rows in one tile cost less than 2 tiles (or 3) would */          \
+                const int n = t0 + tn - t < KT ? (int)(t0 + tn - t) : KT;                                              \
+                const XB *xt = x + t * nb;                                                                             \
+                switch (n) {                                                                                           \
+                case 1: V##_ktile(fmt, 1, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                case 2: V##_ktile(fmt, 2, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                case 3: V##_ktile(fmt, 3, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                case 4: V##_ktile(fmt, 4, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                case 5: V##_ktile(fmt, 5, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                case 6: V##_ktile(fmt, 6, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                case 7: V##_ktile(fmt, 7, wr, ahead, nb / 8, xt, nb, v); break;                                        \
+                default: V##_ktile(fmt, KT, wr, ahead, nb / 8, xt, nb, v); break;                                      \
+                }                                                                                                      \
+                for (int i = 0; i < n; i++) qdot_store(y + (t + i) * ys + r, &v[i], live);                             \
             }                                                                                                          \
         }                                                                                                              \
     }                                                                                                                  \
