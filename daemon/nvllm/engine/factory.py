@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
+from nvllm.engine.draft_proposer import DraftProposer
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
 from nvllm.engine.pinned_prompts import PinnedPrompt, PinnedPromptError, read_pinned_prompts
@@ -95,6 +96,7 @@ class LoadedModel:
     info: ModelInfo
     load_s: float
     pinned: list[PinnedPrompt] = field(default_factory=list)   # cache.pinned_prompts, tokenized
+    draft: LoadedModel | None = None   # speculative.draft_model, checked to share the tokenizer
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,48 @@ def load_model(settings: Settings) -> LoadedModel:
     except PinnedPromptError as e:
         raise EngineBuildError(str(e)) from None
     info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size)
-    return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
+    loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
+    if settings.speculative.method == "draft":
+        loaded.draft = _load_draft(settings, loaded)
+    return loaded
+
+
+def _load_draft(settings: Settings, target: LoadedModel) -> LoadedModel:
+    """speculative.draft_model, loaded as a model of its own (its file's formats, no pinned prompts) and
+    refused unless its vocabulary is the target's, token for token: its proposals are token ids."""
+    where = f"speculative.draft_model={settings.speculative.draft_model!r}"
+    own = dataclasses.replace(settings, model=dataclasses.replace(
+        settings.model, path=settings.speculative.draft_model, quantization=""),
+        cache=dataclasses.replace(settings.cache, pinned_prompts=[], persist_dir=""),
+        speculative=dataclasses.replace(settings.speculative, method="none"))
+    path = own.model_path()
+    if not (is_gguf(path) and path.is_file() or (path / "config.json").is_file()):
+        raise EngineBuildError(f"{where}: no model at {path}: give a Hugging Face folder with config.json "
+                               f"or a .gguf file sharing the target's tokenizer")
+    try:
+        draft = load_model(own)
+    except EngineBuildError as e:
+        raise EngineBuildError(f"{where}: {e}") from e
+    why = _tokenizer_difference(target, draft)
+    if why:
+        raise EngineBuildError(f"{where} cannot draft for {target.info.path}: {why}; a draft model must "
+                               f"share the target's tokenizer")
+    return draft
+
+
+def _tokenizer_difference(target: LoadedModel, draft: LoadedModel) -> str:
+    """Why draft's token ids do not mean target's ("" when they do): the models' vocabulary sizes and
+    every token string with its id (a dict compare, milliseconds for 150k tokens)."""
+    a, b = target.model.config.vocab_size, draft.model.config.vocab_size
+    if a != b:
+        return f"its vocabulary has {b} tokens, the target's {a}"
+    va = target.tokenizer.backend.get_vocab(with_added_tokens=True)
+    vb = draft.tokenizer.backend.get_vocab(with_added_tokens=True)
+    if va == vb:
+        return ""
+    ids_a, ids_b = {i: t for t, i in va.items()}, {i: t for t, i in vb.items()}
+    first = min(i for i in ids_a.keys() | ids_b.keys() if ids_a.get(i) != ids_b.get(i))
+    return f"token {first} is {ids_b.get(first)!r} in it and {ids_a.get(first)!r} in the target"
 
 
 def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
@@ -311,11 +354,25 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              ", the rest backed in the background" if backing is not None else "")
     engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
                        loaded.generation_defaults, loaded.eos_token_ids, backing)
+    if loaded.draft is not None:
+        engine.speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
     cache = settings.cache
     if loaded.pinned or cache.persist_dir:
         engine.warmup = Warmup(engine, loaded.pinned, cache.persist_dir, cache.persist_max_mb << 20,
                                identity(settings, loaded.info), loaded.info.vocab_size)
     return engine
+
+
+def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftProposer:
+    """The draft's pool, resident now: disable_by_batch_size sequences (the most it ever proposes for)
+    of max_model_len, or of the draft's own limit when shorter."""
+    length = min(max_len, draft.info.max_position_embeddings)
+    bs = settings.cache.block_size
+    blocks = settings.speculative.disable_by_batch_size * math.ceil(length / bs)
+    kv = draft.model.make_kv_cache(blocks, bs, draft.info.kv_format)
+    log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks", draft.info.path,
+             draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks)
+    return DraftProposer(draft.model, kv, length, settings.scheduler.max_num_batched_tokens)
 
 
 def identity(settings: Settings, info: ModelInfo) -> dict[str, Any]:
