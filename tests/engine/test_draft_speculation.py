@@ -150,3 +150,10 @@ def test_a_draft_with_another_tokenizer_is_refused_at_build(tiny_models):
 def test_method_draft_needs_a_draft_model():
     with pytest.raises(ConfigError, match=r"speculative\.draft_model"):
         load_settings(overrides={"speculative": {"method": "draft"}})
+
+
+def test_the_adaptive_cut_comes_before_drafting_and_changes_no_token(tiny):
+    eng = engine(tiny, tiny, adaptive=True)
+    assert tokens(draft_run(eng, PROMPTS, GREEDY)) == tokens(run(engine(tiny, None), PROMPTS, GREEDY))
+    st = eng.stats()
+    assert st["spec_drafts"] > 0 and st["spec_accepted_tokens"] == st["spec_draft_tokens"]

@@ -60,6 +60,9 @@ class DraftProposer:
         self.free: list[int] = list(range(kv_cache.num_blocks - 1, -1, -1))
         self.states: dict[Sequence, DraftState] = {}
         self.num_failures = 0
+        # Whether the last proposal caught a sequence up on more than a step's tokens (a prompt): that
+        # step's time is no price for its rows.
+        self.caught_up_long = False
 
     @property
     def num_free_blocks(self) -> int:
@@ -116,6 +119,7 @@ class DraftProposer:
         """Run each job's uncomputed tokens through the draft, chunk by chunk; the pass that reaches
         a sequence's end gives its first proposal."""
         pending = [j for j in jobs if j.done < j.seq.num_tokens]
+        self.caught_up_long = any(j.seq.num_tokens - j.done > j.k + 1 for j in pending)
         while pending:
             share = max(1, self.chunk_tokens // len(pending))
             items = []

@@ -177,7 +177,7 @@ class LLMEngine:
         finally:
             self.last_step_s = time.perf_counter() - t0
             if decode_only:
-                self.speculator.costs.observe(batch.num_tokens, self.last_step_s)
+                self.speculator.observe(batch.num_tokens, self.last_step_s)
             self.last_step_tokens = batch.num_tokens
             self.step_seconds_total += self.last_step_s
             self.num_timed_steps += 1

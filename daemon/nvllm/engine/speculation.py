@@ -59,6 +59,8 @@ class Speculator:
     def propose(self, running: list[Sequence]) -> None:
         """Set each running sequence's draft_tokens for the coming step (empty when it gets none)."""
         on = self.enabled and len(running) <= self.settings.disable_by_batch_size
+        if self.drafter is not None:
+            self.drafter.caught_up_long = False
         if self.settings.method != "draft" or not on:
             for seq in running:
                 seq.draft_tokens = self._proposal(seq) if on else []
@@ -78,6 +80,12 @@ class Speculator:
             return
         for (seq, _), drafts in zip(wants, self.drafter.propose(wants)):
             seq.draft_tokens = self._cut(seq, drafts)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A decode-only step's time by its rows (the draft's passes included: they are part of what
+        proposing costs), unless the draft caught up on a prompt in it."""
+        if self.drafter is None or not self.drafter.caught_up_long:
+            self.costs.observe(rows, seconds)
 
     def release(self, seq: Sequence) -> None:
         """seq finished, was aborted or preempted: the draft's pages for it go back."""
