@@ -157,3 +157,15 @@ def test_the_adaptive_cut_comes_before_drafting_and_changes_no_token(tiny):
     assert tokens(draft_run(eng, PROMPTS, GREEDY)) == tokens(run(engine(tiny, None), PROMPTS, GREEDY))
     st = eng.stats()
     assert st["spec_drafts"] > 0 and st["spec_accepted_tokens"] == st["spec_draft_tokens"]
+
+
+def test_proposals_stop_at_max_model_len(tiny):
+    # max_model_len (below the draft's own 256 positions) bounds the draft's pool; every request reaches it.
+    params = SamplingParams(temperature=0, ignore_eos=True)
+    prompts = [p[:20] for p in PROMPTS]
+    eng = engine(tiny, tiny, max_model_len=64)
+    assert eng.speculator.drafter is not None and eng.speculator.drafter.max_len == 64
+    outs = draft_run(eng, prompts, params)
+    assert tokens(outs) == tokens(run(engine(tiny, None, max_model_len=64), prompts, params))
+    assert all(o[-1].finish_reason == "length" and o[-1].error is None for o in outs.values())
+    assert all(len(p) + len(t) == 64 for p, t in zip(prompts, tokens(outs).values()))
