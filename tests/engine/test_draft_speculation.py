@@ -169,3 +169,19 @@ def test_proposals_stop_at_max_model_len(tiny):
     assert tokens(outs) == tokens(run(engine(tiny, None, max_model_len=64), prompts, params))
     assert all(o[-1].finish_reason == "length" and o[-1].error is None for o in outs.values())
     assert all(len(p) + len(t) == 64 for p, t in zip(prompts, tokens(outs).values()))
+
+
+def test_the_drafts_pool_is_taken_off_the_memory_the_targets_pool_is_sized_from(tiny):
+    from nvllm.engine.factory import load_model, plan_pool
+    from nvllm.engine.memory import MemoryReading
+    settings = load_settings(overrides={"model": {"path": str(tiny)}, "scheduler": {"max_model_len": 256},
+                                        "cache": {"max_pool_mb": 0},
+                                        "speculative": {"method": "draft", "draft_model": str(tiny)}})
+    loaded = load_model(settings)
+    assert loaded.draft is not None
+    # 4 sequences of 256 positions, 16 per block: 64 blocks of the draft's f32 keys and values
+    assert loaded.info.draft_pool_bytes == 64 * 16 * loaded.draft.info.bytes_per_token
+    reading = MemoryReading(2 << 30, "test")
+    sizing = plan_pool(settings, loaded.info, reading).sizing
+    assert sizing.available_bytes == reading.available_bytes - loaded.info.draft_pool_bytes
+    assert "less the draft's pool" in sizing.source

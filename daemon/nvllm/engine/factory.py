@@ -72,6 +72,7 @@ class ModelInfo:
     num_kv_heads: int = 0         # with head_dim: a token's keys and values, for the pool in another format
     head_dim: int = 0
     pinned_blocks: int = 0        # pages the pinned prompts hold for good (cache.pinned_prompts)
+    draft_pool_bytes: int = 0     # the draft model's own pool (speculative.draft_model), taken off the reading
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
@@ -245,7 +246,10 @@ def load_model(settings: Settings) -> LoadedModel:
     info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size)
     loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
     if settings.speculative.method == "draft":
-        loaded.draft = _load_draft(settings, loaded)
+        loaded.draft = draft = _load_draft(settings, loaded)
+        blocks, _ = _draft_blocks(settings, draft.info, max_model_len(settings, info))
+        loaded.info = dataclasses.replace(
+            info, draft_pool_bytes=blocks * draft.info.bytes_per_token * settings.cache.block_size)
     return loaded
 
 
@@ -320,9 +324,10 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
     per_seq = math.ceil(max_len / cache.block_size)
     try:
         per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
-        sizing = size_pool(per_token * cache.block_size, reading.available_bytes,
+        sizing = size_pool(per_token * cache.block_size, max(0, reading.available_bytes - info.draft_pool_bytes),
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
-                           cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
+                           cache.num_blocks, per_seq, block_size=cache.block_size,
+                           source=reading.source + (" less the draft's pool" if info.draft_pool_bytes else ""),
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs,
                            held_blocks=info.pinned_blocks)
     except PoolTooSmall as e:
@@ -366,13 +371,17 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
 def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftProposer:
     """The draft's pool, resident now: disable_by_batch_size sequences (the most it ever proposes for)
     of max_model_len, or of the draft's own limit when shorter."""
-    length = min(max_len, draft.info.max_position_embeddings)
-    bs = settings.cache.block_size
-    blocks = settings.speculative.disable_by_batch_size * math.ceil(length / bs)
-    kv = draft.model.make_kv_cache(blocks, bs, draft.info.kv_format)
+    blocks, length = _draft_blocks(settings, draft.info, max_len)
+    kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format)
     log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks", draft.info.path,
              draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks)
     return DraftProposer(draft.model, kv, length, settings.scheduler.max_num_batched_tokens)
+
+
+def _draft_blocks(settings: Settings, draft: ModelInfo, max_len: int) -> tuple[int, int]:
+    """(blocks, positions per sequence) of the draft's pool."""
+    length = min(max_len, draft.max_position_embeddings)
+    return settings.speculative.disable_by_batch_size * math.ceil(length / settings.cache.block_size), length
 
 
 def identity(settings: Settings, info: ModelInfo) -> dict[str, Any]:
