@@ -1,4 +1,5 @@
-"""`nvllm bench --speculation`: one stream's time per output token with n-gram speculation and without,
+"""`nvllm bench --speculation`: one stream's time per output token with n-gram speculation (or a draft
+model's, --draft-model) and without,
 on the same engine in the same run, for a task that repeats its input (a JSON record rewritten with
 one field changed; a log summarised with its lines quoted) and for free text, beside the weight-read
 floor (every weight read once per step: the least a token can cost when decode is memory-bound).
@@ -60,18 +61,20 @@ def _run(engine: LLMEngine, messages: list[dict[str, str]], gen_len: int, specul
 
 
 def bench_speculation(model_dir: Path, gen_len: int = 128, repeats: int = 3, threads: int = 0,
-                      num_tokens: int = 4) -> dict[str, Any]:
+                      num_tokens: int = 4, draft_model: str | None = None) -> dict[str, Any]:
     kernel_threads.configure(threads)
     bandwidth = measure_bandwidth_gbs()
     engine = build_engine(load_settings(overrides={
         "model": {"path": str(model_dir), "threads": threads},
         "cache": {"enable_prefix_caching": False, "num_blocks": 64},
         "scheduler": {"max_num_seqs": 1, "max_model_len": 1024},   # or the model's own limit, if less
-        "speculative": {"method": "ngram", "num_tokens": num_tokens}}))
+        "speculative": {"method": "draft" if draft_model else "ngram", "num_tokens": num_tokens,
+                        "draft_model": draft_model or ""}}))
     w = engine.model.weights
     out: dict[str, Any] = {
         "machine": {**machine_info(), "threads": engine.threads},
         "model": {"path": str(model_dir), "weight_bytes": w.nbytes},
+        "method": f"draft model {draft_model}" if draft_model else "n-gram",
         "weight_read_ms": round(w.nbytes / bandwidth / 1e6, 3), "num_tokens": num_tokens, "tasks": []}
     _run(engine, TASKS["free text"], 8, True)   # warm-up
     for name, messages in TASKS.items():
@@ -106,8 +109,8 @@ def format_speculation(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores), {m['threads']} threads",
              f"model: {r['model']['path']} ({r['model']['weight_bytes'] / 2**20:.0f} MiB of weights, read in "
-             f"{r['weight_read_ms']} ms at this machine's bandwidth); n-gram speculation, {r['num_tokens']} "
-             f"tokens proposed at most, one greedy stream",
+             f"{r['weight_read_ms']} ms at this machine's bandwidth); {r.get('method', 'n-gram')} speculation, "
+             f"{r['num_tokens']} tokens proposed at most, one greedy stream",
              "",
              f"{'task':<34} {'tokens':>6} {'ITL without':>11} {'ITL with':>9} {'speed-up':>8} {'steps':>11} "
              f"{'accepted':>8}"]

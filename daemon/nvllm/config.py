@@ -159,8 +159,12 @@ class SchedulerSettings:
 
 @dataclass
 class SpeculativeSettings:
-    # "ngram": tokens proposed from the sequence's own prompt and output (vLLM's prompt lookup); "none": off.
-    method: str = field(default="none", metadata=one_of("none", "ngram"))
+    # "ngram": tokens proposed from the sequence's own prompt and output (vLLM's prompt lookup); "draft":
+    # by a smaller model sharing the target's tokenizer (draft_model), greedily; "none": off.
+    method: str = field(default="none", metadata=one_of("none", "ngram", "draft"))
+    # The draft model for method "draft": a folder or a .gguf, or the name of either under
+    # model.models_dir; its vocabulary must be the target's, token for token.
+    draft_model: str = ""
     # Tokens proposed per step, all verified in one forward pass (vLLM's num_speculative_tokens).
     num_tokens: int = field(default=4, metadata=between(1, 16))
     # The n-gram that must recur for a proposal: the longest of these lengths that matches is used.
@@ -416,5 +420,8 @@ def validate(s: Settings) -> None:
     need(sp.prompt_lookup_min <= sp.prompt_lookup_max,
          f"speculative.prompt_lookup_min ({sp.prompt_lookup_min}) must be <= speculative.prompt_lookup_max "
          f"({sp.prompt_lookup_max})")
+    need(sp.method != "draft" or bool(sp.draft_model),
+         'speculative.method = "draft" needs speculative.draft_model: a model folder or .gguf sharing '
+         "the target's tokenizer")
     need(s.watchdog.low_mb <= s.watchdog.high_mb,
          f"watchdog.low_mb ({s.watchdog.low_mb}) must be <= watchdog.high_mb ({s.watchdog.high_mb})")

@@ -68,3 +68,18 @@ def test_speculation_bench_times_each_task_with_and_without(tiny_models):
         assert t["tokens"] > 0 and t["steps_with"] <= t["steps_without"] <= t["tokens"]
         assert t["itl_ms_without"] > 0 and t["itl_ms_with"] > 0 and 0 <= t["acceptance_rate"] <= 1
     assert "speed-up" in format_speculation(obj)
+
+
+def test_speculation_bench_takes_a_draft_model(tiny_models):
+    tiny = str(tiny_models["tiny-llama"])
+    res = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--speculation", "--model", tiny,
+                          "--draft-model", tiny, "--gen-len", "24", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    obj = json.loads(res.stdout)
+    assert obj["method"] == f"draft model {tiny}"
+    ran = [t for t in obj["tasks"] if "skipped" not in t]
+    assert ran and all(t["steps_with"] <= t["steps_without"] for t in ran)
+    alone = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--model", tiny, "--draft-model", tiny],
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 2 and "--speculation" in alone.stderr

@@ -25,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--speculation", action="store_true",
                    help="one stream's time per token with n-gram speculation and without, on tasks that repeat "
                         "their input and on free text (in-process, --gen-len tokens at most)")
+    b.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="with --speculation: proposals by this draft model (a folder or .gguf sharing --model's "
+                        "tokenizer) instead of n-grams")
     b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
     b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -53,6 +56,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _query(args)
     if args.speculation:
         return _speculation(args)
+    if args.draft_model:
+        print("nvllm bench: --draft-model goes with --speculation", file=sys.stderr)
+        return 2
     try:
         bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
@@ -93,7 +99,8 @@ def _speculation(args: argparse.Namespace) -> int:
     from nvllm.engine.factory import EngineBuildError
 
     try:
-        result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads)
+        result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads,
+                                   draft_model=args.draft_model)
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2

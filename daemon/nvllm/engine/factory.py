@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
+from nvllm.engine.draft_proposer import DraftProposer
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
 from nvllm.engine.pinned_prompts import PinnedPrompt, PinnedPromptError, read_pinned_prompts
@@ -71,6 +72,7 @@ class ModelInfo:
     num_kv_heads: int = 0         # with head_dim: a token's keys and values, for the pool in another format
     head_dim: int = 0
     pinned_blocks: int = 0        # pages the pinned prompts hold for good (cache.pinned_prompts)
+    draft_pool_bytes: int = 0     # the draft model's own pool (speculative.draft_model), taken off the reading
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
@@ -95,6 +97,7 @@ class LoadedModel:
     info: ModelInfo
     load_s: float
     pinned: list[PinnedPrompt] = field(default_factory=list)   # cache.pinned_prompts, tokenized
+    draft: LoadedModel | None = None   # speculative.draft_model, checked to share the tokenizer
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,51 @@ def load_model(settings: Settings) -> LoadedModel:
     except PinnedPromptError as e:
         raise EngineBuildError(str(e)) from None
     info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size)
-    return LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
+    loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
+    if settings.speculative.method == "draft":
+        loaded.draft = draft = _load_draft(settings, loaded)
+        blocks, _ = _draft_blocks(settings, draft.info, max_model_len(settings, info))
+        loaded.info = dataclasses.replace(
+            info, draft_pool_bytes=blocks * draft.info.bytes_per_token * settings.cache.block_size)
+    return loaded
+
+
+def _load_draft(settings: Settings, target: LoadedModel) -> LoadedModel:
+    """speculative.draft_model, loaded as a model of its own (its file's formats, no pinned prompts) and
+    refused unless its vocabulary is the target's, token for token: its proposals are token ids."""
+    where = f"speculative.draft_model={settings.speculative.draft_model!r}"
+    own = dataclasses.replace(settings, model=dataclasses.replace(
+        settings.model, path=settings.speculative.draft_model, quantization=""),
+        cache=dataclasses.replace(settings.cache, pinned_prompts=[], persist_dir=""),
+        speculative=dataclasses.replace(settings.speculative, method="none"))
+    path = own.model_path()
+    if not (is_gguf(path) and path.is_file() or (path / "config.json").is_file()):
+        raise EngineBuildError(f"{where}: no model at {path}: give a Hugging Face folder with config.json "
+                               f"or a .gguf file sharing the target's tokenizer")
+    try:
+        draft = load_model(own)
+    except EngineBuildError as e:
+        raise EngineBuildError(f"{where}: {e}") from e
+    why = _tokenizer_difference(target, draft)
+    if why:
+        raise EngineBuildError(f"{where} cannot draft for {target.info.path}: {why}; a draft model must "
+                               f"share the target's tokenizer")
+    return draft
+
+
+def _tokenizer_difference(target: LoadedModel, draft: LoadedModel) -> str:
+    """Why draft's token ids do not mean target's ("" when they do): the models' vocabulary sizes and
+    every token string with its id (a dict compare, milliseconds for 150k tokens)."""
+    a, b = target.model.config.vocab_size, draft.model.config.vocab_size
+    if a != b:
+        return f"its vocabulary has {b} tokens, the target's {a}"
+    va = target.tokenizer.backend.get_vocab(with_added_tokens=True)
+    vb = draft.tokenizer.backend.get_vocab(with_added_tokens=True)
+    if va == vb:
+        return ""
+    ids_a, ids_b = {i: t for t, i in va.items()}, {i: t for t, i in vb.items()}
+    first = min(i for i in ids_a.keys() | ids_b.keys() if ids_a.get(i) != ids_b.get(i))
+    return f"token {first} is {ids_b.get(first)!r} in it and {ids_a.get(first)!r} in the target"
 
 
 def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
@@ -277,9 +324,10 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
     per_seq = math.ceil(max_len / cache.block_size)
     try:
         per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
-        sizing = size_pool(per_token * cache.block_size, reading.available_bytes,
+        sizing = size_pool(per_token * cache.block_size, max(0, reading.available_bytes - info.draft_pool_bytes),
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
-                           cache.num_blocks, per_seq, block_size=cache.block_size, source=reading.source,
+                           cache.num_blocks, per_seq, block_size=cache.block_size,
+                           source=reading.source + (" less the draft's pool" if info.draft_pool_bytes else ""),
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs,
                            held_blocks=info.pinned_blocks)
     except PoolTooSmall as e:
@@ -311,11 +359,29 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              ", the rest backed in the background" if backing is not None else "")
     engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
                        loaded.generation_defaults, loaded.eos_token_ids, backing)
+    if loaded.draft is not None:
+        engine.speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
     cache = settings.cache
     if loaded.pinned or cache.persist_dir:
         engine.warmup = Warmup(engine, loaded.pinned, cache.persist_dir, cache.persist_max_mb << 20,
                                identity(settings, loaded.info), loaded.info.vocab_size)
     return engine
+
+
+def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftProposer:
+    """The draft's pool, resident now: disable_by_batch_size sequences (the most it ever proposes for)
+    of max_model_len, or of the draft's own limit when shorter."""
+    blocks, length = _draft_blocks(settings, draft.info, max_len)
+    kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format)
+    log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks", draft.info.path,
+             draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks)
+    return DraftProposer(draft.model, kv, length, settings.scheduler.max_num_batched_tokens)
+
+
+def _draft_blocks(settings: Settings, draft: ModelInfo, max_len: int) -> tuple[int, int]:
+    """(blocks, positions per sequence) of the draft's pool."""
+    length = min(max_len, draft.max_position_embeddings)
+    return settings.speculative.disable_by_batch_size * math.ceil(length / settings.cache.block_size), length
 
 
 def identity(settings: Settings, info: ModelInfo) -> dict[str, Any]:

@@ -49,10 +49,10 @@ class LLMEngine:
         bm = BlockManager(kv_cache.num_blocks, kv_cache.block_size, settings.cache.enable_prefix_caching,
                           None if backing is None else backing.backed)
         self.block_manager = bm
+        self.speculator = Speculator(settings.speculative, max_model_len)
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
                                    settings.scheduler.max_num_batched_tokens,
-                                   settings.scheduler.priority_aging_steps)
-        self.speculator = Speculator(settings.speculative, max_model_len)
+                                   settings.scheduler.priority_aging_steps, self.speculator.release)
         self.generation_defaults = dict(generation_defaults or {})
         self.eos_token_ids = frozenset(eos_token_ids)
         self.seqs: dict[str, Sequence] = {}      # every unfinished request, by id
@@ -177,7 +177,7 @@ class LLMEngine:
         finally:
             self.last_step_s = time.perf_counter() - t0
             if decode_only:
-                self.speculator.costs.observe(batch.num_tokens, self.last_step_s)
+                self.speculator.observe(batch.num_tokens, self.last_step_s)
             self.last_step_tokens = batch.num_tokens
             self.step_seconds_total += self.last_step_s
             self.num_timed_steps += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvllm.engine.block_manager import BlockManager
@@ -39,8 +40,9 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 aging_steps: int = 0) -> None:
+                 aging_steps: int = 0, on_release: Callable[[Sequence], None] | None = None) -> None:
         self.block_manager = block_manager
+        self.on_release = on_release   # told of each sequence whose pages are freed (the draft's too)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.aging_steps = aging_steps
@@ -63,6 +65,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        if self.on_release is not None:
+            self.on_release(seq)
         seq.draft_tokens = []
         seq.status = SequenceStatus.WAITING
         seq.waiting_since = self.steps
@@ -194,4 +198,6 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        if self.on_release is not None:
+            self.on_release(seq)
         seq.status = SequenceStatus.FINISHED

@@ -1,4 +1,5 @@
-"""Speculative decoding: which sequences get proposed tokens this step, how many the target model's
+"""Speculative decoding: which sequences get proposed tokens this step (from their own tokens,
+engine/ngram.py, or by a draft model, engine/draft_proposer.py), how many the target model's
 verification accepts, and the counts the metrics report.
 
 A proposal is checked by the target model itself: the step computes the sequence's last token and each
@@ -16,9 +17,10 @@ their share, but not by the same amount for every count (engine/step_costs.py). 
 step verifies, of each sequence's proposal, the prefix that maximises the tokens expected per second:
 the expected tokens from the sequence's own acceptance so far (each proposed position accepted with
 probability a, the k-th therefore with a^k), the seconds from the measured cost of the step's rows.
-Often that is none: free text with few matches costs nothing then. A sequence that gets none is
-still probed now and then, so that its acceptance estimate can recover. Above `disable_by_batch_size`
-running sequences nothing is proposed.
+Often that is none: free text with few matches costs nothing then (with a draft model the cut is
+made before drafting, on how many tokens each sequence may get, so the draft runs only for those).
+A sequence that gets none is still probed now and then, so that its acceptance estimate can recover.
+Above `disable_by_batch_size` running sequences nothing is proposed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from nvllm.config import SpeculativeSettings
 from nvllm.engine import ngram
+from nvllm.engine.draft_proposer import DraftProposer
 from nvllm.engine.sequence import Sequence
 from nvllm.engine.step_costs import StepCosts
 from nvllm.model.sampling.sampler import GREEDY_EPS
@@ -51,14 +54,43 @@ class Speculator:
         self.accepted_per_pos: Counter[int] = Counter()
         self._states: dict[str, Any] = {}   # request id -> its generator's state before the step
         self.costs = StepCosts(settings.disable_by_batch_size * (settings.num_tokens + 1))
+        self.drafter: DraftProposer | None = None   # method "draft": set by the factory
 
     def propose(self, running: list[Sequence]) -> None:
         """Set each running sequence's draft_tokens for the coming step (empty when it gets none)."""
         on = self.enabled and len(running) <= self.settings.disable_by_batch_size
+        if self.drafter is not None:
+            self.drafter.caught_up_long = False
+        if self.settings.method != "draft" or not on:
+            for seq in running:
+                seq.draft_tokens = self._proposal(seq) if on else []
+            if on and self.settings.adaptive:
+                self._choose(running)
+            return
+        # A draft model costs a pass per token proposed: the adaptive cut comes first, on how many each
+        # sequence may get, so the draft runs only for what will be verified.
         for seq in running:
-            seq.draft_tokens = self._proposal(seq) if on else []
-        if on and self.settings.adaptive:
+            seq.draft_tokens = [-1] * self._room(seq)
+        if self.settings.adaptive:
             self._choose(running)
+        wants = [(seq, len(seq.draft_tokens)) for seq in running if seq.draft_tokens]
+        if self.drafter is None or not wants:
+            for seq in running:
+                seq.draft_tokens = []
+            return
+        for (seq, _), drafts in zip(wants, self.drafter.propose(wants)):
+            seq.draft_tokens = self._cut(seq, drafts)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A decode-only step's time by its rows (the draft's passes included: they are part of what
+        proposing costs), unless the draft caught up on a prompt in it."""
+        if self.drafter is None or not self.drafter.caught_up_long:
+            self.costs.observe(rows, seconds)
+
+    def release(self, seq: Sequence) -> None:
+        """seq finished, was aborted or preempted: the draft's pages for it go back."""
+        if self.drafter is not None:
+            self.drafter.release(seq)
 
     def _choose(self, running: list[Sequence]) -> None:
         """Cut each proposal to the length that makes the step's expected tokens per second highest,
@@ -87,19 +119,29 @@ class Speculator:
             rows += best_k
             tokens += sum(a ** i for i in range(1, best_k + 1))
 
-    def _proposal(self, seq: Sequence) -> list[int]:
+    def _room(self, seq: Sequence) -> int:
+        """How many tokens seq may be proposed this step (0: none)."""
         p = seq.params
         if p.disable_speculation or seq.num_uncomputed_tokens != 1:   # prefilling: no decode row yet
-            return []
+            return 0
         assert p.max_tokens is not None   # make_sequence set it
         # A step emits up to k + 1 tokens: never past max_tokens or the context.
         k = min(self.settings.num_tokens, p.max_tokens - seq.num_output_tokens - 1,
                 self.max_model_len - seq.num_tokens - 1)
-        matcher = seq.structured
-        if k <= 0 or (matcher is not None and seq.num_output_tokens < p.min_tokens):
-            return []   # (min_tokens under a grammar depends on the grammar's state at each row)
+        if seq.structured is not None and seq.num_output_tokens < p.min_tokens:
+            return 0   # (min_tokens under a grammar depends on the grammar's state at each row)
+        return max(0, k)
+
+    def _proposal(self, seq: Sequence) -> list[int]:
+        k = self._room(seq)
+        if not k:
+            return []
         s = self.settings
-        drafts = ngram.propose(seq.token_array(), k, s.prompt_lookup_min, s.prompt_lookup_max)
+        return self._cut(seq, ngram.propose(seq.token_array(), k, s.prompt_lookup_min, s.prompt_lookup_max))
+
+    @staticmethod
+    def _cut(seq: Sequence, drafts: list[int]) -> list[int]:
+        matcher = seq.structured
         if drafts and matcher is not None:   # only what the grammar allows can be accepted
             drafts = drafts[:matcher.validate_tokens(drafts)]
         return drafts

@@ -1,0 +1,49 @@
+"""Draft-model speculation through the daemon: with [speculative] method = "draft" and the served model
+drafting for itself, a repeating prompt's greedy answer over gRPC and over HTTP is the offline engine's
+without speculation, token for token, and /metrics labels the acceptance rate "draft"."""
+from __future__ import annotations
+
+import grpc
+import httpx2 as httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers.daemon_util import BASE_CONFIG, NUM_BLOCKS, DaemonProcess, config_with
+from nvllm import LLM, SamplingParams
+from nvllm.v1 import nvllm_pb2 as pb
+from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
+
+IDS = [5, 6, 7, 8, 9, 10, 11, 12] * 3 + [5, 6, 7]
+TOKENS = 40
+
+
+def grpc_tokens(address: str) -> list[int]:
+    req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=IDS), sampling_params=pb.SamplingParams(
+        temperature=0, max_tokens=TOKENS, ignore_eos=True))
+    with grpc.insecure_channel(address) as channel:
+        return [t for r in pb_grpc.GeneratorStub(channel).Generate(req, timeout=60) for t in r.token_ids]
+
+
+def metrics(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_a_daemon_with_a_draft_model_answers_as_the_engine_without_it(tiny, tmp_path) -> None:
+    want = LLM(tiny, num_blocks=NUM_BLOCKS).generate(
+        [{"prompt_token_ids": IDS}], SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))[0]
+    config = config_with(BASE_CONFIG, speculative__method="draft", speculative__draft_model=str(tiny),
+                         speculative__num_tokens=3, speculative__adaptive=False)
+    daemon = DaemonProcess(tmp_path, tiny, config=config, http_listen="127.0.0.1:0")
+    try:
+        assert grpc_tokens(daemon.address) == want.token_ids
+        r = httpx.post(daemon.http_url + "/v1/completions", timeout=60, json={
+            "prompt": IDS, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want.text and r.json()["usage"]["completion_tokens"] == TOKENS
+        m = metrics(daemon.http_url)
+        drafts = m[("vllm:spec_decode_num_draft_tokens_total", ())]
+        assert drafts > 0 and m[("vllm:spec_decode_num_accepted_tokens_total", ())] == drafts
+        assert m[("nvllm:spec_decode_acceptance_rate", (("method", "draft"),))] == 1.0
+    finally:
+        assert daemon.stop() == 0, daemon.log()
