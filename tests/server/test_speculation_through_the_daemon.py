@@ -15,7 +15,9 @@ from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
 IDS = [5, 6, 7, 8, 9, 10, 11, 12] * 3 + [5, 6, 7]
 TOKENS = 40
-SPECULATING = config_with(BASE_CONFIG, speculative__method="ngram", speculative__num_tokens=3)
+# Every proposal verified (adaptive off), so that the counters move whatever this machine's step costs are.
+SPECULATING = config_with(BASE_CONFIG, speculative__method="ngram", speculative__num_tokens=3,
+                          speculative__adaptive=False)
 
 
 def grpc_tokens(address: str, **sampling) -> list[int]:

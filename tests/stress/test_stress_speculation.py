@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.stress, pytest.mark.slow]
 
 NUM_REQUESTS = 64   # the streams one client may hold open (server.max_streams_per_client)
 NUM_BLOCKS = 64      # 16 running sequences of up to ~110 tokens need more: some are preempted
-CONFIG = config_with(BASE_CONFIG, speculative__method="ngram", speculative__disable_by_batch_size=16)
+CONFIG = config_with(BASE_CONFIG, speculative__method="ngram", speculative__disable_by_batch_size=16,
+                     speculative__adaptive=False)   # every proposal verified, whatever the step costs
 
 
 def case(i: int) -> tuple[list[int], dict[str, Any], int]:
