@@ -11,16 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.speculation import PROMPTS, run, tokens
 from nvllm import SamplingParams
 from nvllm.config import ConfigError, load_settings
 from nvllm.engine import ngram
 from nvllm.engine.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.llm import LLM
-
-# Prompts that repeat themselves, so that proposals are made from the first step on, and one that does not.
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 3 + [5, 6, 7], [30 + i % 7 for i in range(40)], list(range(40, 80)),
-           [90, 91, 92, 93, 90, 91, 92]]
 
 
 def engine(model: Path, method: str = "ngram", num_blocks: int = 256, max_num_seqs: int = 32,
@@ -29,27 +26,6 @@ def engine(model: Path, method: str = "ngram", num_blocks: int = 256, max_num_se
         "model": {"path": str(model)}, "cache": {"num_blocks": num_blocks, "block_size": 16},
         "scheduler": {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs},
         "speculative": {"method": method, "adaptive": False, **speculative}}))
-
-
-def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-        check: bool = True) -> dict[str, list]:
-    """Every request to the end, the books checked after each step: request id -> its outputs."""
-    per = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (p, sp) in enumerate(zip(prompts, per)):
-        eng.add_request(f"r{i}", {"prompt_token_ids": p}, sp)
-    outs: dict[str, list] = {f"r{i}": [] for i in range(len(prompts))}
-    while eng.has_unfinished():
-        for out in eng.step():
-            outs[out.request_id].append(out)
-        if check:
-            eng.block_manager.check_integrity(list(eng.seqs.values()))
-    bm = eng.block_manager
-    assert len(bm.free_ids) + bm.num_cached_blocks == bm.num_backed_blocks   # nothing leaked
-    return outs
-
-
-def tokens(outs: dict[str, list]) -> dict[str, list[int]]:
-    return {rid: [t for o in seq for t in o.token_ids] for rid, seq in outs.items()}
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])

@@ -1,7 +1,8 @@
 """Speculative decoding through the daemon: with [speculative] method = "ngram", a repeating prompt's
 greedy answer over gRPC and over HTTP is the offline engine's without speculation, token for token; a
 request that opts out (disable_speculation) gets it too; /metrics carries vLLM's proposal counters and
-the acceptance rate by method; a bad disable_speculation is refused naming the field."""
+the acceptance rate by method; a bad disable_speculation is refused naming the field. The same with
+method = "draft", the served model drafting for itself."""
 from __future__ import annotations
 
 import grpc
@@ -67,5 +68,25 @@ def test_a_daemon_that_does_not_speculate_reports_no_proposal_counters(tiny, tmp
     try:
         grpc_tokens(daemon.address)
         assert not [k for k in metrics(daemon.http_url) if k[0].startswith(("vllm:spec_", "nvllm:spec_"))]
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+
+
+def test_a_daemon_with_a_draft_model_answers_as_the_engine_without_it(tiny, tmp_path) -> None:
+    want = LLM(tiny, num_blocks=NUM_BLOCKS).generate(
+        [{"prompt_token_ids": IDS}], SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))[0]
+    config = config_with(BASE_CONFIG, speculative__method="draft", speculative__draft_model=str(tiny),
+                         speculative__num_tokens=3, speculative__adaptive=False)
+    daemon = DaemonProcess(tmp_path, tiny, config=config, http_listen="127.0.0.1:0")
+    try:
+        assert grpc_tokens(daemon.address) == want.token_ids
+        r = httpx.post(daemon.http_url + "/v1/completions", timeout=60, json={
+            "prompt": IDS, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want.text and r.json()["usage"]["completion_tokens"] == TOKENS
+        m = metrics(daemon.http_url)
+        drafts = m[("vllm:spec_decode_num_draft_tokens_total", ())]
+        assert drafts > 0 and m[("vllm:spec_decode_num_accepted_tokens_total", ())] == drafts   # itself: all
+        assert m[("nvllm:spec_decode_acceptance_rate", (("method", "draft"),))] == 1.0
     finally:
         assert daemon.stop() == 0, daemon.log()
