@@ -34,17 +34,26 @@ def metrics(url: str) -> dict[tuple[str, tuple], float]:
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def test_speculating_daemon_answers_as_the_engine_without_it_over_both_apis(tiny, tmp_path) -> None:
-    want = LLM(tiny, num_blocks=NUM_BLOCKS).generate(
+def unspeculated(model):
+    """The offline engine's greedy answer to IDS, without speculation."""
+    return LLM(model, num_blocks=NUM_BLOCKS).generate(
         [{"prompt_token_ids": IDS}], SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))[0]
+
+
+def assert_http_answer(url: str, want) -> None:
+    r = httpx.post(url + "/v1/completions", timeout=60, json={
+        "prompt": IDS, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want.text and r.json()["usage"]["completion_tokens"] == TOKENS
+
+
+def test_speculating_daemon_answers_as_the_engine_without_it_over_both_apis(tiny, tmp_path) -> None:
+    want = unspeculated(tiny)
     daemon = DaemonProcess(tmp_path, tiny, config=SPECULATING, http_listen="127.0.0.1:0")
     try:
         assert grpc_tokens(daemon.address) == want.token_ids
         assert grpc_tokens(daemon.address, disable_speculation=True) == want.token_ids
-        r = httpx.post(daemon.http_url + "/v1/completions", timeout=60, json={
-            "prompt": IDS, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == want.text and r.json()["usage"]["completion_tokens"] == TOKENS
+        assert_http_answer(daemon.http_url, want)
 
         m = metrics(daemon.http_url)
         drafts = m[("vllm:spec_decode_num_draft_tokens_total", ())]
@@ -73,17 +82,13 @@ def test_a_daemon_that_does_not_speculate_reports_no_proposal_counters(tiny, tmp
 
 
 def test_a_daemon_with_a_draft_model_answers_as_the_engine_without_it(tiny, tmp_path) -> None:
-    want = LLM(tiny, num_blocks=NUM_BLOCKS).generate(
-        [{"prompt_token_ids": IDS}], SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))[0]
+    want = unspeculated(tiny)
     config = config_with(BASE_CONFIG, speculative__method="draft", speculative__draft_model=str(tiny),
                          speculative__num_tokens=3, speculative__adaptive=False)
     daemon = DaemonProcess(tmp_path, tiny, config=config, http_listen="127.0.0.1:0")
     try:
         assert grpc_tokens(daemon.address) == want.token_ids
-        r = httpx.post(daemon.http_url + "/v1/completions", timeout=60, json={
-            "prompt": IDS, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == want.text and r.json()["usage"]["completion_tokens"] == TOKENS
+        assert_http_answer(daemon.http_url, want)
         m = metrics(daemon.http_url)
         drafts = m[("vllm:spec_decode_num_draft_tokens_total", ())]
         assert drafts > 0 and m[("vllm:spec_decode_num_accepted_tokens_total", ())] == drafts   # itself: all
