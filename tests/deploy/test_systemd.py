@@ -6,6 +6,7 @@ The notify tests bind a real unix datagram socket, as systemd does, and point NO
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import socket
@@ -371,3 +372,34 @@ class TestLogs:
         logs.setup_logging("info", stream=stream)
         logging.getLogger("nvllm.test").info("once")
         assert lines(path) == ["INFO nvllm.test: once"]
+
+    def test_an_announced_line_is_never_split_by_a_log_line_from_another_thread(self, log_file) -> None:
+        # The test daemons run with PYTHONUNBUFFERED: print() wrote the address and its newline apart, and
+        # a warning from the prefix-store thread once landed between them ("...:33023WARNING ...").
+        path, stream = log_file
+
+        class EveryWriteApart(io.TextIOWrapper):
+            def write(self, s: str) -> int:
+                n = super().write(s)
+                self.flush()
+                time.sleep(0)             # let the other thread in between any two writes
+                return n
+
+        with open(path, "wb") as raw:
+            out = EveryWriteApart(raw, encoding="utf-8")
+            logs.setup_logging("info", stream=out)
+            log = logging.getLogger("nvllm.engine.prefix_store")
+
+            def warn() -> None:
+                for i in range(300):
+                    log.warning("damaged %d", i)
+
+            logger = threading.Thread(target=warn)
+            logger.start()
+            for i in range(300):
+                logs.announce(f"nvllm serving m on 127.0.0.1:{i}", stream=out)
+            logger.join()
+            out.flush()
+        got = lines(path)
+        assert sorted(got) == sorted([f"WARNING nvllm.engine.prefix_store: damaged {i}" for i in range(300)]
+                                     + [f"nvllm serving m on 127.0.0.1:{i}" for i in range(300)])

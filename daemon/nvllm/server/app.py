@@ -50,7 +50,7 @@ from nvllm.engine.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, avai
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind
-from nvllm.server.logs import setup_logging, stream_is_journal
+from nvllm.server.logs import announce, setup_logging, stream_is_journal
 from nvllm.server.metrics_listener import MetricsListener
 from nvllm.server.service import GeneratorService, add_generator_to_server
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
@@ -293,8 +293,8 @@ class Daemon:
         log.info("ready in %.2f s since process start", self.state.startup_s)
         self.notifier.ready(self.status_line())
         if self.http is not None:
-            print(f"nvllm HTTP API on {self.http.address}", flush=True)
-        print(f"nvllm serving {self.model_name} on {address}", flush=True)
+            announce(f"nvllm HTTP API on {self.http.address}")
+        announce(f"nvllm serving {self.model_name} on {address}")
         if self.pinger is not None:
             self.pinger.start()
         status_task = asyncio.create_task(self._status_loop())

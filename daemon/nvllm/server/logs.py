@@ -142,3 +142,17 @@ def setup_logging(level: str = "info", stream: IO[str] | None = None,
     root.setLevel(LEVELS[level])
     logging.captureWarnings(True)
     return handler
+
+
+def announce(line: str, stream: IO[str] | None = None) -> None:
+    """Print one line that tools read (the "nvllm serving ... on ADDRESS" line) in a single write under the
+    log handler's lock: print() writes the text and the newline apart, and with unbuffered output a log
+    line from another thread (the prefix store loading) could land between them."""
+    out = sys.stdout if stream is None else stream
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, _Handler) and h.stream is out]
+    with contextlib.ExitStack() as held:
+        for h in handlers:
+            if h.lock is not None:
+                held.enter_context(h.lock)
+        out.write(line + "\n")
+        out.flush()
