@@ -1,9 +1,9 @@
-"""A GGUF file's tokenizer rebuilt as a `tokenizers` byte-level BPE.
+"""A GGUF file's byte-level BPE tokenizer (tokenizer.ggml.model "gpt2") rebuilt as a `tokenizers` BPE.
 
 A GGUF file carries its tokenizer as arrays (llama.cpp's convert_hf_to_gguf.py writes them from the Hugging
 Face tokenizer): the tokens in id order, their types, the BPE merges ("a b") and a name for the way text
 is split before BPE (`tokenizer.ggml.pre`). We rebuild the `tokenizers` pipeline the original
-tokenizer.json held, so the ids are those of the original model.
+tokenizer.json held, so the ids are those of the original model. SentencePiece ones are gguf_spm.py's.
 """
 
 from __future__ import annotations
@@ -57,28 +57,25 @@ GGUF_PRE_TOKENIZERS: dict[str, GGUFPreTokenizer] = {
 def gguf_backend(metadata: Mapping[str, Any], source: str) -> _Backend:
     """The `tokenizers` byte-level BPE a GGUF's tokenizer.ggml.* metadata describes."""
     kind = metadata.get("tokenizer.ggml.model")
-    if kind == "llama":
-        raise ValueError(f"{source}: tokenizer.ggml.model is 'llama' (a SentencePiece tokenizer); nvllm reads "
-                         "only byte-level BPE ('gpt2') tokenizers from GGUF files")
     if kind != "gpt2":
-        raise ValueError(f"{source}: tokenizer.ggml.model is {_short(kind)}; nvllm reads only byte-level BPE ('gpt2') "
-                         "tokenizers from GGUF files")
+        raise ValueError(f"{source}: tokenizer.ggml.model is {short_value(kind)}; nvllm reads byte-level BPE "
+                         "('gpt2') and SentencePiece ('llama') tokenizers from GGUF files")
     pre = _gguf_pre_tokenizer(metadata, source)
-    tokens = _gguf_list(metadata, "tokenizer.ggml.tokens", str, source)
-    types = _gguf_list(metadata, "tokenizer.ggml.token_type", int, source)
+    tokens = gguf_list(metadata, "tokenizer.ggml.tokens", str, source)
+    types = gguf_list(metadata, "tokenizer.ggml.token_type", int, source)
     if len(types) != len(tokens):
         raise ValueError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         dup = next(t for i, t in enumerate(tokens) if vocab[t] != i)
-        raise ValueError(f"{source}: tokenizer.ggml.tokens holds {_short(dup)} twice")
+        raise ValueError(f"{source}: tokenizer.ggml.tokens holds {short_value(dup)} twice")
     merges = _gguf_merges(metadata, source)
     backend = _Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
                                   ignore_merges=pre.ignore_merges))
     _set_pipeline(backend, pre)
-    backend.add_special_tokens([_added(t, True) for t, ty in zip(tokens, types) if ty == GGUF_CONTROL])
-    backend.add_tokens([_added(t, False) for t, ty in zip(tokens, types) if ty == GGUF_USER_DEFINED])
-    flags = {f"add_{k}_token": _gguf_bool(metadata, f"tokenizer.ggml.add_{k}_token", source) for k in ("bos", "eos")}
+    backend.add_special_tokens([added_token(t, True) for t, ty in zip(tokens, types) if ty == GGUF_CONTROL])
+    backend.add_tokens([added_token(t, False) for t, ty in zip(tokens, types) if ty == GGUF_USER_DEFINED])
+    flags = {f"add_{k}_token": gguf_bool(metadata, f"tokenizer.ggml.add_{k}_token", source) for k in ("bos", "eos")}
     if any(flags.values()):
         special = gguf_special_tokens(metadata, source)
         for k in ("bos", "eos"):
@@ -103,42 +100,44 @@ def _set_pipeline(backend: _Backend, pre: GGUFPreTokenizer) -> None:
     backend.decoder = decoders.ByteLevel()
 
 
-def _added(token: str, special: bool) -> AddedToken:
+def added_token(token: str, special: bool) -> AddedToken:
     return AddedToken(token, special=special, normalized=False, lstrip=False, rstrip=False, single_word=False)
 
 
 def _gguf_pre_tokenizer(metadata: Mapping[str, Any], source: str) -> GGUFPreTokenizer:
     name = metadata.get("tokenizer.ggml.pre")
     if name not in GGUF_PRE_TOKENIZERS:
-        what = "is missing" if name is None else f"{_short(name)} is not a pre-tokenizer nvllm reproduces"
+        what = "is missing" if name is None else f"{short_value(name)} is not a pre-tokenizer nvllm reproduces"
         raise ValueError(f"{source}: tokenizer.ggml.pre {what}; known: {', '.join(sorted(GGUF_PRE_TOKENIZERS))}")
     return GGUF_PRE_TOKENIZERS[name]
 
 
-def _gguf_list(metadata: Mapping[str, Any], key: str, kind: type, source: str) -> list:
+def gguf_list(metadata: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str) -> list:
     value = metadata.get(key)
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{source}: {key} is {'missing' if value is None else type(value).__name__}, expected a list")
     bad = next((v for v in value if not isinstance(v, kind) or isinstance(v, bool)), None)
     if bad is not None:
-        raise ValueError(f"{source}: {key} holds {_short(bad)}, expected {kind.__name__} values")
+        names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ValueError(f"{source}: {key} holds {short_value(bad)}, expected {names} values")
     return list(value)
 
 
 def _gguf_merges(metadata: Mapping[str, Any], source: str) -> list[tuple]:
     merges = []
-    for m in _gguf_list(metadata, "tokenizer.ggml.merges", str, source):
+    for m in gguf_list(metadata, "tokenizer.ggml.merges", str, source):
         pair = m.split(" ")  # byte-level symbols never hold a plain space
         if len(pair) != 2 or not all(pair):
-            raise ValueError(f"{source}: tokenizer.ggml.merges holds {_short(m)}, expected two symbols and one space")
+            raise ValueError(f"{source}: tokenizer.ggml.merges holds {short_value(m)}, "
+                             "expected two symbols and one space")
         merges.append((pair[0], pair[1]))
     return merges
 
 
-def _gguf_bool(metadata: Mapping[str, Any], key: str, source: str) -> bool:
+def gguf_bool(metadata: Mapping[str, Any], key: str, source: str) -> bool:
     value = metadata.get(key, False)
     if not isinstance(value, bool):
-        raise ValueError(f"{source}: {key} is {_short(value)}, expected true or false")
+        raise ValueError(f"{source}: {key} is {short_value(value)}, expected true or false")
     return value
 
 
@@ -147,7 +146,7 @@ def gguf_token_id(metadata: Mapping[str, Any], key: str, source: str, n_tokens: 
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n_tokens:
-        raise ValueError(f"{source}: {key} is {_short(value)}, not a token id (0..{n_tokens - 1})")
+        raise ValueError(f"{source}: {key} is {short_value(value)}, not a token id (0..{n_tokens - 1})")
     return value
 
 
@@ -157,7 +156,7 @@ _GGUF_SPECIAL_IDS = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unkno
 
 def gguf_special_tokens(metadata: Mapping[str, Any], source: str) -> dict[str, str]:
     """Special token name (bos_token, ...) -> token, for the ids the GGUF sets (llama.cpp spells "seperator")."""
-    tokens = _gguf_list(metadata, "tokenizer.ggml.tokens", str, source)
+    tokens = gguf_list(metadata, "tokenizer.ggml.tokens", str, source)
     found = {}
     for name, key in _GGUF_SPECIAL_IDS.items():
         i = gguf_token_id(metadata, f"tokenizer.ggml.{key}_token_id", source, len(tokens))
@@ -166,7 +165,7 @@ def gguf_special_tokens(metadata: Mapping[str, Any], source: str) -> dict[str, s
     return found
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
     """A metadata value for an error message: a hostile file's value can be any size."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
