@@ -198,10 +198,11 @@ def random_blocks(rng: np.random.Generator, qtype: T, shape: tuple) -> np.ndarra
 def write_random_gguf(out: Path, qtype: T, arch: str = "llama", *, hidden: int = 256, intermediate: int = 512,
                       heads: int = 4, kv_heads: int = 2, layers: int = 1, vocab: int = 64, tied: bool = False,
                       seed: int = 0, context: int = 128, rope_theta: float = 10000.0,
-                      rope_scaling: dict | None = None) -> Path:
+                      rope_scaling: dict | None = None, tokenizer: dict | None = None) -> Path:
     """A small model of random weights: matrices in `qtype` (random blocks for block formats), norms
     and biases F32; rows are multiples of 256 by default so every K-quant fits. llama3 `rope_scaling`
-    (HF's keys) goes in as llama.cpp's rope_freqs.weight."""
+    (HF's keys) goes in as llama.cpp's rope_freqs.weight. `tokenizer`: tokenizer.* keys to write instead
+    of the made-up BPE (its token count must be `vocab`)."""
     rng = np.random.default_rng(seed)
     d = hidden // heads
     w = gguf.GGUFWriter(str(out), arch)
@@ -211,13 +212,16 @@ def write_random_gguf(out: Path, qtype: T, arch: str = "llama", *, hidden: int =
     add_hparams(w, cfg, arch, qtype)
     # whole tokens t2, t3, ... and one merge (t + 3 -> t3) from ids 0 and 1: a BPE the loader can build,
     # enough to serve ids and read them back
-    tokens: list[str] = ["t", "3"] + [f"t{i}" for i in range(2, vocab)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(PRE[arch])
-    w.add_token_list(tokens)
-    w.add_token_types([1] * vocab)
-    w.add_token_merges(["t 3"])
-    w.add_eos_token_id(vocab - 1)
+    if tokenizer is not None:
+        add_tokenizer_metadata(w, tokenizer)
+    else:
+        tokens: list[str] = ["t", "3"] + [f"t{i}" for i in range(2, vocab)]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(PRE[arch])
+        w.add_token_list(tokens)
+        w.add_token_types([1] * vocab)
+        w.add_token_merges(["t 3"])
+        w.add_eos_token_id(vocab - 1)
 
     def matrix(name: str, shape: tuple) -> None:
         if qtype in (T.F32, T.F16, T.BF16) or qtype in QUANTIZABLE:
@@ -252,6 +256,23 @@ def write_random_gguf(out: Path, qtype: T, arch: str = "llama", *, hidden: int =
     if not tied:
         matrix("output.weight", (vocab, hidden))
     return _finish(w, Path(out))
+
+
+def add_tokenizer_metadata(w: gguf.GGUFWriter, meta: dict) -> None:
+    """tokenizer.* keys (as a golden file holds them) in the value types llama.cpp's converter writes."""
+    for key, value in meta.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        elif key == "tokenizer.ggml.scores":
+            w.add_array(key, [float(v) for v in value])  # float32 in the file
+        elif key == "tokenizer.ggml.token_type":
+            w.add_token_types(value)
+        else:
+            w.add_array(key, value)
 
 
 def gguf_dequantized(path: Path) -> dict[str, np.ndarray]:
