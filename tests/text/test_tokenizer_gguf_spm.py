@@ -228,3 +228,21 @@ def test_a_sentencepiece_gguf_serves_chat(tmp_path):
     assert out.prompt_tokens == len(tok.encode_chat(messages))
     assert len(out.token_ids) == 12 and out.text
     assert out.text == tok.decode(out.token_ids) or out.text == " " + tok.decode(out.token_ids)
+
+
+def test_the_converted_folder_tokenizes_as_the_gguf(tmp_path):
+    from nvllm.model.weights.gguf_convert import build_folder
+
+    class Quiet:
+        def step(self, msg: str) -> None: ...
+        def count(self, what: str, i: int, n: int) -> None: ...
+
+    m = meta("spm-llama", tokenizer__ggml__add_bos_token=None)  # BOS by llama.cpp's default, not the key
+    path = write_random_gguf(tmp_path / "spm.gguf", T.F32, hidden=64, intermediate=128, heads=2, kv_heads=1,
+                             vocab=len(m["tokenizer.ggml.tokens"]), tokenizer=m)
+    out = tmp_path / "folder"
+    out.mkdir()
+    build_folder(path, out, Quiet())
+    folder, gguf = Tokenizer.from_dir(out), Tokenizer.from_gguf_metadata(m, "spm.gguf")
+    for case in golden("spm-llama")["encode"]:
+        assert folder.encode(case["text"]) == gguf.encode(case["text"]) == case["ids"], case["text"]

@@ -120,7 +120,8 @@ def build_folder(gguf_path: Path, out: Path, prog: Progress) -> None:
     check_tokenizer(tok.backend)
     tok.backend.save(str(out / "tokenizer.json"))
     bos_id, eos_id = tok.bos_token_id, tok.eos_token_id
-    add_bos = bool(g.metadata.get("tokenizer.ggml.add_bos_token", False))
+    # what the tokenizer does, not the key: a SentencePiece file without it adds BOS (llama.cpp's default)
+    add_bos = bos_id is not None and tok.encode("")[:1] == [bos_id]
     _write_json(out / "tokenizer_config.json", tokenizer_config(tok, add_bos, c.max_position_embeddings))
     _write_json(out / "config.json", hf_config(c, bos_id, eos_id))
     _write_json(out / "generation_config.json",
