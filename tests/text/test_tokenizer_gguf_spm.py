@@ -94,6 +94,17 @@ def test_special_tokens_and_flags_come_from_the_metadata(llama: Tokenizer):
     assert tok.decode([1, user, x, end], skip_special_tokens=False) == "<s><|user|> x<|end|>"
 
 
+def test_end_of_turn_control_tokens_end_a_reply_as_in_llama_cpp():
+    llama = Tokenizer.from_gguf_metadata(meta("spm-llama"), "phi3.gguf")
+    gemma = Tokenizer.from_gguf_metadata(meta("spm-gemma"), "gemma.gguf")
+    assert llama.extra_eos_ids == {tid(llama, "<|end|>")}
+    assert gemma.extra_eos_ids == {tid(gemma, "<end_of_turn>")}
+    m = meta("spm-llama")  # a user-defined token of that name ends nothing
+    m["tokenizer.ggml.token_type"] = [GGUF_USER_DEFINED if t == "<|end|>" else ty
+                                      for t, ty in zip(m["tokenizer.ggml.tokens"], m["tokenizer.ggml.token_type"])]
+    assert Tokenizer.from_gguf_metadata(m, "user.gguf").extra_eos_ids == frozenset()
+
+
 def test_gemma_has_no_dummy_prefix_and_keeps_leading_spaces():
     tok = Tokenizer.from_gguf_metadata(meta("spm-gemma"), "gemma.gguf")
     assert (tok.bos_token, tok.bos_token_id, tok.eos_token, tok.pad_token_id) == ("<bos>", 2, "<eos>", 0)

@@ -45,6 +45,16 @@ SPM_DEFAULTS: dict[str, Any] = {
 }
 
 
+# Control tokens llama.cpp ends a reply at by their text, whatever the file's ids say (Gemma's, Phi-3's, ...).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|end|>", "<|eot_id|>", "<|im_end|>", "<EOT>")
+
+
+def spm_end_of_turn_ids(metadata: Mapping[str, Any]) -> list[int]:
+    """Ids of the control tokens in END_OF_TURN_TOKENS (metadata already checked by spm_backend)."""
+    pairs = zip(metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"])
+    return [i for i, (t, ty) in enumerate(pairs) if ty == GGUF_CONTROL and t in END_OF_TURN_TOKENS]
+
+
 def with_spm_defaults(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """metadata with llama.cpp's defaults for the keys a SentencePiece GGUF leaves out (an id only where the
     vocabulary has it)."""

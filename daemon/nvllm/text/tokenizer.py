@@ -24,7 +24,7 @@ from nvllm.text.chat_template import (
     select_chat_template,
     template_takes_tools,
 )
-from nvllm.text.gguf_spm import spm_backend, with_spm_defaults
+from nvllm.text.gguf_spm import spm_backend, spm_end_of_turn_ids, with_spm_defaults
 from nvllm.text.gguf_vocab import gguf_backend, gguf_special_tokens, gguf_token_id
 from nvllm.text.tokenizer_config import add_declared_tokens, apply_bos_eos_flags, folder_special_tokens, read_json
 
@@ -98,8 +98,10 @@ class Tokenizer:
         (tokenizer.ggml.* and tokenizer.chat_template). Byte-level BPE ("gpt2") or SentencePiece
         ("llama", with llama.cpp's defaults for what it leaves out); the special token ids, add_bos and the
         chat template come from the metadata. The end-of-turn (and end-of-message) ids, when they differ
-        from the EOS id, are in extra_eos_ids."""
-        if metadata.get("tokenizer.ggml.model") == "llama":
+        from the EOS id, are in extra_eos_ids (for SentencePiece also the control tokens llama.cpp ends a
+        turn at by name: <end_of_turn>, <|end|>, ...)."""
+        sentencepiece = metadata.get("tokenizer.ggml.model") == "llama"
+        if sentencepiece:
             metadata = with_spm_defaults(metadata)
             backend = spm_backend(metadata, source)
         else:
@@ -107,7 +109,9 @@ class Tokenizer:
         tokens = metadata["tokenizer.ggml.tokens"]
         special = gguf_special_tokens(metadata, source)
         eos = special.get("eos_token")
-        ends = (gguf_token_id(metadata, f"tokenizer.ggml.{k}_token_id", source, len(tokens)) for k in ("eot", "eom"))
+        ends = [gguf_token_id(metadata, f"tokenizer.ggml.{k}_token_id", source, len(tokens)) for k in ("eot", "eom")]
+        if sentencepiece:
+            ends += spm_end_of_turn_ids(metadata)
         template = metadata.get("tokenizer.chat_template")
         if template is not None and not isinstance(template, str):
             raise ValueError(f"{source}: tokenizer.chat_template is {type(template).__name__}, expected a string")
