@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 from gguf import GGMLQuantizationType as T
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.gguf_util import write_random_gguf
 from helpers.paths import ROOT
-from helpers.tokenizer_cases import stream
+from helpers.tokenizer_cases import PROPERTY, stream
 from nvllm.sampling_params import SamplingParams
 from nvllm.text.detokenizer import REPLACEMENT_CHAR
 from nvllm.text.gguf_spm import GGUF_BYTE, GGUF_NORMAL
@@ -79,6 +81,16 @@ def test_text_round_trips_where_no_special_token_is_written(variant):
     for case in golden(name)["encode"]:
         if "<" not in case["text"]:  # the special-token cases lose their tokens, as SentencePiece's do
             assert tok.decode(tok.encode(case["text"])) == case["text"], case["text"]
+
+
+@PROPERTY
+@given(text=st.text(st.characters(blacklist_characters="<▁", blacklist_categories=("Cs",)), max_size=40))
+def test_any_text_round_trips_and_streams_whole(variant, text: str):
+    name, tok = variant
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    deltas, tail = stream(tok, [], ids)
+    assert "".join(deltas) + tail == text
 
 
 def test_special_tokens_and_flags_come_from_the_metadata(llama: Tokenizer):
