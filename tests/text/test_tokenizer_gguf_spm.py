@@ -84,7 +84,7 @@ def test_text_round_trips_where_no_special_token_is_written(variant):
 
 
 @PROPERTY
-@given(text=st.text(st.characters(blacklist_characters="<▁", blacklist_categories=("Cs",)), max_size=40))
+@given(text=st.text(st.characters(codec="utf-8", exclude_characters="<▁"), max_size=40))
 def test_any_text_round_trips_and_streams_whole(variant, text: str):
     name, tok = variant
     ids = tok.encode(text)
