@@ -164,7 +164,7 @@ class OpenAIApi:
                 log.info("admitted over HTTP: %d choice(s), %d prompt tokens, max_tokens %d%s",
                          len(seqs), seqs[0].num_prompt_tokens, seqs[0].params.max_tokens,
                          f", user {req.user!r}" if req.user else "")
-                builder = ResponseBuilder(req, rid, st.model_name)
+                builder = ResponseBuilder(req, rid, st.model_name, st.reasoning_parser)
                 if req.stream:
                     handed_over = True     # the event stream releases the client's count when it ends
                     release = _Release(st, client, streams, trackers)
