@@ -31,3 +31,31 @@ def make_thinking_qwen3(tiny_models: dict[str, Path], tmp_path_factory: pytest.T
     cfg["chat_template"] = THINKING_TEMPLATE
     cfg_path.write_text(json.dumps(cfg))
     return folder
+
+
+def make_think_tokens(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-llama with THINKING_TEMPLATE and, as Qwen3's and DeepSeek-R1's tokenizers have them, <think> and
+    </think> as added tokens that are not special (text to the detokenizer); two embedding rows more."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as Backend
+
+    folder = tmp_path_factory.mktemp("think-tokens") / "tiny-think-tokens"
+    shutil.copytree(tiny_models["tiny-llama"], folder)
+    backend = Backend.from_file(str(folder / "tokenizer.json"))
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
+    backend.save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "config.json").read_text())
+    for name, changes in (("tokenizer_config.json", {"chat_template": THINKING_TEMPLATE}),
+                          ("config.json", {"vocab_size": config["vocab_size"] + 2})):
+        cfg = json.loads((folder / name).read_text())
+        cfg.update(changes)
+        (folder / name).write_text(json.dumps(cfg))
+    weights = load_file(str(folder / "model.safetensors"))
+    rows = np.random.default_rng(0).normal(0, 0.1, (2, config["hidden_size"])).astype(np.float32)
+    for key in ("lm_head.weight", "model.embed_tokens.weight"):
+        if key in weights:
+            weights[key] = np.concatenate([weights[key], rows.astype(weights[key].dtype)])
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder

@@ -4,13 +4,17 @@ split from every chunking of a stream (tags split across chunks never leak), and
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from nvllm.engine.sequence import RequestOutput
 from nvllm.sampling_params import SamplingParams, StructuredSpec
 from nvllm.server.http.openai_request import parse_chat
 from nvllm.server.http.openai_response import ResponseBuilder
-from nvllm.server.reasoning import ReasoningStream, split_reasoning, thinking_requested
+from nvllm.server.reasoning import ReasoningStream, answer_thinks, split_reasoning, thinking_requested
+from nvllm.server.service import GeneratorService
 
 CASES = [
     # (text, reasoning, content) for deepseek_r1 and qwen3 with thinking on
@@ -73,9 +77,9 @@ def out(text: str, finished: bool = False) -> RequestOutput:
                          5, len(text), 0)
 
 
-def builder(parser: str, **body) -> ResponseBuilder:
+def builder(parser: str, thinks: bool = True, **body) -> ResponseBuilder:
     req = parse_chat({"messages": [{"role": "user", "content": "hi"}], **body}, "m", 4)
-    return ResponseBuilder(req, "id", "m", parser)
+    return ResponseBuilder(req, "id", "m", parser, thinks)
 
 
 PIECES = ["<thi", "nk>Hm", "m.</th", "ink>\n\nBl", "ue."]
@@ -103,10 +107,15 @@ def test_stream_deltas_carry_reasoning_content_apart():
     assert not any("think>" in v for d in deltas for v in d.values())
 
 
-def test_without_a_parser_or_with_a_constraint_nothing_changes():
-    for b in (builder(""), builder("qwen3", response_format={"type": "json_object"})):
-        b.add(0, out("<think>a</think>b", finished=True))
-        assert b.response()["choices"][0]["message"] == {"role": "assistant", "content": "<think>a</think>b"}
+def seq(params: SamplingParams, waits: bool = False) -> Any:
+    """What answer_parser reads of a Sequence: its params, and whether its grammar waits for the thinking."""
+    return SimpleNamespace(params=params, structured_after_thinking=(1, object()) if waits else None)
+
+
+def test_without_a_parser_nothing_changes():
+    b = builder("")
+    b.add(0, out("<think>a</think>b", finished=True))
+    assert b.response()["choices"][0]["message"] == {"role": "assistant", "content": "<think>a</think>b"}
     b = builder("qwen3", chat_template_kwargs={"enable_thinking": False})
     b.add(0, out("Blue.", finished=True))
     assert b.response()["choices"][0]["message"] == {"role": "assistant", "content": "Blue.",
@@ -116,20 +125,43 @@ def test_without_a_parser_or_with_a_constraint_nothing_changes():
 def test_grpc_responses_carry_reasoning_text_apart():
     from grpc_health.v1._async import HealthServicer
 
-    from nvllm.server.service import GeneratorService
     from nvllm.server.state import DaemonState
 
     state = DaemonState("m", HealthServicer(), 8, 8, 1 << 20)
     state.reasoning_parser = "deepseek_r1"
     service = GeneratorService(state)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    stream = service._reasoning("chat", chat, SamplingParams())
+    stream = service._reasoning("chat", chat, seq(SamplingParams()))
     assert stream is not None
     rs = [service._response("r", out(p, finished=i == len(PIECES) - 1), 0.0, None, stream)
           for i, p in enumerate(PIECES)]
     assert "".join(r.reasoning_text for r in rs) == "Hmm." and "".join(r.text for r in rs) == "\n\nBlue."
-    constrained = SamplingParams(structured=StructuredSpec("json_object"))
-    assert service._reasoning("prompt", "hi", SamplingParams()) is None
-    assert service._reasoning("chat", chat, constrained) is None
+    assert service._reasoning("prompt", "hi", seq(SamplingParams())) is None
     state.reasoning_parser = ""
-    assert service._reasoning("chat", chat, SamplingParams()) is None
+    assert service._reasoning("chat", chat, seq(SamplingParams())) is None
+
+
+def test_a_constrained_answer_thinks_only_when_its_grammar_waits_for_the_thinking():
+    constrained = SamplingParams(structured=StructuredSpec("json_object"))
+    assert not answer_thinks(seq(constrained))          # masked from the first token: all content
+    assert answer_thinks(seq(constrained, waits=True)) and answer_thinks(seq(SamplingParams()))
+    b = builder("qwen3", thinks=False)
+    b.add(0, out("{}", finished=True))
+    assert b.response()["choices"][0]["message"] == {"role": "assistant", "content": "{}", "reasoning_content": None}
+    state = SimpleNamespace(reasoning_parser="deepseek_r1")
+    stream = GeneratorService(state)._reasoning("chat", {"messages": []}, seq(constrained))   # type: ignore[arg-type]
+    assert stream is not None and stream.feed("{}", final=True) == ("", "{}")
+
+
+def test_the_setting_and_its_flag(capsys: pytest.CaptureFixture[str]):
+    from nvllm import cli
+    from nvllm.server import app
+
+    def settings(*flags: str):
+        return app.settings_from_args(cli.build_parser().parse_args(["serve", *flags]))
+
+    assert settings().server.reasoning_parser == ""
+    assert settings("--reasoning-parser", "deepseek_r1").server.reasoning_parser == "deepseek_r1"
+    # An unknown name is a config error naming the setting and the names there are (nvllm serve exits 2).
+    assert app.main(cli.build_parser().parse_args(["serve", "--reasoning-parser", "qwen"])) == 2
+    assert 'server.reasoning_parser must be one of "", "qwen3" or "deepseek_r1", got "qwen"' in capsys.readouterr().err

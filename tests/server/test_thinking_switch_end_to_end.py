@@ -16,9 +16,11 @@ import httpx2 as httpx
 import pytest
 from grpc_health.v1._async import HealthServicer
 
-from helpers.thinking_template import EMPTY_THINK, USER, make_thinking_qwen3
+from helpers.thinking_template import EMPTY_THINK, USER, make_think_tokens, make_thinking_qwen3
 from nvllm import LLM
+from nvllm.config import load_settings
 from nvllm.engine.async_engine import AsyncEngine
+from nvllm.engine.factory import build_engine
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.service import GeneratorService, add_generator_to_server
 from nvllm.server.state import DaemonState
@@ -34,15 +36,19 @@ def thinking_qwen3(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPa
     return make_thinking_qwen3(tiny_models, tmp_path_factory)
 
 
-def run(folder: Path, body: Any) -> Any:
+def run(folder: Path, body: Any, reasoning_parser: str = "") -> Any:
     """body(http client, grpc stub, state) against both APIs over one started engine."""
-    llm = LLM(folder, num_blocks=64, max_num_seqs=4, max_model_len=256)
+    settings = load_settings(overrides={"model": {"path": str(folder)}, "cache": {"num_blocks": 64},
+                                        "scheduler": {"max_num_seqs": 4, "max_model_len": 256},
+                                        "server": {"reasoning_parser": reasoning_parser}})
+    llm = LLM.from_engine(build_engine(settings))
     empty_think = len(llm.tokenizer.encode(EMPTY_THINK, add_special_tokens=False))
 
     async def main() -> Any:
         ae = AsyncEngine(llm.engine)
         ae.start()
         state = DaemonState("tiny-qwen3", HealthServicer(), 64, 4, 1 << 20)
+        state.reasoning_parser = reasoning_parser
         await state.set_ready(ae, None)
         api = OpenAIApi(state, None, 1 << 20, metrics=state.metrics)
         server = grpc.aio.server()
@@ -70,8 +76,8 @@ def sse(r: httpx.Response) -> tuple[str, str]:
 
 
 def chat(**kw: Any) -> pb.GenerateRequest:
-    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in USER]),
-                              sampling_params=pb.SamplingParams(max_tokens=6, temperature=0), **kw)
+    kw.setdefault("sampling_params", pb.SamplingParams(max_tokens=6, temperature=0))
+    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in USER]), **kw)
 
 
 async def grpc_call(stub: Any, req: pb.GenerateRequest) -> list[pb.GenerateResponse] | grpc.aio.AioRpcError:
@@ -147,3 +153,36 @@ def test_bad_chat_template_kwargs_are_refused_naming_the_field(thinking_qwen3: P
     assert details[1].startswith("chat_template_kwargs is not valid JSON")
     assert details[2].startswith("chat_template_kwargs.tools would override the chat template's own variable")
     assert details[3].startswith("chat_template_kwargs needs chat input")
+
+
+COLOUR: dict[str, Any] = {"type": "json_schema",
+                          "json_schema": {"name": "colour", "schema": {"enum": ["red", "green", "blue"]}}}
+
+
+def test_response_format_applies_after_the_thinking(tiny_models: dict[str, Path],
+                                                     tmp_path_factory: pytest.TempPathFactory):
+    """</think> as one token: the schema masks only the answer, which comes back as content, the thinking apart."""
+    folder = make_think_tokens(tiny_models, tmp_path_factory)
+
+    async def body(client: httpx.AsyncClient, stub: Any, state: DaemonState) -> list[Any]:
+        end = 513                        # </think>, the second token added to tiny-llama's 512
+        req = {"messages": USER, "max_tokens": 120, "temperature": 1.0, "seed": 3, "logit_bias": {str(end): 4.0},
+               "response_format": COLOUR}
+        whole = (await client.post("/v1/chat/completions", json=req)).json()
+        streamed = sse(await client.post("/v1/chat/completions", json={**req, "stream": True}))
+        closed = (await client.post("/v1/chat/completions", json={**req, "chat_template_kwargs": OFF})).json()
+        grpc_rs = await grpc_call(stub, chat(structured=pb.StructuredOutput(json_schema=json.dumps(
+            COLOUR["json_schema"]["schema"])), sampling_params=pb.SamplingParams(
+            max_tokens=120, temperature=1.0, seed=3, logit_bias={end: 4.0})))
+        return [whole, streamed, closed, grpc_rs]
+
+    _, (whole, streamed, closed, grpc_rs) = run(folder, body, "qwen3")
+    message = whole["choices"][0]["message"]
+    assert json.loads(message["content"]) in ("red", "green", "blue"), message
+    assert message["reasoning_content"] and "think>" not in message["reasoning_content"]
+    assert streamed == (message["reasoning_content"], message["content"])
+    # The template closed the thinking: masked from the first token, all content.
+    assert json.loads(closed["choices"][0]["message"]["content"]) in ("red", "green", "blue")
+    assert closed["choices"][0]["message"]["reasoning_content"] is None
+    assert "".join(r.text for r in grpc_rs) == message["content"]
+    assert "".join(r.reasoning_text for r in grpc_rs) == message["reasoning_content"]

@@ -29,7 +29,7 @@ from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.generate_request import BadRequest, invalid_message, proto_field, read_request
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import RequestTracker
-from nvllm.server.reasoning import ReasoningStream, thinking_requested
+from nvllm.server.reasoning import ReasoningStream, answer_thinks, thinking_requested
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
 from nvllm.server.wire import UndecodableRequest, decode_generate_request
 from nvllm.v1 import nvllm_pb2 as pb
@@ -129,6 +129,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             st.check_admission()
         except Refused as e:
             await _abort_refused(context, track, e)
+        reasoning = self._reasoning(input_field, prompt, seq)    # before the engine takes seq
         try:
             stream = engine.add(seq)
         except (InvalidParameter, EngineDead) as e:
@@ -137,7 +138,6 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             await _abort(context, code, str(e))
         track.admitted(seq.num_prompt_tokens)
         log.info("admitted: %d prompt tokens, max_tokens %d", seq.num_prompt_tokens, seq.params.max_tokens)
-        reasoning = self._reasoning(input_field, prompt, params)
         first_token_time = None
         try:
             with stream:
@@ -169,13 +169,13 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         except InvalidParameter as e:
             raise BadRequest(proto_field(e.field, input_field), invalid_message(e, input_field)) from None
 
-    def _reasoning(self, input_field: str, prompt: Any, params: SamplingParams) -> ReasoningStream | None:
-        """The answer's thinking reader (server.reasoning_parser): chat only, and not for a constrained
-        answer, which the grammar masks from its first token."""
+    def _reasoning(self, input_field: str, prompt: Any, seq: Sequence) -> ReasoningStream | None:
+        """The answer's thinking reader (server.reasoning_parser): chat only."""
         parser = self.state.reasoning_parser
-        if not parser or input_field != "chat" or params.structured is not None:
+        if not parser or input_field != "chat":
             return None
-        return ReasoningStream(parser, thinking_requested(parser, prompt.get("chat_template_kwargs")))
+        thinks = answer_thinks(seq) and thinking_requested(parser, prompt.get("chat_template_kwargs"))
+        return ReasoningStream(parser, thinks)
 
     def _response(self, rid: str, out: RequestOutput, t0: float, first_token_time: float | None,
                   reasoning: ReasoningStream | None = None) -> pb.GenerateResponse:

@@ -62,8 +62,10 @@ class Usage:
 class ResponseBuilder:
     """Builds one request's response object, or its stream chunks, from the engine's outputs."""
 
-    def __init__(self, req: ParsedRequest, request_id: str, model_name: str, reasoning_parser: str = "") -> None:
-        """reasoning_parser (server.reasoning_parser): chat answers' thinking goes to reasoning_content."""
+    def __init__(self, req: ParsedRequest, request_id: str, model_name: str, reasoning_parser: str = "",
+                 thinks: bool = True) -> None:
+        """reasoning_parser (server.reasoning_parser): chat answers' thinking goes to reasoning_content;
+        thinks: whether the answers may think at all (reasoning.answer_thinks)."""
         self.req = req
         self.chat = req.kind == CHAT
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
@@ -81,10 +83,9 @@ class ResponseBuilder:
         # With tools, each choice's text is read as content and tool calls (tool_calls.py).
         self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
                              if plan is not None and plan.style is not None else None)
-        # A constraint masks from the first token, so a constrained answer has no thinking to read apart.
-        thinking = thinking_requested(reasoning_parser, req.template_kwargs)
+        thinking = thinks and thinking_requested(reasoning_parser, req.template_kwargs)
         self.reasoning = ([ReasoningStream(reasoning_parser, thinking) for _ in range(n)]
-                          if reasoning_parser and self.chat and req.params.structured is None else None)
+                          if reasoning_parser and self.chat else None)
         if req.echo:
             for i in range(n):
                 self.offsets[i] = len(req.prompts[i // req.n])
