@@ -165,3 +165,28 @@ def test_the_setting_and_its_flag(capsys: pytest.CaptureFixture[str]):
     # An unknown name is a config error naming the setting and the names there are (nvllm serve exits 2).
     assert app.main(cli.build_parser().parse_args(["serve", "--reasoning-parser", "qwen"])) == 2
     assert 'server.reasoning_parser must be one of "", "qwen3" or "deepseek_r1", got "qwen"' in capsys.readouterr().err
+
+
+def test_tool_calls_are_read_from_the_content_after_the_thinking():
+    from helpers.tool_call_cases import QWEN_TOOLS_TEMPLATE, SHORT_TOOLS
+
+    answer = '<think>The time, then.</think>\n\n<tool_call>\n{"name": "get_day", "arguments": {}}\n</tool_call>'
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": SHORT_TOOLS, "tool_choice": "auto"}
+
+    def tool_builder() -> ResponseBuilder:
+        return ResponseBuilder(parse_chat(body, "m", 4, QWEN_TOOLS_TEMPLATE), "id", "m", "qwen3")
+
+    b = tool_builder()
+    b.add(0, out(answer, finished=True))
+    (choice,) = b.response()["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert message["reasoning_content"] == "The time, then." and message["content"] is None
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_day"]
+    b = tool_builder()
+    pieces = [answer[i:i + 5] for i in range(0, len(answer), 5)]
+    deltas = [c["choices"][0]["delta"] for i, p in enumerate(pieces)
+              for c in b.chunks(0, out(p, finished=i == len(pieces) - 1))]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "The time, then."
+    names = [tc["function"]["name"] for d in deltas for tc in d.get("tool_calls") or [] if "name" in tc["function"]]
+    assert names == ["get_day"] and not "".join(d.get("content") or "" for d in deltas).strip()

@@ -129,7 +129,8 @@ class ResponseBuilder:
             reasoning, text = self.reasoning[index].feed(text, final=True)
             thought = {"reasoning_content": reasoning or None}
         if self.tool_streams is None or plan is None:
-            return {"role": "assistant", "content": text or None if thought else text, **thought}
+            # With a parser, an answer that is all thinking has no content (vLLM's null).
+            return {"role": "assistant", "content": (text or None) if thought else text, **thought}
         content, calls = read_tool_calls(text, plan)
         self.finish[index] = finish_reason(self.finish[index], len(calls))
         return {"role": "assistant", "content": content, **thought, "tool_calls": [c.to_dict() for c in calls]}
