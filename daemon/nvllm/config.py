@@ -196,6 +196,9 @@ class ServerSettings:
     tls_key: str = ""
     # When set, clients must present a certificate signed by this CA (mutual TLS).
     tls_client_ca: str = ""
+    # Chat answers' thinking (<think>...</think>) sent apart from their content (server/reasoning.py,
+    # vLLM's parsers of the same names); empty: the text as the model wrote it.
+    reasoning_parser: str = field(default="", metadata=one_of("", "qwen3", "deepseek_r1"))
 
 
 @dataclass

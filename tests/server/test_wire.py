@@ -45,6 +45,8 @@ STRING_CASES = [
     (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(choice=pb.Choice(choices=["a", "MARK"]))),
      "structured.choice.choices[1]"),
     (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(grammar='start: "MARK"')), "structured.grammar"),
+    (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")]),
+                        chat_template_kwargs='{"MARK": 1}'), "chat_template_kwargs"),
 ]
 
 

@@ -22,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sv.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                     help="sequences running at once (scheduler.max_num_seqs, default 32); the default pool "
                          "holds N of max_model_len")
+    sv.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                    help="send chat answers' <think> part apart from their content: qwen3 or deepseek_r1 "
+                         "(server.reasoning_parser)")
     add_quantization_flag(sv)
     add_activations_flag(sv)
     add_kv_cache_dtype_flag(sv)

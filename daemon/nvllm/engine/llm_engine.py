@@ -21,6 +21,7 @@ from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob, check_priority
 from nvllm.engine.speculation import Speculator
 from nvllm.engine.structured import StructuredCompiler
+from nvllm.engine.thinking import prompt_ends_thinking, think_token_ids
 from nvllm.engine.warmup import Warmup
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.kernels import matmul, threads
@@ -71,6 +72,8 @@ class LLMEngine:
         # Fill the bitmask on a thread of its own while the model runs (llguidance and BLAS both let go
         # of the GIL); False fills it after the forward pass, on the engine thread.
         self.structured_overlap = True
+        # With a reasoning parser, a grammar waits for the end of the thinking (engine/thinking.py).
+        self.think_tokens = think_token_ids(tokenizer) if settings.server.reasoning_parser else None
         self._mask_pool: ThreadPoolExecutor | None = None
         # Pinned prompts and the persisted prefix cache (engine/warmup.py), set by the factory when asked.
         self.warmup: Warmup | None = None
@@ -133,7 +136,11 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
         seq = Sequence(request_id, ids, params, detok, self.eos_token_ids, seed, priority)
         if params.structured is not None:   # compiled here, off the engine thread, in bounded time
-            seq.structured = self.structured.matcher(params.structured)
+            matcher = self.structured.matcher(params.structured)
+            if self.think_tokens is not None and not prompt_ends_thinking(ids, self.think_tokens):
+                seq.structured_after_thinking = (self.think_tokens[1], matcher)
+            else:
+                seq.structured = matcher
         return seq
 
     def abort_request(self, request_id: str) -> bool:
@@ -315,6 +322,9 @@ class LLMEngine:
         if lp is not None:
             seq.pending_logprobs.append(lp)
         matcher = seq.structured
+        waiting = seq.structured_after_thinking
+        if waiting is not None and token == waiting[0]:   # thinking ends: the grammar takes the next token on
+            seq.structured, seq.structured_after_thinking = waiting[1], None
         if matcher is not None and not matcher.consume_token(token):
             # The mask allows only what the matcher takes: this is llguidance failing (e.g. a step over its
             # limits), reported with the request rather than sampled around.

@@ -14,6 +14,7 @@ from nvllm.text.tokenizer import Tokenizer
 # What a request may give as its prompt: text, token ids, or {"prompt": text},
 # {"prompt_token_ids": [...]}, {"messages": [...]} (rendered here with the model's chat template).
 Prompt = str | list[int] | Mapping[str, Any]
+_CHAT_KEYS = frozenset({"messages", "tools", "chat_template_kwargs"})
 
 
 def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, list[int]]:
@@ -22,14 +23,17 @@ def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, l
         prompt = {"prompt": prompt}
     elif isinstance(prompt, (list, tuple)):
         prompt = {"prompt_token_ids": prompt}
-    # Chat messages may come with OpenAI's tools, which the template renders (or the system message describes).
-    tools = prompt.get("tools") if isinstance(prompt, Mapping) and "messages" in prompt else None
-    if isinstance(prompt, Mapping) and "tools" in prompt and "messages" in prompt:
+    # Chat messages may come with OpenAI's tools, which the template renders (or the system message describes),
+    # and with chat_template_kwargs, extra variables for the template.
+    tools = kwargs = None
+    if isinstance(prompt, Mapping) and "messages" in prompt and set(prompt) <= _CHAT_KEYS:
+        tools, kwargs = prompt.get("tools"), prompt.get("chat_template_kwargs")
         prompt = {"messages": prompt["messages"]}
     if not isinstance(prompt, Mapping) or len(prompt) != 1 or \
             next(iter(prompt)) not in ("prompt", "prompt_token_ids", "messages"):
         raise InvalidParameter("prompt", prompt, 'text, token ids, or one of {"prompt": ...}, '
-                               '{"prompt_token_ids": [...]} or {"messages": [...]} (with "tools": [...])')
+                               '{"prompt_token_ids": [...]} or {"messages": [...]} (with "tools": [...] '
+                               'and "chat_template_kwargs": {...})')
     field, value = next(iter(prompt.items()))
     if field == "prompt":
         if not isinstance(value, str):
@@ -37,11 +41,12 @@ def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, l
         return field, tokenizer.encode(value) if value else []
     if field == "messages":
         try:
-            return field, tokenizer.encode_chat(value, tools=tools)
+            return field, tokenizer.encode_chat(value, tools=tools, template_kwargs=kwargs)
         except ValueError as e:
             text = str(e)
-            if text.startswith("tools"):
-                raise InvalidParameter("tools", tools, text, message=text) from None
+            for name, given in (("tools", tools), ("chat_template_kwargs", kwargs)):
+                if text.startswith(name):
+                    raise InvalidParameter(name, given, text, message=text) from None
             raise InvalidParameter(field, value, text, message=text if text.startswith(field)
                                    else f"{field}: {text}") from None
     ids = []

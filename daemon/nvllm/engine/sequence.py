@@ -96,6 +96,9 @@ class Sequence:
         # Structured output: the request's llguidance matcher (engine/structured.py), which has consumed
         # exactly the output tokens so far (preemption by recompute keeps them, so it keeps its state).
         self.structured: Any = None
+        # (end-of-thinking token id, matcher): a grammar that starts once the model ends its thinking
+        # (engine/thinking.py); meanwhile structured is None and nothing is masked.
+        self.structured_after_thinking: tuple[int, Any] | None = None
         self.error: str | None = None     # why the engine failed the request, when it did
         # The scheduler's bookkeeping: arrival order, the step it last began waiting, and while it
         # runs the rank it was admitted at and its admission order.

@@ -144,6 +144,10 @@ class Speculator:
         matcher = seq.structured
         if drafts and matcher is not None:   # only what the grammar allows can be accepted
             drafts = drafts[:matcher.validate_tokens(drafts)]
+        waiting = seq.structured_after_thinking
+        if waiting is not None and waiting[0] in drafts:
+            # The row after the end of thinking must be masked, which this step's rows are not: stop before it.
+            drafts = drafts[:drafts.index(waiting[0])]
         return drafts
 
     def before_sampling(self, seqs: list[Sequence]) -> None:

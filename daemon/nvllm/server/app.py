@@ -162,6 +162,7 @@ class Daemon:
         self.state = DaemonState(self.model_name, self.health, s.scheduler.max_waiting,
                                  s.scheduler.max_num_seqs, s.server.max_message_bytes,
                                  s.server.max_streams_per_client)
+        self.state.reasoning_parser = s.server.reasoning_parser
         self.engine: AsyncEngine | None = None
         self.watchdog: MemoryWatchdog | None = None
         self.pinger: WatchdogPinger | None = None
@@ -340,7 +341,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
         "model": {"path": args.model, "quantization": getattr(args, "quantization", None),
                   "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None)},
-        "server": {"listen": args.listen},
+        "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None)},
         "http": {"listen": getattr(args, "http_listen", None)},
         "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},
         "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},

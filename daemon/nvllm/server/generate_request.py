@@ -5,6 +5,7 @@ constraint mapped onto sampling_params.SamplingParams by field name.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
@@ -41,6 +42,9 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
     which = request.WhichOneof("input")
     if which is None:
         raise BadRequest("input", "input must be set: one of prompt, chat or prompt_token_ids")
+    if request.chat_template_kwargs and which != "chat":
+        raise BadRequest("chat_template_kwargs", f"chat_template_kwargs needs chat input (the template renders "
+                                                 f"only chat), got {which}")
     if which == "prompt":
         if not request.prompt:
             raise BadRequest("prompt", "prompt must not be empty")
@@ -49,6 +53,8 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
         if not request.chat.messages:
             raise BadRequest("chat.messages", "chat.messages must hold at least one message")
         prompt = {"messages": [{"role": m.role, "content": m.content} for m in request.chat.messages]}
+        if request.chat_template_kwargs:
+            prompt["chat_template_kwargs"] = template_kwargs(request.chat_template_kwargs)
     else:
         if not request.prompt_token_ids.ids:
             raise BadRequest("prompt_token_ids.ids", "prompt_token_ids.ids must hold at least one id")
@@ -58,6 +64,20 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
     except (TypeError, ValueError) as e:
         raise BadRequest("sampling_params", f"sampling_params: {e}") from None
     return which, prompt, params
+
+
+def template_kwargs(text: str) -> dict[str, Any]:
+    """chat_template_kwargs' JSON text as an object; whether its keys may be used is the template's to say."""
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+    try:
+        value = json.loads(text, parse_constant=no_constant)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest("chat_template_kwargs", f"chat_template_kwargs is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(value, dict):
+        raise BadRequest("chat_template_kwargs", "chat_template_kwargs must be a JSON object, "
+                                                 f"got {type(value).__name__}")
+    return value
 
 
 def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
@@ -119,5 +139,6 @@ def oversized_field(request: pb.GenerateRequest) -> str:
         sizes["sampling_params.stop_token_ids"] = 10 * len(request.sampling_params.stop_token_ids)
     if request.HasField("structured"):
         sizes["structured"] = request.structured.ByteSize()
+    sizes["chat_template_kwargs"] = len(request.chat_template_kwargs.encode())
     return max(sizes, key=sizes.__getitem__)
 

@@ -29,6 +29,7 @@ from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.generate_request import BadRequest, invalid_message, proto_field, read_request
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import RequestTracker
+from nvllm.server.reasoning import ReasoningStream, answer_thinks, thinking_requested
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
 from nvllm.server.wire import UndecodableRequest, decode_generate_request
 from nvllm.v1 import nvllm_pb2 as pb
@@ -128,6 +129,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             st.check_admission()
         except Refused as e:
             await _abort_refused(context, track, e)
+        reasoning = self._reasoning(input_field, prompt, seq)    # before the engine takes seq
         try:
             stream = engine.add(seq)
         except (InvalidParameter, EngineDead) as e:
@@ -146,7 +148,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                         await _abort(context, grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
                     if first_token_time is None and out.token_ids:
                         first_token_time = time.monotonic()
-                    yield self._response(rid, out, t0, first_token_time)
+                    yield self._response(rid, out, t0, first_token_time, reasoning)
                     if out.finished:
                         log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
                                  out.finish_reason, out.prompt_tokens, out.completion_tokens,
@@ -167,9 +169,20 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         except InvalidParameter as e:
             raise BadRequest(proto_field(e.field, input_field), invalid_message(e, input_field)) from None
 
-    def _response(self, rid: str, out: RequestOutput, t0: float, first_token_time: float | None
-                  ) -> pb.GenerateResponse:
-        r = pb.GenerateResponse(request_id=rid, text=out.text, token_ids=out.token_ids)
+    def _reasoning(self, input_field: str, prompt: Any, seq: Sequence) -> ReasoningStream | None:
+        """The answer's thinking reader (server.reasoning_parser): chat only."""
+        parser = self.state.reasoning_parser
+        if not parser or input_field != "chat":
+            return None
+        thinks = answer_thinks(seq) and thinking_requested(parser, prompt.get("chat_template_kwargs"))
+        return ReasoningStream(parser, thinks)
+
+    def _response(self, rid: str, out: RequestOutput, t0: float, first_token_time: float | None,
+                  reasoning: ReasoningStream | None = None) -> pb.GenerateResponse:
+        text, thought = out.text, ""
+        if reasoning is not None:
+            thought, text = reasoning.feed(text, final=out.finished)
+        r = pb.GenerateResponse(request_id=rid, text=text, token_ids=out.token_ids, reasoning_text=thought)
         for lp in out.logprobs or ():
             r.logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
                            top=[pb.TopLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token) for t in lp.top])

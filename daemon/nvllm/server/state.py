@@ -82,6 +82,7 @@ class DaemonState:
         self.max_num_seqs = max_num_seqs
         self.max_message_bytes = max_message_bytes
         self.max_streams_per_client = max_streams_per_client   # 0: no limit
+        self.reasoning_parser = ""       # server.reasoning_parser: chat answers' thinking apart (reasoning.py)
         self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
         self.phase = Phase.STARTING
         self.engine: AsyncEngine | None = None

@@ -122,15 +122,18 @@ def load_chat_template(source: str, where: str) -> jinja2.Template:
 
 def render_chat_template(template: jinja2.Template, messages: Sequence[Message], add_generation_prompt: bool,
                          special_tokens: Mapping[str, str], tools: Sequence[Any] | None = None,
-                         takes_tools: bool = True) -> str:
+                         takes_tools: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The template's text for messages, with the named special tokens as variables (as transformers does).
 
     tools (OpenAI's list of {"type": "function", "function": {...}}) go to the template as `tools` when it
     takes them (takes_tools, see template_takes_tools); otherwise they are described in the system message
-    (describe_tools) and earlier assistant tool calls are written into their content.
+    (describe_tools) and earlier assistant tool calls are written into their content. template_kwargs
+    (a request's chat_template_kwargs, e.g. {"enable_thinking": False}) are extra variables; one may not
+    replace a variable of the render's own (validate_template_kwargs).
     """
     if not isinstance(add_generation_prompt, bool):
         raise ValueError("add_generation_prompt must be a bool")
+    extra = validate_template_kwargs(template_kwargs, special_tokens)
     clean = validate_messages(messages)
     clean_tools = None if tools is None else validate_tools(tools)
     if not takes_tools:
@@ -138,12 +141,39 @@ def render_chat_template(template: jinja2.Template, messages: Sequence[Message],
     try:
         return template.render(
             messages=clean, tools=clean_tools or None, documents=None,
-            add_generation_prompt=add_generation_prompt, **special_tokens,
+            add_generation_prompt=add_generation_prompt, **special_tokens, **extra,
         )
     except jinja2.TemplateError as e:
         raise ValueError(f"chat template error: {e}") from e
     except (TypeError, KeyError, IndexError, AttributeError, ValueError, ArithmeticError) as e:
         raise ValueError(f"chat template error: {type(e).__name__}: {e}") from e
+
+
+# The variables a render sets itself (and the environment's globals): chat_template_kwargs may not replace them.
+RENDER_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                              "raise_exception", "strftime_now", "namespace"})
+
+
+def validate_template_kwargs(kwargs: Any, special_tokens: Mapping[str, str]) -> dict[str, Any]:
+    """A request's chat_template_kwargs as plain JSON values; ValueError starting "chat_template_kwargs"
+    for one that is not an object of names, or that names a variable the render sets itself (the messages,
+    the tools, add_generation_prompt, a special token such as bos_token)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"chat_template_kwargs must be an object, got {type(kwargs).__name__}")
+    taken = RENDER_VARIABLES | set(special_tokens)
+    for key in kwargs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"chat_template_kwargs keys must be template variable names, got {str(key)[:64]!r}")
+        if key in taken or key.startswith("_"):
+            raise ValueError(f"chat_template_kwargs.{key} would override the chat template's own variable "
+                             f"{key!r}" if key in taken else
+                             f"chat_template_kwargs.{key[:64]}: names may not start with '_'")
+    try:
+        return json.loads(json.dumps(dict(kwargs)))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"chat_template_kwargs must be JSON: {e}") from None
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:

@@ -164,20 +164,23 @@ class Tokenizer:
         return self._template is not None
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
-                    tools: Sequence[Any] | None = None) -> str:
-        """The chat template's text for messages (and OpenAI tools), rendered as transformers renders it."""
+                    tools: Sequence[Any] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The chat template's text for messages (and OpenAI tools), rendered as transformers renders it;
+        template_kwargs are extra template variables (a request's chat_template_kwargs)."""
         if self._template is None:
             raise ValueError(
                 f"{self.source}: the model has no chat template "
                 "(no chat_template in tokenizer_config.json and no chat_template.jinja)"
             )
         return render_chat_template(self._template, messages, add_generation_prompt, self.special_tokens,
-                                    tools=tools, takes_tools=self.template_takes_tools)
+                                    tools=tools, takes_tools=self.template_takes_tools,
+                                    template_kwargs=template_kwargs)
 
     def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
-                    tools: Sequence[Any] | None = None) -> list[int]:
+                    tools: Sequence[Any] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of the rendered chat; the template writes its own special tokens."""
-        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools, template_kwargs),
+                           add_special_tokens=False)
 
     # ---- what the incremental detokenizer needs
 

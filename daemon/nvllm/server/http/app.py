@@ -38,6 +38,7 @@ from nvllm.server.http.openai_request import ParsedRequest, invalid, parse_chat,
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics, RequestTracker
+from nvllm.server.reasoning import answer_thinks
 from nvllm.server.state import DaemonState, Phase, Refused, host_key
 
 log = logging.getLogger("nvllm.server.http")
@@ -156,6 +157,7 @@ class OpenAIApi:
                 assert engine is not None
                 seqs = await asyncio.get_running_loop().run_in_executor(
                     self.executor, self._make_sequences, engine, rid, req)
+                thinks = answer_thinks(seqs[0])   # before the engine takes them
                 streams = self._admit(engine, seqs, req)
                 if self.metrics is not None:
                     for seq in seqs:
@@ -164,7 +166,7 @@ class OpenAIApi:
                 log.info("admitted over HTTP: %d choice(s), %d prompt tokens, max_tokens %d%s",
                          len(seqs), seqs[0].num_prompt_tokens, seqs[0].params.max_tokens,
                          f", user {req.user!r}" if req.user else "")
-                builder = ResponseBuilder(req, rid, st.model_name)
+                builder = ResponseBuilder(req, rid, st.model_name, st.reasoning_parser, thinks)
                 if req.stream:
                     handed_over = True     # the event stream releases the client's count when it ends
                     release = _Release(st, client, streams, trackers)

@@ -39,7 +39,7 @@ COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_i
 CONSTRAINT_FIELDS = {"response_format", "structured_outputs"}
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
 CHAT_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | TOOL_FIELDS | {"messages", "max_completion_tokens", "logprobs",
-                                                                 "top_logprobs"}
+                                                                 "top_logprobs", "chat_template_kwargs"}
 COMPLETION_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 
 # OpenAI parameters nvllm does not implement: accepted only at the value that asks for nothing.
@@ -77,6 +77,7 @@ class ParsedRequest:
     priority: int = 0                  # vLLM's: lower runs earlier; the engine checks its range
     tool_plan: ToolPlan | None = None   # chat with tools: the prompt's tools, the constraint, how calls read back
     constraint_param: str | None = None  # the parameter the engine's constraint came from, for its errors
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs: extra variables for the template
 
     @property
     def num_choices(self) -> int:
@@ -236,6 +237,11 @@ def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
     _check_keys(body, CHAT_FIELDS)
     req = _common(body, CHAT, model_name, max_choices)
     req.prompts = [{"messages": _messages(body.get("messages"))}]
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        # Its keys are the template's to check (the engine names one that overrides its own variables).
+        req.template_kwargs = _need("chat_template_kwargs", kwargs, "an object")
+        req.prompts = [{**p, "chat_template_kwargs": kwargs} for p in req.prompts]
     _constrain(body, req, chat_template)
     # max_completion_tokens is OpenAI's current name; max_tokens its deprecated one.
     _max_tokens(body, req, ("max_completion_tokens", "max_tokens"), None)

@@ -11,6 +11,7 @@ from typing import Any
 from nvllm.engine.sequence import RequestOutput, TokenLogprob
 from nvllm.server.http.openai_request import CHAT, ParsedRequest
 from nvllm.server.http.tool_calls import ToolCallStream, finish_reason, read_tool_calls
+from nvllm.server.reasoning import ReasoningStream, thinking_requested
 
 MIN_LOGPROB = -9999.0                  # JSON has no -inf; vLLM sends this floor too
 
@@ -61,7 +62,10 @@ class Usage:
 class ResponseBuilder:
     """Builds one request's response object, or its stream chunks, from the engine's outputs."""
 
-    def __init__(self, req: ParsedRequest, request_id: str, model_name: str) -> None:
+    def __init__(self, req: ParsedRequest, request_id: str, model_name: str, reasoning_parser: str = "",
+                 thinks: bool = True) -> None:
+        """reasoning_parser (server.reasoning_parser): chat answers' thinking goes to reasoning_content;
+        thinks: whether the answers may think at all (reasoning.answer_thinks)."""
         self.req = req
         self.chat = req.kind == CHAT
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
@@ -79,6 +83,9 @@ class ResponseBuilder:
         # With tools, each choice's text is read as content and tool calls (tool_calls.py).
         self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
                              if plan is not None and plan.style is not None else None)
+        thinking = thinks and thinking_requested(reasoning_parser, req.template_kwargs)
+        self.reasoning = ([ReasoningStream(reasoning_parser, thinking) for _ in range(n)]
+                          if reasoning_parser and self.chat else None)
         if req.echo:
             for i in range(n):
                 self.offsets[i] = len(req.prompts[i // req.n])
@@ -117,11 +124,16 @@ class ResponseBuilder:
 
     def _message(self, index: int, text: str) -> dict[str, Any]:
         plan = self.req.tool_plan
+        thought: dict[str, Any] = {}
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning[index].feed(text, final=True)
+            thought = {"reasoning_content": reasoning or None}
         if self.tool_streams is None or plan is None:
-            return {"role": "assistant", "content": text}
+            # With a parser, an answer that is all thinking has no content (vLLM's null).
+            return {"role": "assistant", "content": (text or None) if thought else text, **thought}
         content, calls = read_tool_calls(text, plan)
         self.finish[index] = finish_reason(self.finish[index], len(calls))
-        return {"role": "assistant", "content": content, "tool_calls": [c.to_dict() for c in calls]}
+        return {"role": "assistant", "content": content, **thought, "tool_calls": [c.to_dict() for c in calls]}
 
     # -- stream chunks -------------------------------------------------------------------------
     def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
@@ -134,9 +146,14 @@ class ResponseBuilder:
             self.started[index] = True
             chunks.append({**self._head(), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}], **usage})
-        if self.tool_streams is not None:
-            return chunks + self._tool_chunks(index, out, usage)
         text = out.text
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning[index].feed(text, final=out.finished)
+            if reasoning:
+                chunks.append({**self._head(), "choices": [{"index": index, "delta": {"reasoning_content": reasoning},
+                                                             "logprobs": None, "finish_reason": None}], **usage})
+        if self.tool_streams is not None:
+            return chunks + self._tool_chunks(index, out, text, usage)
         if not self.chat and self.req.echo and not self.started[index]:
             self.started[index] = True
             text = self.req.prompts[index // self.req.n] + text
@@ -157,12 +174,12 @@ class ResponseBuilder:
         chunks.append({**self._head(), "choices": [c], **usage})
         return chunks
 
-    def _tool_chunks(self, index: int, out: RequestOutput, usage: dict[str, Any]) -> list[dict[str, Any]]:
+    def _tool_chunks(self, index: int, out: RequestOutput, text: str, usage: dict[str, Any]) -> list[dict[str, Any]]:
         """Chat chunks of a choice with tools: content and tool-call deltas; the finish reason on a last
         chunk of its own ("tool_calls" when calls were made)."""
         assert self.tool_streams is not None
         stream = self.tool_streams[index]
-        deltas = stream.feed(out.text, final=out.finished)
+        deltas = stream.feed(text, final=out.finished)
         if out.finished or (not deltas and out.logprobs and self.req.logprobs):
             deltas.append({})
         lp = chat_logprobs(out.logprobs or []) if self.req.logprobs else None
