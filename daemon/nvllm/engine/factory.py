@@ -357,6 +357,7 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
              time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
+    loaded.model.set_context(plan.max_model_len)   # longrope's factors follow the longest sequence served
     engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
                        loaded.generation_defaults, loaded.eos_token_ids, backing)
     if loaded.draft is not None:

@@ -1,6 +1,7 @@
-"""The decoder-only transformer (Llama, Qwen2, Qwen3) over a packed batch: embed, RMSNorm, RoPE, paged
-attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for all
-tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope.
+"""The decoder-only transformer (Llama, Qwen2, Qwen3, Phi-3, SmolLM3) over a packed batch: embed, RMSNorm,
+RoPE, paged attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for
+all tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope; Phi-4-mini
+ropes only the first rotary_dim dims of each head (longrope scaled); SmolLM3 skips rope on its NoPE layers.
 """
 
 from __future__ import annotations
@@ -78,11 +79,25 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.scale = float(c.head_dim ** -0.5)
-        self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
+        self.inv_freq = rope_inv_freq(c)  # [rope_dim/2] float32
+        longrope = c.rope_scaling is not None and c.rope_scaling.get("rope_type") == "longrope"
+        self.long_inv_freq = rope_inv_freq(c, long=True) if longrope else None
+        self.long_rope = False
+        self.set_context(c.max_position_embeddings)
+        # Partial rotary has no C rope (it pairs x[i] with x[i + hd/2]): such models rope in NumPy.
+        self.rope_in_c = c.rope_dim == c.head_dim
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
         self._steps: dict[bool, tuple[np.ndarray, DecodeLayers | None]] = {}   # by one row: (pool, plan)
+
+    def set_context(self, max_model_len: int) -> None:
+        """longrope's factors for every position, chosen once by the longest sequence served (as vLLM and
+        llama.cpp choose them): the long ones past the original context, else the short. transformers
+        chooses by each sequence's length, which would make a sequence's keys depend on its chunking."""
+        s = self.config.rope_scaling
+        self.long_rope = (self.long_inv_freq is not None and s is not None
+                          and max_model_len > s["original_max_position_embeddings"])
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, quantization: str = "") -> Model:
@@ -98,8 +113,13 @@ class Model:
                        resident_blocks=resident_blocks)
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        return np.cos(freqs), np.sin(freqs)
+        inv = self.long_inv_freq if self.long_rope and self.long_inv_freq is not None else self.inv_freq
+        freqs = positions.astype(np.float32)[:, None] * inv[None, :]            # [T, rope_dim/2]
+        s = self.config.rope_scaling
+        if s is None or s.get("rope_type") != "longrope":
+            return np.cos(freqs), np.sin(freqs)
+        f = np.float32(s["attention_factor"])                                   # longrope scales cos and sin
+        return np.cos(freqs) * f, np.sin(freqs) * f
 
     def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """NumPy path: rotary embedding of q and k in qkv [T, (nh+2nkv)*hd], as transformers' rotate_half
@@ -110,8 +130,9 @@ class Model:
         head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
         cs, sn = cos[:, None, :] * head_scale[:, None], sin[:, None, :] * head_scale[:, None]
         x = qkv[:, :self.q_size + self.kv_size].reshape(T, nh + nkv, hd)
-        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]                               # [T, nh+nkv, hd/2] each
-        qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn], axis=-1)
+        rd = cos.shape[1] * 2                                                    # rope_dim: hd, or Phi-4's part
+        x1, x2 = x[..., :rd // 2], x[..., rd // 2:rd]                             # [T, nh+nkv, rd/2] each
+        qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn, x[..., rd:] * head_scale[:, None]], axis=-1)
         return qk[:, :nh], qk[:, nh:]
 
     def _norm_heads(self, qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray) -> None:
@@ -127,7 +148,8 @@ class Model:
         """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
         to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
         T, meta = batch.token_ids.shape[0], batch.attn
-        if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
+        if (not self.layers_in_c or not self.rope_in_c or self.config.nope_layers
+                or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
                 or meta.prefill_rows.size or meta.decode_span != (0, T)):
             return None
         key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
@@ -154,11 +176,15 @@ class Model:
         c, w = self.config, self.weights
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        cos, sin = self._rope_tables(batch.positions)                           # [T, hd/2] each
+        cos, sin = self._rope_tables(batch.positions)               # [T, rope_dim/2] each
         qk_size = self.q_size + self.kv_size
         # With the C kernels, rope and the KV writes are one call per layer, set up once per step.
         rope_write = (ops.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
-                      if ops.lib is not None else None)
+                      if ops.lib is not None and self.rope_in_c else None)
+        # SmolLM3's NoPE layers: the rotation by angle 0 (cos 1, sin 0) leaves q and k exactly as they are.
+        nope_tables = (np.ones_like(cos), np.zeros_like(sin)) if c.nope_layers else (cos, sin)
+        nope_write = (ops.RopeWriteKV(*nope_tables, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+                      if rope_write is not None and c.nope_layers else rope_write)
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
@@ -175,11 +201,12 @@ class Model:
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
+            nope = i in c.nope_layers
             if rope_write is not None:
-                rope_write(qkv, kv_pool)                                        # rotates q, k in place
+                (nope_write if nope and nope_write is not None else rope_write)(qkv, kv_pool)   # q, k in place
                 q, k = qkv[:, :self.q_size].reshape(T, nh, hd), qkv[:, self.q_size:qk_size].reshape(T, nkv, hd)
             else:
-                q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
+                q, k = self._rotate(qkv, *(nope_tables if nope else (cos, sin)))   # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
             x = x + layer.o.apply(attn.reshape(T, nh * hd))                     # [T, H]
