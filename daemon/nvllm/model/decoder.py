@@ -71,6 +71,17 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def rope_order(config: ModelConfig) -> np.ndarray:
+    """The q|k columns [(nh+nkv)*hd] in the order that puts a partial rotary's pairs (i, i + rd/2) hd/2 apart:
+    per head, the rotated first half, the first half of the dims passed through, the rotated second half,
+    then the rest."""
+    hd, rd = config.head_dim, config.rope_dim
+    half, rest = rd // 2, (hd - rd) // 2
+    head = np.concatenate([np.arange(half), rd + np.arange(rest), half + np.arange(half), rd + rest + np.arange(rest)])
+    heads = config.num_heads + config.num_kv_heads
+    return (np.arange(heads)[:, None] * hd + head[None, :]).ravel()
+
+
 class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
         self.config = config
@@ -84,8 +95,10 @@ class Model:
         self.long_inv_freq = rope_inv_freq(c, long=True) if longrope else None
         self.long_rope = False
         self.set_context(c.max_position_embeddings)
-        # Partial rotary has no C rope (it pairs x[i] with x[i + hd/2]): such models rope in NumPy.
-        self.rope_in_c = c.rope_dim == c.head_dim
+        # Partial rotary on the C rope, which pairs x[i] with x[i + hd/2]: each q and k head's columns are
+        # reordered (rope_order) so that its rotary pairs sit hd/2 apart, the dims passed through beside them
+        # rotated by angle 0. q.k is the same sum in another order; v is not moved.
+        self.rope_perm = rope_order(c) if c.rope_dim != c.head_dim else None
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
@@ -148,7 +161,7 @@ class Model:
         """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
         to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
         T, meta = batch.token_ids.shape[0], batch.attn
-        if (not self.layers_in_c or not self.rope_in_c or self.config.nope_layers
+        if (not self.layers_in_c or self.rope_perm is not None or self.config.nope_layers
                 or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
                 or meta.prefill_rows.size or meta.decode_span != (0, T)):
             return None
@@ -179,12 +192,17 @@ class Model:
         cos, sin = self._rope_tables(batch.positions)               # [T, rope_dim/2] each
         qk_size = self.q_size + self.kv_size
         # With the C kernels, rope and the KV writes are one call per layer, set up once per step.
-        rope_write = (ops.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
-                      if ops.lib is not None and self.rope_in_c else None)
+        c_cos, c_sin = cos, sin
+        if self.rope_perm is not None:   # the dims passed through: angle 0
+            rest = (T, (hd - cos.shape[1] * 2) // 2)
+            c_cos, c_sin = (np.concatenate([cos, np.ones(rest, np.float32)], axis=1),
+                            np.concatenate([sin, np.zeros(rest, np.float32)], axis=1))
+        rope_write = (ops.RopeWriteKV(c_cos, c_sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+                      if ops.lib is not None else None)
         # SmolLM3's NoPE layers: the rotation by angle 0 (cos 1, sin 0) leaves q and k exactly as they are.
         nope_tables = (np.ones_like(cos), np.zeros_like(sin)) if c.nope_layers else (cos, sin)
-        nope_write = (ops.RopeWriteKV(*nope_tables, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
-                      if rope_write is not None and c.nope_layers else rope_write)
+        nope_write = (ops.RopeWriteKV(np.ones_like(c_cos), np.zeros_like(c_sin), batch.attn.slot_mapping, nh, nkv,
+                                      hd, self.scale) if rope_write is not None and c.nope_layers else rope_write)
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
@@ -203,6 +221,8 @@ class Model:
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
             nope = i in c.nope_layers
             if rope_write is not None:
+                if self.rope_perm is not None:
+                    qkv[:, :qk_size] = qkv[:, self.rope_perm]
                 (nope_write if nope and nope_write is not None else rope_write)(qkv, kv_pool)   # q, k in place
                 q, k = qkv[:, :self.q_size].reshape(T, nh, hd), qkv[:, self.q_size:qk_size].reshape(T, nkv, hd)
             else:
