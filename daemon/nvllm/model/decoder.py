@@ -79,7 +79,7 @@ def rope_order(config: ModelConfig) -> np.ndarray:
     half, rest = rd // 2, (hd - rd) // 2
     head = np.concatenate([np.arange(half), rd + np.arange(rest), half + np.arange(half), rd + rest + np.arange(rest)])
     heads = config.num_heads + config.num_kv_heads
-    return (np.arange(heads)[:, None] * hd + head[None, :]).ravel()
+    return (np.arange(heads)[:, None] * hd + head[None, :]).ravel().astype(np.int64)
 
 
 class Model:
@@ -161,8 +161,7 @@ class Model:
         """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
         to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
         T, meta = batch.token_ids.shape[0], batch.attn
-        if (not self.layers_in_c or self.rope_perm is not None or self.config.nope_layers
-                or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
+        if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
                 or meta.prefill_rows.size or meta.decode_span != (0, T)):
             return None
         key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
@@ -170,16 +169,16 @@ class Model:
         if pool is not kv_cache.pool:
             plan, c = None, self.config
             specs = []
-            for layer in self.weights.layers:
+            for n, layer in enumerate(self.weights.layers):
                 mats = [m.decode_blocks(T) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
                 if any(m is None for m in mats):
                     break
                 qkv, o, gate_up, down = (m or () for m in mats)
                 specs.append(LayerSpec(layer.input_norm, qkv, o, layer.post_norm, gate_up, down, layer.qkv_bias,
-                                       layer.q_norm, layer.k_norm))
+                                       layer.q_norm, layer.k_norm, nope=n in c.nope_layers))
             else:
                 plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
-                                    c.intermediate_size, c.rms_norm_eps)
+                                    c.intermediate_size, c.rms_norm_eps, qk_order=self.rope_perm)
             self._steps[key] = (kv_cache.pool, plan)
         return plan
 
