@@ -75,3 +75,15 @@ def test_rope_kinds_not_done_are_refused_naming_rope_scaling(tiny_models):
     cfg["partial_rotary_factor"] = 0.2      # 3 of 16 dims: not pairs
     with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
         ModelConfig.from_dict(cfg)
+
+
+def test_a_longrope_gguf_without_its_original_context_is_refused_naming_the_key(tiny_models, tmp_path, monkeypatch):
+    import gguf
+
+    from helpers.gguf_util import write_gguf
+    from nvllm.model.weights.gguf_reader import GGUFError
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_scaling_orig_ctx_len", lambda self, n: None)
+    path = write_gguf(tiny_models["tiny-phi3"], tmp_path / "phi3.gguf")
+    with pytest.raises(GGUFError, match="'phi3.rope.scaling.original_context_length' is missing"):
+        read_gguf(path)
