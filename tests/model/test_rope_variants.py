@@ -87,3 +87,10 @@ def test_a_longrope_gguf_without_its_original_context_is_refused_naming_the_key(
     path = write_gguf(tiny_models["tiny-phi3"], tmp_path / "phi3.gguf")
     with pytest.raises(GGUFError, match="'phi3.rope.scaling.original_context_length' is missing"):
         read_gguf(path)
+
+
+def test_a_phi3_sliding_window_shorter_than_the_context_bounds_it(tiny_models):
+    cfg = json.loads((tiny_models["tiny-phi3"] / "config.json").read_text())
+    assert ModelConfig.from_dict(cfg).max_position_embeddings == 128            # no window
+    assert ModelConfig.from_dict({**cfg, "sliding_window": 100}).max_position_embeddings == 100
+    assert ModelConfig.from_dict({**cfg, "sliding_window": 4096}).max_position_embeddings == 128

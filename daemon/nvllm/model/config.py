@@ -102,7 +102,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=_phi3_window_limit(cfg, arch, int(cfg.get("max_position_embeddings", 2048))),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             rope_scaling=scaling,
@@ -146,6 +146,14 @@ def _longrope(cfg: dict[str, Any], s: dict[str, Any], where: str) -> dict[str, A
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return {"rope_type": "longrope", "short_factor": short, "long_factor": long,
             "original_max_position_embeddings": original, "attention_factor": float(attention)}
+
+
+def _phi3_window_limit(cfg: dict[str, Any], arch: str, limit: int) -> int:
+    """Phi-3's sliding_window is not applied (attention here is causal over the whole sequence), so a
+    window shorter than the context (2047 for Phi-3-mini-4k) bounds the context instead: within it the
+    two agree."""
+    window = cfg.get("sliding_window") if arch == "Phi3ForCausalLM" else None
+    return min(limit, int(window)) if window else limit
 
 
 def _nope_layers(cfg: dict[str, Any], arch: str, layers: int, where: str) -> tuple[int, ...]:

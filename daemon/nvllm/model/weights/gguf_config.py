@@ -115,7 +115,9 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
         head_dim=head_dim,
         rms_norm_eps=m.finite("attention.layer_norm_rms_epsilon"),
         rope_theta=m.finite("rope.freq_base", 10000.0),
-        max_position_embeddings=m.positive("context_length"),
+        max_position_embeddings=min(m.positive("context_length"),   # phi3: its window, unapplied, bounds it
+                                    m.get("attention.sliding_window", int, 0, required=False) or MAX_CONTEXT
+                                    if arch == "phi3" else MAX_CONTEXT),
         tie_word_embeddings="output.weight" not in infos,
         attention_bias=bias,
         rope_scaling=None,
