@@ -94,3 +94,14 @@ def test_a_phi3_sliding_window_shorter_than_the_context_bounds_it(tiny_models):
     assert ModelConfig.from_dict(cfg).max_position_embeddings == 128            # no window
     assert ModelConfig.from_dict({**cfg, "sliding_window": 100}).max_position_embeddings == 100
     assert ModelConfig.from_dict({**cfg, "sliding_window": 4096}).max_position_embeddings == 128
+
+
+def test_phi3_reads_the_same_from_the_newer_rope_parameters_form(tiny_models):
+    cfg = json.loads((tiny_models["tiny-phi3"] / "config.json").read_text())
+    old = ModelConfig.from_dict(cfg)
+    scaling = cfg.pop("rope_scaling")
+    new = {**cfg, "rope_parameters": {"rope_type": "longrope", "rope_theta": cfg.pop("rope_theta"),
+                                      "partial_rotary_factor": cfg.pop("partial_rotary_factor"),
+                                      "short_factor": scaling["short_factor"], "long_factor": scaling["long_factor"],
+                                      "original_max_position_embeddings": 40}}
+    assert ModelConfig.from_dict(new) == old
