@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -399,6 +400,8 @@ BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
 EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,
 }
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # tiny_rope_models.py: Phi-3 and SmolLM3
+BUILDERS.update(__import__("tiny_rope_models").ROPE_BUILDERS)
 
 
 def make_one(name: str, out_dir: Path, tok: Tokenizer | None = None) -> Path:

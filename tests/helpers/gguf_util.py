@@ -10,6 +10,7 @@ cannot quantize to them), with finite scales.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -19,8 +20,11 @@ from gguf import GGMLQuantizationType as T
 from nvllm.model.synthetic.writer import llama3_rope_divisors
 from nvllm.model.weights.folder import _safetensors_files, _Tensors
 
-ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}   # tokenizer.ggml.pre of the tiny models
+ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+        "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3"}
+PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2",   # tokenizer.ggml.pre of the tiny models
+       "phi3": "smollm", "smollm3": "smollm"}
+PERMUTED = ("llama", "smollm3")   # the archs whose converter is Llama's, Q/K rows permuted
 QUANTIZABLE = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)        # what gguf.quants.quantize writes
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 LOW_BIT = (T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS)                 # nor to these: random blocks too
@@ -32,6 +36,7 @@ _HF_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",   # phi3: fused as its checkpoint
 }
 _HF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
               "lm_head.weight": "output.weight"}
@@ -111,9 +116,24 @@ def add_hparams(w: gguf.GGUFWriter, cfg: dict, arch: str, qtype: T) -> None:
     if cfg.get("head_dim"):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    if arch == "llama":
+    if arch in ("llama", "smollm3"):
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    if arch == "phi3":
+        add_phi3_hparams(w, cfg)
+
+
+def add_phi3_hparams(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """Phi3MiniModel's keys in llama.cpp's converter: the rotary dims, the sliding window (0 for none), and
+    for longrope the original context and the attention factor it computes."""
+    heads = cfg["num_attention_heads"]
+    w.add_rope_dimension_count(int(cfg.get("partial_rotary_factor", 1.0) * cfg["hidden_size"]) // heads)
+    w.add_sliding_window(cfg.get("sliding_window") or 0)
+    original = cfg.get("original_max_position_embeddings")
+    if cfg.get("rope_scaling") and original:
+        w.add_rope_scaling_orig_ctx_len(original)
+        scale = cfg["max_position_embeddings"] / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
 
 
 def add_tokenizer(w: gguf.GGUFWriter, folder: Path, arch: str, vocab_size: int) -> None:
@@ -161,12 +181,15 @@ def write_gguf(folder: Path, out: Path, qtype: T = T.F32) -> Path:
     scaling = cfg.get("rope_scaling") or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg, head_dim))
+    if arch == "phi3" and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+        w.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
     for name, a in hf_tensors(folder).items():
         if cfg.get("tie_word_embeddings") and name == "lm_head.weight":
             continue
-        if arch == "llama" and ".q_proj." in name:
+        if arch in PERMUTED and ".q_proj." in name:
             a = permute_rope_rows(a, heads)
-        elif arch == "llama" and ".k_proj." in name:
+        elif arch in PERMUTED and ".k_proj." in name:
             a = permute_rope_rows(a, kv_heads)
         t = qtype if a.ndim == 2 and not name.endswith("norm.weight") else T.F32
         _add_tensor(w, gguf_name(name), encode(a, t), t)

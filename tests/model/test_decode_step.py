@@ -1,7 +1,8 @@
 """A decode step's layers in one C call (kernels/step.py, csrc/step.c) against its twin, decoder.py's loop
 over the layers that calls the same kernels one by one: the same bits at every position, for every
 storage a matrix has (float32 arrays, F16, quantized blocks, parts in different formats side by side),
-Qwen2's biases and Qwen3's head norms, one sequence and many, one thread and two. And what it refuses."""
+Qwen2's biases and Qwen3's head norms, Phi-4-mini's partial rotary and SmolLM3's NoPE layers, one sequence and
+many, one thread and two. And what it refuses."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def assert_same_bits(in_c: list, loop: list) -> None:
         assert not bad.size, f"prompt {i}: positions {bad.tolist()} differ, by up to {np.abs(a - b).max():.3g}"
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3",
+                                  "tiny-smollm3"])
 @pytest.mark.parametrize("quantization", ["", "q8_0", "q4_k"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_the_c_step_gives_the_loops_bits(tiny_models: dict[str, Path], name: str, quantization: str,

@@ -22,7 +22,8 @@ from nvllm.model.weights.gguf_file import read_gguf
 from nvllm.model.weights.gguf_weights import load_gguf_weights
 
 TOL = 1e-3
-MODELS = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct")
+MODELS = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct", "tiny-phi3",
+          "tiny-smollm3")
 # The tiny models' cases also run on emulated aarch64 (deploy/aarch64-check.sh, pytest -m aarch64).
 # Each model in both forms: its Hugging Face folder, and its GGUF file (the shipped Q4_1 file for SmolLM2,
 # whose folder holds the same weights dequantized; the tiny ones written from their folders).
@@ -71,6 +72,19 @@ def loaded(request):
     return f"{name} ({form})", Model.from_dir(path), Golden(name)
 
 
+def rope_groups(model: Model, cases: list[tuple[np.ndarray, np.ndarray]]):
+    """The cases in groups, the model set for each: a longrope model (tiny-phi3) takes its short or long
+    factors by max_model_len (Model.set_context), transformers by a whole prompt's length, so a prompt runs
+    with max_model_len its own length, and those that then agree run together."""
+    groups: dict[bool, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for c in cases:
+        model.set_context(len(c[0]))
+        groups.setdefault(model.long_rope, []).append(c)
+    for group in groups.values():
+        model.set_context(len(group[0][0]))
+        yield group
+
+
 def check(golden: Golden, ours: np.ndarray, ref: np.ndarray, what: str) -> None:
     diff = np.abs(golden.pick(ours) - ref).max()
     assert diff < TOL, f"{what}: max |logit diff| {diff:.2e} >= {TOL}"
@@ -84,6 +98,7 @@ def chunks(n: int, size: int) -> list[int]:
 def test_whole_prompt(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
+    model.set_context(len(ids))
     check(g, run_schedule(model, [ids], [[len(ids)]])[0], ref, f"{name} whole")
 
 
@@ -91,6 +106,7 @@ def test_whole_prompt(loaded, kernel_path):
 def test_chunks_of_seven(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
+    model.set_context(len(ids))
     check(g, run_schedule(model, [ids], [[c] for c in chunks(len(ids), 7)])[0], ref, f"{name} chunks of 7")
 
 
@@ -98,40 +114,41 @@ def test_chunks_of_seven(loaded, kernel_path):
 def test_token_by_token(loaded, kernel_path):
     name, model, g = loaded
     ids, ref = g.cases()[0]
+    model.set_context(len(ids))
     check(g, run_schedule(model, [ids], [[1]] * len(ids))[0], ref, f"{name} token by token")
 
 
 @pytest.mark.usefixtures("exact_float_matmuls")
 def test_packed_batch(loaded, kernel_path):
     name, model, g = loaded
-    cases = g.cases()[1:]
-    assert len(cases) >= 3
-    prompts = [c[0] for c in cases]
-    outs = run_schedule(model, prompts, [[len(p) for p in prompts]])
-    for k, ((_, ref), ours) in enumerate(zip(cases, outs)):
-        check(g, ours, ref, f"{name} packed batch, prompt {k}")
+    assert len(g.cases()[1:]) >= 3
+    for cases in rope_groups(model, g.cases()[1:]):
+        prompts = [c[0] for c in cases]
+        outs = run_schedule(model, prompts, [[len(p) for p in prompts]])
+        for k, ((_, ref), ours) in enumerate(zip(cases, outs)):
+            check(g, ours, ref, f"{name} packed batch, prompt {k}")
 
 
 @pytest.mark.usefixtures("exact_float_matmuls")
 def test_mixed_prefill_and_decode_steps(loaded, kernel_path):
     """Each step mixes sequences at different stages: some prefilling a chunk, some one token at a time."""
     name, model, g = loaded
-    cases = g.cases()[1:]
-    prompts = [c[0] for c in cases]
-    rng = np.random.default_rng(3)
-    left = [len(p) for p in prompts]
-    steps = []
-    while any(left):
-        step = []
-        for i, n in enumerate(left):
-            take = 0 if n == 0 else min(n, int(rng.choice([0, 1, 1, 5, 16])))
-            step.append(take)
-            left[i] -= take
-        if any(step):
-            steps.append(step)
-    outs = run_schedule(model, prompts, steps)
-    for k, ((_, ref), ours) in enumerate(zip(cases, outs)):
-        check(g, ours, ref, f"{name} mixed steps, prompt {k}")
+    for cases in rope_groups(model, g.cases()[1:]):
+        prompts = [c[0] for c in cases]
+        rng = np.random.default_rng(3)
+        left = [len(p) for p in prompts]
+        steps = []
+        while any(left):
+            step = []
+            for i, n in enumerate(left):
+                take = 0 if n == 0 else min(n, int(rng.choice([0, 1, 1, 5, 16])))
+                step.append(take)
+                left[i] -= take
+            if any(step):
+                steps.append(step)
+        outs = run_schedule(model, prompts, steps)
+        for k, ((_, ref), ours) in enumerate(zip(cases, outs)):
+            check(g, ours, ref, f"{name} mixed steps, prompt {k}")
 
 
 @pytest.mark.parametrize("which", MODEL_PARAMS)

@@ -105,7 +105,8 @@ def test_rows_that_do_not_split_fall_back_as_llama_cpp_does():
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_shapes_hold_the_real_parameter_counts(name):
     published = {"qwen2.5-0.5b": 0.49e9, "qwen2.5-1.5b": 1.54e9, "qwen2.5-3b": 3.09e9, "qwen3-0.6b": 0.60e9,
-                 "qwen3-1.7b": 1.72e9, "llama-3.2-1b": 1.24e9, "smollm2-135m": 0.135e9, "smollm2-360m": 0.36e9}
+                 "qwen3-1.7b": 1.72e9, "llama-3.2-1b": 1.24e9, "smollm2-135m": 0.135e9, "smollm2-360m": 0.36e9,
+                 "smollm3-3b": 3.08e9}
     assert SHAPES[name].params == pytest.approx(published[name], rel=0.01)
 
 
@@ -202,6 +203,15 @@ def test_llama3_shape_keeps_its_rope_scaling(tmp_path):
     assert {k: v for k, v in got.items() if k != "rope_type"} == pytest.approx(TINY_LLAMA.rope_scaling)
     tok = Tokenizer.from_gguf_metadata(m.metadata, "tiny-llama")
     assert tok.encode("hi")[0] == 1024  # add_bos, as Llama 3's files set it
+
+
+def test_smollm3_shape_reads_back_with_every_fourth_layer_nope(tmp_path):
+    small = dataclasses.replace(SHAPES["smollm3-3b"], name="tiny-smollm3-3b", hidden=128, intermediate=256,
+                                layers=8, heads=2, kv_heads=1, head_dim=64, vocab=1280,
+                                specials={1024: "<|begin_of_text|>", 1025: "<|im_end|>"}, bos=1024, eos=1025,
+                                bpe=1024)
+    c = read_gguf(synthesize(small, "Q8_0", tmp_path / "s.gguf")).config
+    assert (c.architecture, c.nope_layers, c.num_layers) == ("SmolLM3ForCausalLM", (3, 7), 8)
 
 
 def test_cli_writes_and_refuses_clearly(tmp_path, capsys):

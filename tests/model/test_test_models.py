@@ -22,7 +22,7 @@ assert _spec is not None and _spec.loader is not None, SCRIPT
 mtm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mtm)
 
-NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3"]
+NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3"]
 QWEN = ("tiny-qwen2", "tiny-qwen3")  # bfloat16, with Qwen2's tokenizer
 
 

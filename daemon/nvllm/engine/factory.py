@@ -357,14 +357,19 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
              time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
+    loaded.model.set_context(plan.max_model_len)   # longrope's factors follow the longest sequence served
     engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
                        loaded.generation_defaults, loaded.eos_token_ids, backing)
     if loaded.draft is not None:
+        loaded.draft.model.set_context(plan.max_model_len)
         engine.speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
     cache = settings.cache
     if loaded.pinned or cache.persist_dir:
+        ident = identity(settings, loaded.info)
+        if loaded.model.long_rope:   # keys turned by longrope's long factors: a file of the short ones must not match
+            ident = {**ident, "long_rope": True}
         engine.warmup = Warmup(engine, loaded.pinned, cache.persist_dir, cache.persist_max_mb << 20,
-                               identity(settings, loaded.info), loaded.info.vocab_size)
+                               ident, loaded.info.vocab_size)
     return engine
 
 

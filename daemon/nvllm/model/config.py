@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+                           "SmolLM3ForCausalLM")
 # transformers' Qwen3Config defaults head_dim to 128 rather than hidden_size / num_attention_heads.
 _DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 
@@ -39,6 +40,12 @@ class ModelConfig:
     qk_norm: bool = False      # Qwen3: an RMSNorm over each head of q and of k, before rope
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    rotary_dim: int = 0        # Phi-4-mini: rope over each head's first rotary_dim dims only; 0 is the whole head
+    nope_layers: tuple[int, ...] = ()   # SmolLM3: the layers that take no rope at all
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], where: str = "config.json") -> ModelConfig:
@@ -59,13 +66,17 @@ class ModelConfig:
         # and the scaling in rope_scaling.
         rope = dict(cfg.get("rope_parameters") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+        partial = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
         scaling = rope or cfg.get("rope_scaling") or None
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind == "default":
                 scaling = None
+            elif kind in ("longrope", "su") and arch == "Phi3ForCausalLM":
+                scaling = _longrope(cfg, scaling, where)
             elif kind != "llama3":
-                raise ModelLoadError(f"{where}: rope type {kind!r} is not supported (supported: default, llama3)")
+                raise ModelLoadError(f"{where}: rope_scaling type {kind!r} is not supported (supported: default, "
+                                     f"llama3, and longrope/su for Phi-3)")
         eos = cfg.get("eos_token_id")
         qk_norm = arch == "Qwen3ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM"))
@@ -74,24 +85,32 @@ class ModelConfig:
             # only), which nvllm does not carry: refused rather than computed wrong.
             raise ModelLoadError(f"{where}: attention_bias true is not supported for {arch} "
                                  f"(it adds an o_proj bias)")
+        head_dim = int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch, hidden // heads))
+        rotary_dim = int(head_dim * partial) if partial != 1.0 else 0
+        if rotary_dim % 2 or rotary_dim < 0 or rotary_dim > head_dim:
+            raise ModelLoadError(f"{where}: partial_rotary_factor {partial} gives {rotary_dim} rotary dims of "
+                                 f"{head_dim}; need an even number up to the head size")
+        layers = int(need("num_hidden_layers"))
         return cls(
             architecture=arch,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
-            num_layers=int(need("num_hidden_layers")),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch, hidden // heads)),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=_phi3_window_limit(cfg, arch, int(cfg.get("max_position_embeddings", 2048))),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             rope_scaling=scaling,
             qk_norm=qk_norm,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            rotary_dim=rotary_dim,
+            nope_layers=_nope_layers(cfg, arch, layers, where),
         )
 
     @property
@@ -111,6 +130,46 @@ class ModelConfig:
         return 4 * (self.num_params + self.num_layers * bias)
 
 
+def _longrope(cfg: dict[str, Any], s: dict[str, Any], where: str) -> dict[str, Any]:
+    """Phi-3's longrope ("su" in older configs) as transformers reads it: a divisor per frequency, short
+    ones up to original_max_position_embeddings and long ones past it, and cos/sin scaled by
+    sqrt(1 + log(factor) / log(original)), factor the context's growth unless given."""
+    try:
+        original = int(s.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"])
+        short, long = [float(f) for f in s["short_factor"]], [float(f) for f in s["long_factor"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{where}: rope_scaling longrope needs short_factor, long_factor and "
+                             f"original_max_position_embeddings ({e!r})") from None
+    factor = float(s.get("factor") or int(cfg.get("max_position_embeddings", original)) / original)
+    attention = s.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", "short_factor": short, "long_factor": long,
+            "original_max_position_embeddings": original, "attention_factor": float(attention)}
+
+
+def _phi3_window_limit(cfg: dict[str, Any], arch: str, limit: int) -> int:
+    """Phi-3's sliding_window is not applied (attention here is causal over the whole sequence), so a
+    window shorter than the context (2047 for Phi-3-mini-4k) bounds the context instead: within it the
+    two agree."""
+    window = cfg.get("sliding_window") if arch == "Phi3ForCausalLM" else None
+    return min(limit, int(window)) if window else limit
+
+
+def _nope_layers(cfg: dict[str, Any], arch: str, layers: int, where: str) -> tuple[int, ...]:
+    """SmolLM3's no_rope_layers: one 0/1 per layer, 1 where rope is used; when absent, transformers makes
+    every no_rope_layer_interval-th layer (4th by default) a NoPE one."""
+    if arch != "SmolLM3ForCausalLM":
+        return ()
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        every = int(cfg.get("no_rope_layer_interval", 4))
+        flags = [int((n + 1) % every != 0) for n in range(layers)]
+    if len(flags) != layers:
+        raise ModelLoadError(f"{where}: no_rope_layers has {len(flags)} entries for {layers} layers")
+    return tuple(n for n, use in enumerate(flags) if not use)
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -126,12 +185,19 @@ def load_config(model_dir: str | Path) -> ModelConfig:
     return ModelConfig.from_dict(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
 
 
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """Inverse frequencies [head_dim/2] in float32, as transformers computes them."""
-    d = config.head_dim
+def rope_inv_freq(config: ModelConfig, long: bool = False) -> np.ndarray:
+    """Inverse frequencies [rope_dim/2] in float32, as transformers computes them (longrope's short ones,
+    or with long=True its long ones)."""
+    d = config.rope_dim
+    s = config.rope_scaling
+    if s is not None and s.get("rope_type") == "longrope":
+        ext = np.asarray(s["long_factor" if long else "short_factor"], dtype=np.float32)
+        if ext.shape != (d // 2,):
+            raise ModelLoadError(f"rope_scaling: {ext.size} longrope factors for {d // 2} frequencies")
+        base = np.float32(config.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
+        return (1.0 / (ext * base)).astype(np.float32)
     inv = (1.0 / (np.float32(config.rope_theta)
                   ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(np.float32)
-    s = config.rope_scaling
     if s is None:
         return inv
     # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.

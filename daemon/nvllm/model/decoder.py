@@ -1,6 +1,7 @@
-"""The decoder-only transformer (Llama, Qwen2, Qwen3) over a packed batch: embed, RMSNorm, RoPE, paged
-attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for all
-tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope.
+"""The decoder-only transformer (Llama, Qwen2, Qwen3, Phi-3, SmolLM3) over a packed batch: embed, RMSNorm,
+RoPE, paged attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for
+all tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope; Phi-4-mini
+ropes only the first rotary_dim dims of each head (longrope scaled); SmolLM3 skips rope on its NoPE layers.
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def rope_order(config: ModelConfig) -> np.ndarray:
+    """The q|k columns [(nh+nkv)*hd] in the order that puts a partial rotary's pairs (i, i + rd/2) hd/2 apart:
+    per head, the rotated first half, the first half of the dims passed through, the rotated second half,
+    then the rest."""
+    hd, rd = config.head_dim, config.rope_dim
+    half, rest = rd // 2, (hd - rd) // 2
+    head = np.concatenate([np.arange(half), rd + np.arange(rest), half + np.arange(half), rd + rest + np.arange(rest)])
+    heads = config.num_heads + config.num_kv_heads
+    return (np.arange(heads)[:, None] * hd + head[None, :]).ravel().astype(np.int64)
+
+
 class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
         self.config = config
@@ -78,11 +90,27 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.scale = float(c.head_dim ** -0.5)
-        self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
+        self.inv_freq = rope_inv_freq(c)  # [rope_dim/2] float32
+        longrope = c.rope_scaling is not None and c.rope_scaling.get("rope_type") == "longrope"
+        self.long_inv_freq = rope_inv_freq(c, long=True) if longrope else None
+        self.long_rope = False
+        self.set_context(c.max_position_embeddings)
+        # Partial rotary on the C rope, which pairs x[i] with x[i + hd/2]: each q and k head's columns are
+        # reordered (rope_order) so that its rotary pairs sit hd/2 apart, the dims passed through beside them
+        # rotated by angle 0. q.k is the same sum in another order; v is not moved.
+        self.rope_perm = rope_order(c) if c.rope_dim != c.head_dim else None
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
         self._steps: dict[bool, tuple[np.ndarray, DecodeLayers | None]] = {}   # by one row: (pool, plan)
+
+    def set_context(self, max_model_len: int) -> None:
+        """longrope's factors for every position, chosen once by the longest sequence served (as vLLM and
+        llama.cpp choose them): the long ones past the original context, else the short. transformers
+        chooses by each sequence's length, which would make a sequence's keys depend on its chunking."""
+        s = self.config.rope_scaling
+        self.long_rope = (self.long_inv_freq is not None and s is not None
+                          and max_model_len > s["original_max_position_embeddings"])
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, quantization: str = "") -> Model:
@@ -98,8 +126,13 @@ class Model:
                        resident_blocks=resident_blocks)
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        return np.cos(freqs), np.sin(freqs)
+        inv = self.long_inv_freq if self.long_rope and self.long_inv_freq is not None else self.inv_freq
+        freqs = positions.astype(np.float32)[:, None] * inv[None, :]            # [T, rope_dim/2]
+        s = self.config.rope_scaling
+        if s is None or s.get("rope_type") != "longrope":
+            return np.cos(freqs), np.sin(freqs)
+        f = np.float32(s["attention_factor"])                                   # longrope scales cos and sin
+        return np.cos(freqs) * f, np.sin(freqs) * f
 
     def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """NumPy path: rotary embedding of q and k in qkv [T, (nh+2nkv)*hd], as transformers' rotate_half
@@ -110,8 +143,9 @@ class Model:
         head_scale = np.concatenate([np.full(nh, self.scale, np.float32), np.ones(nkv, np.float32)])
         cs, sn = cos[:, None, :] * head_scale[:, None], sin[:, None, :] * head_scale[:, None]
         x = qkv[:, :self.q_size + self.kv_size].reshape(T, nh + nkv, hd)
-        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]                               # [T, nh+nkv, hd/2] each
-        qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn], axis=-1)
+        rd = cos.shape[1] * 2                                                    # rope_dim: hd, or Phi-4's part
+        x1, x2 = x[..., :rd // 2], x[..., rd // 2:rd]                             # [T, nh+nkv, rd/2] each
+        qk = np.concatenate([x1 * cs - x2 * sn, x2 * cs + x1 * sn, x[..., rd:] * head_scale[:, None]], axis=-1)
         return qk[:, :nh], qk[:, nh:]
 
     def _norm_heads(self, qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray) -> None:
@@ -135,16 +169,16 @@ class Model:
         if pool is not kv_cache.pool:
             plan, c = None, self.config
             specs = []
-            for layer in self.weights.layers:
+            for n, layer in enumerate(self.weights.layers):
                 mats = [m.decode_blocks(T) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
                 if any(m is None for m in mats):
                     break
                 qkv, o, gate_up, down = (m or () for m in mats)
                 specs.append(LayerSpec(layer.input_norm, qkv, o, layer.post_norm, gate_up, down, layer.qkv_bias,
-                                       layer.q_norm, layer.k_norm))
+                                       layer.q_norm, layer.k_norm, nope=n in c.nope_layers))
             else:
                 plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
-                                    c.intermediate_size, c.rms_norm_eps)
+                                    c.intermediate_size, c.rms_norm_eps, qk_order=self.rope_perm)
             self._steps[key] = (kv_cache.pool, plan)
         return plan
 
@@ -154,11 +188,20 @@ class Model:
         c, w = self.config, self.weights
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        cos, sin = self._rope_tables(batch.positions)                           # [T, hd/2] each
+        cos, sin = self._rope_tables(batch.positions)               # [T, rope_dim/2] each
         qk_size = self.q_size + self.kv_size
         # With the C kernels, rope and the KV writes are one call per layer, set up once per step.
-        rope_write = (ops.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+        c_cos, c_sin = cos, sin
+        if self.rope_perm is not None:   # the dims passed through: angle 0
+            rest = (T, (hd - cos.shape[1] * 2) // 2)
+            c_cos, c_sin = (np.concatenate([cos, np.ones(rest, np.float32)], axis=1),
+                            np.concatenate([sin, np.zeros(rest, np.float32)], axis=1))
+        rope_write = (ops.RopeWriteKV(c_cos, c_sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
                       if ops.lib is not None else None)
+        # SmolLM3's NoPE layers: the rotation by angle 0 (cos 1, sin 0) leaves q and k exactly as they are.
+        nope_tables = (np.ones_like(cos), np.zeros_like(sin)) if c.nope_layers else (cos, sin)
+        nope_write = (ops.RopeWriteKV(np.ones_like(c_cos), np.zeros_like(c_sin), batch.attn.slot_mapping, nh, nkv,
+                                      hd, self.scale) if rope_write is not None and c.nope_layers else rope_write)
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
@@ -175,11 +218,14 @@ class Model:
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
+            nope = i in c.nope_layers
             if rope_write is not None:
-                rope_write(qkv, kv_pool)                                        # rotates q, k in place
+                if self.rope_perm is not None:
+                    qkv[:, :qk_size] = qkv[:, self.rope_perm]
+                (nope_write if nope and nope_write is not None else rope_write)(qkv, kv_pool)   # q, k in place
                 q, k = qkv[:, :self.q_size].reshape(T, nh, hd), qkv[:, self.q_size:qk_size].reshape(T, nkv, hd)
             else:
-                q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
+                q, k = self._rotate(qkv, *(nope_tables if nope else (cos, sin)))   # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
             x = x + layer.o.apply(attn.reshape(T, nh * hd))                     # [T, H]

@@ -43,6 +43,7 @@ class LayerSpec:
     qkv_bias: np.ndarray | None = None   # [(nq + 2 nkv) hd]
     q_norm: np.ndarray | None = None     # [hd]
     k_norm: np.ndarray | None = None     # [hd]
+    nope: bool = False                   # SmolLM3: the layer takes no rope
 
 
 class _Part(ctypes.Structure):
@@ -56,7 +57,7 @@ class _Matrix(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("q_norm", _P), ("k_norm", _P),
                 ("qkv", _Matrix), ("o", _Matrix), ("gate_up", _Matrix), ("down", _Matrix),
-                ("k_pool", _P), ("v_pool", _P)]
+                ("k_pool", _P), ("v_pool", _P), ("nope", _I64)]
 
 
 class _Step(ctypes.Structure):
@@ -64,7 +65,8 @@ class _Step(ctypes.Structure):
                 ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
                 ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
                 ("slots", _P), ("block_tables", _P), ("table_stride", _I64), ("context_lens", _P),
-                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64)]
+                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64),
+                ("nope_cos", _P), ("nope_sin", _P), ("qk_order", _P), ("qk_scratch", _P)]
 
 
 def _vector(a: np.ndarray | None, size: int, name: str) -> int:
@@ -82,7 +84,8 @@ class DecodeLayers:
     (in any KV format: quant/kv_format.py); called per step (see __call__)."""
 
     def __init__(self, layers: Sequence[LayerSpec], pool: np.ndarray, num_q_heads: int, num_kv_heads: int,
-                 head_dim: int, intermediate_size: int, eps: float) -> None:
+                 head_dim: int, intermediate_size: int, eps: float, qk_order: np.ndarray | None = None) -> None:
+        """qk_order: partial rotary's order of the q|k columns (decoder.rope_order), applied before rope."""
         if matmul.lib is None:
             raise RuntimeError(f"the C step needs the matmul library: {matmul.describe()}")
         nq, nkv, hd, inter = int(num_q_heads), int(num_kv_heads), int(head_dim), int(intermediate_size)
@@ -98,6 +101,12 @@ class DecodeLayers:
                              f"{list(getattr(pool, 'shape', []))}")
         self.kv_format = fmt
         width = (nq + 2 * nkv) * hd
+        qk = (nq + nkv) * hd
+        if qk_order is not None and (not isinstance(qk_order, np.ndarray) or qk_order.dtype != np.int64
+                                     or not np.array_equal(np.sort(qk_order), np.arange(qk))):
+            raise ValueError(f"qk_order: need an int64 ordering of the {qk} q|k columns")
+        self.qk_order = None if qk_order is None else np.ascontiguousarray(qk_order)
+        self.nope = any(spec.nope for spec in layers)
         self.pool = pool
         self.dims = (H, nq, nkv, hd, inter)
         self._eps = float(eps)
@@ -116,6 +125,7 @@ class DecodeLayers:
                 setattr(c, name, self._matrix(parts, n_in, n_out, f"layers[{i}].{name}"))
             c.k_pool = pool[i, 0].ctypes.data
             c.v_pool = pool[i, 1].ctypes.data
+            c.nope = int(spec.nope)
             self._keep.append(spec)
 
     def _matrix(self, parts: Sequence[BlockMatrix], n_in: int, n_out: int, name: str) -> _Matrix:
@@ -156,9 +166,16 @@ class DecodeLayers:
         width = (nq + 2 * nkv) * hd
         scratch = [np.empty((T, n), np.float32) for n in (H, width, nq * hd, 2 * inter, inter)]
         h, qkv, attn, gu, act = (a.ctypes.data for a in scratch)
+        extra = [np.ones((T, hd // 2), np.float32), np.zeros((T, hd // 2), np.float32)] if self.nope else []
+        nope_cos, nope_sin = (a.ctypes.data for a in extra) if extra else (0, 0)
+        order = self.qk_order
+        qk_scratch = np.empty((nq + nkv) * hd, np.float32) if order is not None else None
+        scratch += extra
         step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
                      rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, slots, tables, stride, ctx,
-                     bounds.ctypes.data if bounds is not None else 0, parts, int(threads), self.kv_format.code)
+                     bounds.ctypes.data if bounds is not None else 0, parts, int(threads), self.kv_format.code,
+                     nope_cos, nope_sin, order.ctypes.data if order is not None else 0,
+                     qk_scratch.ctypes.data if qk_scratch is not None else 0)
         rc = matmul.lib.decode_layers(ctypes.byref(step))   # type: ignore[union-attr]  # checked when built
         if rc == -3:
             raise MemoryError(f"x: no memory for {T} rows quantized to integers")

@@ -17,6 +17,9 @@ _QWEN3_SPECIALS = {**_QWEN_SPECIALS, 151667: "<think>", 151668: "</think>"}
 _LLAMA3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128006: "<|start_header_id|>",
                     128007: "<|end_header_id|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"}
 _SMOLLM2_SPECIALS = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"}
+# SmolLM3 keeps Llama 3's vocabulary and puts ChatML's markers in its reserved ids.
+_SMOLLM3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128011: "<|im_start|>",
+                     128012: "<|im_end|>"}
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Shape:
     the `specials` sit at their own ids, and what is left of `vocab` is unused padding, as in the real file."""
 
     name: str
-    arch: str                   # llama.cpp's architecture: "qwen2", "qwen3" or "llama"
+    arch: str                   # llama.cpp's architecture: "qwen2", "qwen3", "llama" or "smollm3"
     hidden: int
     intermediate: int
     layers: int
@@ -81,4 +84,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
           _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
     Shape("smollm2-360m", "llama", 960, 2560, 32, 15, 5, 64, 49152, 8192, 100000.0, 1e-5, "smollm",
           _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
+    # SmolLM3-3B's config.json; every 4th layer NoPE, which llama.cpp assumes for smollm3 (no key for it).
+    Shape("smollm3-3b", "smollm3", 2048, 11008, 36, 16, 4, 128, 128256, 65536, 5000000.0, 1e-6, "llama-bpe",
+          _SMOLLM3_SPECIALS, bos=128000, eos=128012, bpe=128000),
 ]}

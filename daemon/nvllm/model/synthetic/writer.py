@@ -118,7 +118,7 @@ def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> No
     if shape.head_dim * shape.heads != shape.hidden:
         w.add_key_length(shape.head_dim)
         w.add_value_length(shape.head_dim)
-    if shape.arch == "llama":
+    if shape.arch in ("llama", "smollm3"):   # smollm3's converter is Llama's
         w.add_vocab_size(shape.vocab)
         w.add_rope_dimension_count(shape.head_dim)
     tokens, types, merges = vocabulary(shape, seed)

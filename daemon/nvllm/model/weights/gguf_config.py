@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from nvllm.model.config import ModelConfig, rope_inv_freq
-from nvllm.model.weights.gguf_names import ROPE_FREQS
+from nvllm.model.weights.gguf_names import ROPE_FACTORS, ROPE_FREQS
 from nvllm.model.weights.gguf_reader import GGUFError, TensorInfo
 
 
@@ -20,7 +20,11 @@ def f32_float(x: float) -> float:
 
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+# llama.cpp makes every 4th smollm3 layer NoPE (its n_no_rope_layer_step, set in its C++ model loader): the
+# converter writes no key for it, and neither the gguf package nor transformers' GGUF loader names it.
+SMOLLM3_NO_ROPE_LAYER_STEP = 4
 MAX_CONTEXT = 1 << 31
 
 
@@ -79,9 +83,11 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
         raise m.fail(f"head dimension {head_dim} is odd; rotary embedding needs pairs")
     value_dim = m.get("attention.value_length", int, head_dim)
     rot = m.get("rope.dimension_count", int, head_dim)
-    if value_dim != head_dim or rot != head_dim:
+    if value_dim != head_dim or (rot != head_dim and arch != "phi3"):
         raise m.fail(f"key length {head_dim}, value length {value_dim} and rope dimensions {rot} differ; "
                      "nvllm needs them equal")
+    if not (0 < rot <= head_dim and rot % 2 == 0):   # phi3: Phi-4-mini ropes part of each head
+        raise m.fail(f"metadata '{arch}.rope.dimension_count' is {rot}: need an even number up to {head_dim}")
     embed = infos.get("token_embd.weight")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = embed.shape[0] if embed is not None else (len(tokens) if isinstance(tokens, list) else 0)
@@ -97,24 +103,30 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
     bias = "blk.0.attn_q.bias" in infos
     if arch == "qwen3" and bias:
         raise m.fail("qwen3 with attention biases is not supported (it adds an o_proj bias)")
+    layers = m.positive("block_count", limit=len(infos))
     config = ModelConfig(
         architecture=ARCHITECTURES[arch],
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=m.positive("feed_forward_length"),
-        num_layers=m.positive("block_count", limit=len(infos)),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=m.finite("attention.layer_norm_rms_epsilon"),
         rope_theta=m.finite("rope.freq_base", 10000.0),
-        max_position_embeddings=m.positive("context_length"),
+        max_position_embeddings=min(m.positive("context_length"),   # phi3: its window, unapplied, bounds it
+                                    m.get("attention.sliding_window", int, 0, required=False) or MAX_CONTEXT
+                                    if arch == "phi3" else MAX_CONTEXT),
         tie_word_embeddings="output.weight" not in infos,
         attention_bias=bias,
         rope_scaling=None,
         qk_norm=arch == "qwen3",
         bos_token_id=bos,
         eos_token_ids=[] if eos is None else [eos],
+        rotary_dim=0 if rot == head_dim else rot,
+        nope_layers=(tuple(n for n in range(layers) if (n + 1) % SMOLLM3_NO_ROPE_LAYER_STEP == 0)
+                     if arch == "smollm3" else ()),
     )
     return config
 
@@ -147,6 +159,24 @@ def rope_scaling(config: ModelConfig, m: Meta, freqs: np.ndarray | None) -> dict
             raise m.fail(f"{ROPE_FREQS} does not match llama3 rope scaling {scaling}; "
                          "this rope scaling is not supported")
     return scaling
+
+
+def longrope_scaling(config: ModelConfig, m: Meta, factors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """phi3's longrope as llama.cpp reads it: rope_factors_long/short, `{arch}.rope.scaling.attn_factor`
+    and `{arch}.rope.scaling.original_context_length`, in config.json's terms (config.py's _longrope)."""
+    missing = [n for n in ROPE_FACTORS if n not in factors]
+    if missing:
+        raise m.fail(f"tensor {missing[0]!r} is missing beside the other longrope factors")
+    for name, f in factors.items():
+        if not (np.all(np.isfinite(f)) and np.all(f > 0)):
+            raise m.fail(f"tensor {name!r} holds rope factors that are not positive finite numbers")
+    original = m.positive("rope.scaling.original_context_length")
+    factor = config.max_position_embeddings / original
+    default = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    return {"rope_type": "longrope", "short_factor": [float(x) for x in factors[ROPE_FACTORS[1]]],
+            "long_factor": [float(x) for x in factors[ROPE_FACTORS[0]]],
+            "original_max_position_embeddings": original,
+            "attention_factor": m.finite("rope.scaling.attn_factor", default)}
 
 
 def _with_scaling(config: ModelConfig, scaling: dict[str, Any] | None) -> ModelConfig:
@@ -210,6 +240,11 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (v, h)
     for n in range(c.num_layers):
         p = f"blk.{n}."
+        if c.architecture == "Phi3ForCausalLM":   # q|k|v fused, and ffn_up holding gate|up
+            shapes.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
+                           p + "attn_qkv.weight": (q + 2 * kv, h), p + "attn_output.weight": (h, q),
+                           p + "ffn_up.weight": (2 * i, h), p + "ffn_down.weight": (h, i)})
+            continue
         shapes.update({
             p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
             p + "attn_q.weight": (q, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
@@ -227,6 +262,8 @@ def check_tensors(c: ModelConfig, arch: str, infos: dict[str, TensorInfo], path:
     want = _expected_shapes(c)
     if ROPE_FREQS in infos:
         want[ROPE_FREQS] = (c.head_dim // 2,)
+    if arch == "phi3":
+        want.update({n: (c.rope_dim // 2,) for n in ROPE_FACTORS if n in infos})
     for name, shape in want.items():
         t = infos.get(name)
         if t is None:

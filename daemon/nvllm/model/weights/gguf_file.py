@@ -16,8 +16,8 @@ import numpy as np
 from nvllm.model.config import ModelConfig
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import BlockFormat, block_format, raw_nbytes
-from nvllm.model.weights.gguf_config import Meta, check_tensors, gguf_config, rope_scaling
-from nvllm.model.weights.gguf_names import ROPE_FREQS
+from nvllm.model.weights.gguf_config import Meta, check_tensors, gguf_config, longrope_scaling, rope_scaling
+from nvllm.model.weights.gguf_names import ROPE_FACTORS, ROPE_FREQS
 from nvllm.model.weights.gguf_reader import GGUFError, read_header
 
 
@@ -84,7 +84,9 @@ def _read(path: Path, mm: mmap.mmap) -> GGUFModel:
     if ROPE_FREQS in tensors:
         fmt, raw, shape = tensors[ROPE_FREQS]
         freqs = np.array(dequantize(fmt, raw, shape), dtype=np.float32)
-    config.rope_scaling = rope_scaling(config, Meta(metadata, arch, path), freqs)
+    factors = {n: np.array(dequantize(*tensors[n]), dtype=np.float32) for n in ROPE_FACTORS if n in tensors}
+    config.rope_scaling = (longrope_scaling(config, Meta(metadata, arch, path), factors) if factors
+                           else rope_scaling(config, Meta(metadata, arch, path), freqs))
     return GGUFModel(path, config, metadata, tensors, mm)
 
 

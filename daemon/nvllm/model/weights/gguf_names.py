@@ -13,6 +13,7 @@ _LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_qkv": "self_attn.qkv_proj",    # phi3: q|k|v fused, as its checkpoint stores them
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
@@ -25,13 +26,19 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's llama3 rope scaling: one divisor per frequency
+# phi3's longrope: one divisor per frequency past the original context, and one within it
+ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+ROPE_TABLES = (ROPE_FREQS, *ROPE_FACTORS)   # tensors that are rope's parameters, not weights
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """llama.cpp tensor name -> Hugging Face name (Llama's, plus Qwen2's biases and Qwen3's q/k norms)."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """llama.cpp tensor name -> Hugging Face name (Llama's, plus Qwen2's biases and Qwen3's q/k norms; phi3's
+    fused attn_qkv, and its ffn_up, which holds gate|up as Phi-3's gate_up_proj does)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")  # blk.N.attn_q.weight
+    if arch == "phi3" and len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] == "ffn_up":
+        return f"model.layers.{int(parts[1])}.mlp.gate_up_proj.{parts[3]}"
     if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES
             and parts[3] in ("weight", "bias")):
         return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"

@@ -24,7 +24,7 @@ from nvllm.model.matrix.weight import Weight
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import BlockFormat, raw_nbytes
 from nvllm.model.weights.gguf_file import GGUFModel
-from nvllm.model.weights.gguf_names import ROPE_FREQS, hf_tensor_name, unpermute_rope_rows
+from nvllm.model.weights.gguf_names import ROPE_TABLES, hf_tensor_name, unpermute_rope_rows
 from nvllm.model.weights.layout import ModelWeights, Parts, lay_out
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,10 @@ class _DequantizedTensors:
 
     def __init__(self, model: GGUFModel) -> None:
         self.model = model
-        self.names = {hf_tensor_name(n): n for n in model.tensors if n != ROPE_FREQS}
-        self.permute = model.metadata.get("general.architecture") == "llama"
+        arch = model.metadata.get("general.architecture", "llama")
+        self.names = {hf_tensor_name(n, arch): n for n in model.tensors if n not in ROPE_TABLES}
+        # SmolLM3's converter is Llama's, so its Q/K rows are permuted too; phi3's rope pairs as HF's does.
+        self.permute = arch in ("llama", "smollm3")
 
     def __contains__(self, hf_name: str) -> bool:
         return hf_name in self.names
@@ -203,6 +205,10 @@ def _matrix_groups(c: ModelConfig) -> list[list[str]]:
     groups = [["token_embd.weight"]] + ([] if c.tie_word_embeddings else [["output.weight"]])
     for n in range(c.num_layers):
         p = f"blk.{n}."
+        if c.architecture == "Phi3ForCausalLM":
+            groups += [[p + "attn_qkv.weight"], [p + "attn_output.weight"], [p + "ffn_up.weight"],
+                       [p + "ffn_down.weight"]]
+            continue
         groups += [[p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [p + "attn_output.weight"],
                    [p + "ffn_gate.weight", p + "ffn_up.weight"], [p + "ffn_down.weight"]]
     return groups
@@ -222,7 +228,7 @@ def resident_weight_bytes(model: GGUFModel, in_place: bool | None = None) -> int
         else:
             total += sum(4 * math.prod(shape) for _, _, shape in found)
     return total + sum(4 * math.prod(shape) for name, (_, _, shape) in model.tensors.items()
-                       if name not in grouped and name != ROPE_FREQS)
+                       if name not in grouped and name not in ROPE_TABLES)
 
 
 def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:

@@ -64,6 +64,11 @@ def layer_matrices(config: ModelConfig, n: int) -> dict[str, Parts]:
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     a, p = f"model.layers.{n}.self_attn.", f"model.layers.{n}."
     kv = config.num_kv_heads * d
+    if config.architecture == "Phi3ForCausalLM":   # Phi-3 stores q|k|v and gate|up fused, in that order
+        return {"qkv": [(a + "qkv_proj.weight", (config.num_heads * d + 2 * kv, h))],
+                "o": [(a + "o_proj.weight", (h, config.num_heads * d))],
+                "gate_up": [(p + "mlp.gate_up_proj.weight", (2 * i, h))],
+                "down": [(p + "mlp.down_proj.weight", (h, i))]}
     return {"qkv": [(a + "q_proj.weight", (config.num_heads * d, h)), (a + "k_proj.weight", (kv, h)),
                     (a + "v_proj.weight", (kv, h))],
             "o": [(a + "o_proj.weight", (h, config.num_heads * d))],

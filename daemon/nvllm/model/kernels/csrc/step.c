@@ -9,6 +9,7 @@
  * pool); this file trusts its sizes, as the kernels it calls do.
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "ops.h"
 
@@ -35,6 +36,7 @@ typedef struct {
     const float *q_norm, *k_norm;   /* or NULL: Qwen3's per-head norms */
     step_matrix_t qkv, o, gate_up, down;
     void *k_pool, *v_pool;          /* this layer's pages [blocks, bs, nkv, hd] each, in the step's KV format */
+    int64_t nope;                   /* SmolLM3: 1 where the layer takes no rope (the step's nope tables) */
 } step_layer_t;
 
 typedef struct {
@@ -52,6 +54,9 @@ typedef struct {
     const int64_t *bounds;          /* [attn_parts + 1]: the sequences each thread attends for */
     int64_t attn_parts, threads;
     int64_t kv_fmt;                 /* the pool's KV format, a GGUF type id (ops.c) */
+    const float *nope_cos, *nope_sin;   /* [T, hd/2] of 1 and 0, or NULL: no layer is NoPE */
+    const int64_t *qk_order;        /* [(nq + nkv) hd] or NULL: partial rotary's column order (decoder.py) */
+    float *qk_scratch;              /* [(nq + nkv) hd] when qk_order is set */
 } step_t;
 
 /* y [T, width] = x [T, in] @ W.T, part by part, as FusedWeight.apply and quant_matmul's wrapper do. */
@@ -91,8 +96,15 @@ int decode_layers(const step_t *s) {
                 rms_norm(row, L->q_norm, row, s->nq, hd, s->eps);
                 rms_norm(row + q_width, L->k_norm, row + q_width, s->nkv, hd, s->eps);
             }
-        rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd, s->cos, s->sin, s->q_scale, s->slots, L->k_pool,
-                      L->v_pool, (int)s->kv_fmt);
+        if (s->qk_order)   /* as decoder.py's qkv[:, :qk] = qkv[:, rope_perm] */
+            for (int64_t t = 0; t < T; t++) {
+                float *row = s->qkv + t * width;
+                const int64_t qk = (s->nq + s->nkv) * hd;
+                memcpy(s->qk_scratch, row, (size_t)qk * sizeof(float));
+                for (int64_t j = 0; j < qk; j++) row[j] = s->qk_scratch[s->qk_order[j]];
+            }
+        rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd, L->nope ? s->nope_cos : s->cos,
+                      L->nope ? s->nope_sin : s->sin, s->q_scale, s->slots, L->k_pool, L->v_pool, (int)s->kv_fmt);
         if (s->attn_parts < 2) {
             rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
                                         s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt);
