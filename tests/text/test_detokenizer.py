@@ -40,6 +40,9 @@ class TestIncrementalDetokenizerByteLevel:
     @PROPERTY
     @given(prompt=st.text(max_size=20), text=st.text(max_size=40))
     def test_streaming_encoded_text_gives_the_text_back(self, qwen, prompt, text):
+        # A special token's text (hypothesis draws string constants from the code, "<|im_start|>" among
+        # them) encodes to that token, which decoding leaves out: not text that comes back.
+        assume("<|" not in text)
         output = qwen.encode(text)
         # Qwen2's tokenizer normalises to NFC, so the text that comes back is the NFC form.
         text = unicodedata.normalize("NFC", text)
