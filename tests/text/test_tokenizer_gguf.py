@@ -285,6 +285,22 @@ def test_qwen2_pre_splits_every_digit_where_llama3_groups_three():
     assert tok.encode("1234") == [tok.token_to_id(d) for d in "1234"]
 
 
+
+@pytest.mark.parametrize("text, pieces", [
+    # a word's case runs: capitals then lower case make one piece, a new capital starts the next
+    ("HelloWorld CAPSLock", ["Hello", "World", " CAPSLock"]),
+    # the contraction stays on its word; digits in runs of up to three
+    ("World's 1234567", ["World's", " ", "123", "456", "7"]),
+    # a punctuation run takes the newlines and slashes after it
+    ("x !!\n/y", ["x", " !!\n/", "y"]),
+])
+def test_gpt4o_pre_splits_as_o200k(text: str, pieces: list[str]):
+    # Phi-4-mini's GGUFs say pre "gpt-4o" (tiktoken's o200k pattern).
+    tok = Tokenizer.from_gguf_metadata(dict(llama3_metadata(), **{"tokenizer.ggml.pre": "gpt-4o"}), "phi4.gguf")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    expected = [p for piece in pieces for p, _ in byte_level.pre_tokenize_str(piece)]
+    assert [p for p, _ in tok.backend.pre_tokenizer.pre_tokenize_str(text)] == expected
+
 # ------------------------------------------------------------------------------------------ refusals
 
 

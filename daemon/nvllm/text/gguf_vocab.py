@@ -27,6 +27,14 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# GPT-4o's (tiktoken's o200k, Phi-4-mini's): case-aware letter runs with the contraction as their suffix,
+# digits in groups of up to three, a punctuation run taking trailing newlines and slashes.
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 
 @dataclass(frozen=True)
 class GGUFPreTokenizer:
@@ -51,6 +59,7 @@ GGUF_PRE_TOKENIZERS: dict[str, GGUFPreTokenizer] = {
     "llama-bpe": _LLAMA3,     # Llama 3, 3.1, 3.2, 3.3 (llama.cpp also accepts the two older names)
     "llama3": _LLAMA3,
     "llama-v3": _LLAMA3,
+    "gpt-4o": GGUFPreTokenizer(split=_GPT4O_SPLIT),   # Phi-4-mini
 }
 
 
