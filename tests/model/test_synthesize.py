@@ -106,7 +106,7 @@ def test_rows_that_do_not_split_fall_back_as_llama_cpp_does():
 def test_shapes_hold_the_real_parameter_counts(name):
     published = {"qwen2.5-0.5b": 0.49e9, "qwen2.5-1.5b": 1.54e9, "qwen2.5-3b": 3.09e9, "qwen3-0.6b": 0.60e9,
                  "qwen3-1.7b": 1.72e9, "llama-3.2-1b": 1.24e9, "smollm2-135m": 0.135e9, "smollm2-360m": 0.36e9,
-                 "smollm3-3b": 3.08e9}
+                 "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9}
     assert SHAPES[name].params == pytest.approx(published[name], rel=0.01)
 
 
@@ -212,6 +212,22 @@ def test_smollm3_shape_reads_back_with_every_fourth_layer_nope(tmp_path):
                                 bpe=1024)
     c = read_gguf(synthesize(small, "Q8_0", tmp_path / "s.gguf")).config
     assert (c.architecture, c.nope_layers, c.num_layers) == ("SmolLM3ForCausalLM", (3, 7), 8)
+
+
+def test_phi4_mini_shape_reads_back_fused_with_partial_rotary_and_longrope(tmp_path):
+    small = dataclasses.replace(SHAPES["phi-4-mini"], name="tiny-phi-4-mini", hidden=256, intermediate=512,
+                                layers=2, heads=4, kv_heads=2, head_dim=64, vocab=1280, rotary_dim=48,
+                                specials={1024: "<|endoftext|>", 1025: "<|end|>"}, bos=1024, eos=1025, bpe=1024)
+    path = synthesize(small, "Q4_K_M", tmp_path / "p.gguf")
+    types = dict(iter_types(small, "Q4_K_M"))
+    assert (types["blk.0.attn_qkv.weight"], types["blk.0.ffn_up.weight"]) == ("Q5_K", "Q4_K")  # llama-quantize's
+    c = read_gguf(path).config
+    assert (c.architecture, c.rotary_dim, c.num_layers) == ("Phi3ForCausalLM", 48, 2)
+    assert c.rope_scaling is not None and c.rope_scaling["original_max_position_embeddings"] == 4096
+    assert c.rope_scaling["attention_factor"] == pytest.approx(small.longrope[1])
+    llm = LLM(model=str(path), max_model_len=64, num_blocks=16)
+    out = llm.generate(["Where is the drone?"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
 
 
 def test_cli_writes_and_refuses_clearly(tmp_path, capsys):

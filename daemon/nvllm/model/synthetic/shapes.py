@@ -18,6 +18,11 @@ _LLAMA3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 1280
                     128007: "<|end_header_id|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"}
 _SMOLLM2_SPECIALS = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"}
 # SmolLM3 keeps Llama 3's vocabulary and puts ChatML's markers in its reserved ids.
+# Phi-4-mini: o200k's ids, then its chat markers.
+_PHI4_SPECIALS = {199999: "<|endoftext|>", 200018: "<|endofprompt|>", 200019: "<|assistant|>", 200020: "<|end|>",
+                  200021: "<|user|>", 200022: "<|system|>", 200023: "<|tool|>", 200024: "<|/tool|>"}
+PHI4 = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 _SMOLLM3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128011: "<|im_start|>",
                      128012: "<|im_end|>"}
 
@@ -50,6 +55,8 @@ class Shape:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: dict[str, float] = field(default_factory=dict)  # llama3's: factor, low, high, original
+    rotary_dim: int = 0         # phi3: dimensions of each head rope turns (0: all)
+    longrope: tuple[int, float] = (0, 0.0)   # phi3: its original context and attention factor
 
     @property
     def params(self) -> int:
@@ -84,6 +91,11 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
           _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
     Shape("smollm2-360m", "llama", 960, 2560, 32, 15, 5, 64, 49152, 8192, 100000.0, 1e-5, "smollm",
           _SMOLLM2_SPECIALS, bos=1, eos=2, bpe=49152 - 17, bpe_start=17),
+    # Phi-4-mini-instruct's config.json: partial rotary 0.75, longrope from 4k (attention factor
+    # sqrt(1 + ln 32 / ln 4096)), tied embeddings; its o200k vocabulary is a byte-level BPE of the same size here.
+    Shape("phi-4-mini", "phi3", 3072, 8192, 32, 24, 8, 128, 200064, 131072, 10000.0, 1e-5, "gpt-4o",
+          _PHI4_SPECIALS, bos=199999, eos=200020, bpe=199999, chat_template=PHI4, rotary_dim=96,
+          longrope=(4096, 1.1902380714238083)),
     # SmolLM3-3B's config.json; every 4th layer NoPE, which llama.cpp assumes for smollm3 (no key for it).
     Shape("smollm3-3b", "smollm3", 2048, 11008, 36, 16, 4, 128, 128256, 65536, 5000000.0, 1e-6, "llama-bpe",
           _SMOLLM3_SPECIALS, bos=128000, eos=128012, bpe=128000),

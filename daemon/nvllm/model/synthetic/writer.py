@@ -35,10 +35,16 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
     specs = []
     if shape.rope_scaling:
         specs.append(TensorSpec("rope_freqs.weight", "norm", (shape.head_dim // 2,)))
+    if shape.longrope[0]:   # phi3: a divisor per rotated frequency, past the original context and within it
+        specs += [TensorSpec(f"rope_factors_{kind}.weight", "norm", (shape.rotary_dim // 2,))
+                  for kind in ("long", "short")]
     specs.append(TensorSpec("token_embd.weight", "token_embd", (shape.vocab, h)))
     for i in range(shape.layers):
         b = f"blk.{i}."
         specs.append(TensorSpec(b + "attn_norm.weight", "norm", (h,)))
+        if shape.arch == "phi3":
+            specs += _phi3_layer(shape, b)
+            continue
         for part, rows in (("q", q), ("k", kv), ("v", kv)):
             specs.append(TensorSpec(f"{b}attn_{part}.weight", f"attn_{part}", (rows, h)))
             if shape.qkv_bias:
@@ -53,6 +59,16 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
                   TensorSpec(b + "ffn_down.weight", "ffn_down", (h, shape.intermediate))]
     specs.append(TensorSpec("output_norm.weight", "norm", (h,)))
     return specs
+
+
+def _phi3_layer(shape: Shape, b: str) -> list[TensorSpec]:
+    """A phi3 layer after its attn_norm: q|k|v in one matrix, gate|up in one ffn_up, as its checkpoint holds them."""
+    h, i = shape.hidden, shape.intermediate
+    return [TensorSpec(b + "attn_qkv.weight", "attn_qkv", ((shape.heads + 2 * shape.kv_heads) * shape.head_dim, h)),
+            TensorSpec(b + "attn_output.weight", "attn_output", (h, shape.heads * shape.head_dim)),
+            TensorSpec(b + "ffn_norm.weight", "norm", (h,)),
+            TensorSpec(b + "ffn_up.weight", "ffn_up", (2 * i, h)),
+            TensorSpec(b + "ffn_down.weight", "ffn_down", (h, i))]
 
 
 def llama3_rope_divisors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:
@@ -121,6 +137,11 @@ def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> No
     if shape.arch in ("llama", "smollm3"):   # smollm3's converter is Llama's
         w.add_vocab_size(shape.vocab)
         w.add_rope_dimension_count(shape.head_dim)
+    if shape.arch == "phi3":
+        w.add_rope_dimension_count(shape.rotary_dim or shape.head_dim)
+        if shape.longrope[0]:
+            w.add_rope_scaling_orig_ctx_len(shape.longrope[0])
+            w.add_rope_scaling_attn_factors(shape.longrope[1])
     tokens, types, merges = vocabulary(shape, seed)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(shape.pre)
