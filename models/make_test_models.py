@@ -11,6 +11,7 @@ built-in corpus with parallelism off. Tests call `make_all(out_dir)`.
   tiny-qwen2      Qwen2ForCausalLM, bfloat16, q/k/v biases, tied, 2 shards, `rope_parameters` form
   tiny-llama-f16  LlamaForCausalLM, float16, tied, plain rope
   tiny-qwen3      Qwen3ForCausalLM, bfloat16, q/k norms, head_dim 24 (not hidden / heads), tied, GQA
+  tiny-gemma3     Gemma3ForCausalLM, bfloat16, sliding and global layers, window 8 (tiny_gemma3.py)
   --qwen05b       qwen2.5-0.5b-random: Qwen2.5-0.5B's shapes, random float32 (about 2 GB), for speed
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -395,6 +397,7 @@ BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "tiny-qwen2": make_tiny_qwen2,
     "tiny-llama-f16": make_tiny_llama_f16,
     "tiny-qwen3": make_tiny_qwen3,
+    "tiny-gemma3": lambda o, t: runpy.run_path(str(Path(__file__).parent / "tiny_gemma3.py"))["make"](o, t, globals()),
 }
 EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,

@@ -60,7 +60,7 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-MODEL_NAMES = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct")
+MODEL_NAMES = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct", "tiny-gemma3")
 SUBSET_SIZE = 2048  # columns kept for vocabularies larger than FULL_VOCAB_LIMIT
 SUBSET_TOP_K = 16
 FULL_VOCAB_LIMIT = 8192

@@ -1,17 +1,20 @@
 """The decoder-only transformer (Llama, Qwen2, Qwen3) over a packed batch: embed, RMSNorm, RoPE, paged
 attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for all
-tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope.
+tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope. Gemma 3 adds
+norms on the attention's and the MLP's outputs, GeGLU, a scaled embedding, and sliding-window layers with
+a rope of their own beside its global ones.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from nvllm.model.config import ModelConfig, rope_inv_freq
+from nvllm.model.config import ModelConfig, layer_rope, rope_inv_freq
 from nvllm.model.kernels import matmul, ops, threads
 from nvllm.model.kernels.step import DecodeLayers, LayerSpec
 from nvllm.model.kv_cache import KVCache
@@ -70,6 +73,13 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """GeGLU's gelu_pytorch_tanh(gate) * up for gate_up [T, 2I] -> [T, I], in float32."""
+    gate, up = np.split(gate_up, 2, axis=1)
+    inner = np.float32(math.sqrt(2.0 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+    return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
+
+
 class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
         self.config = config
@@ -78,7 +88,12 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.scale = float(c.head_dim ** -0.5)
+        if c.query_pre_attn_scalar is not None:   # Gemma 3: its own scalar, not head_dim
+            self.scale = float(c.query_pre_attn_scalar ** -0.5)
         self.inv_freq = rope_inv_freq(c)  # [hd/2] float32
+        # Sliding layers with a rope of their own (Gemma 3): its frequencies, else None (one rope for all).
+        self.local_inv_freq = (rope_inv_freq(layer_rope(c, True))
+                               if any(c.sliding_layers) and c.rope_local_theta is not None else None)
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
@@ -97,8 +112,9 @@ class Model:
         return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, fmt,
                        resident_blocks=resident_blocks)
 
-    def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
+    def _rope_tables(self, positions: np.ndarray, inv_freq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, hd/2]
         return np.cos(freqs), np.sin(freqs)
 
     def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +143,9 @@ class Model:
         """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
         to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
         T, meta = batch.token_ids.shape[0], batch.attn
+        # Gemma 3's layers (output norms, GeGLU, sliding windows) are not in step.c: they run one by one.
         if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
+                or self.config.post_norms
                 or meta.prefill_rows.size or meta.decode_span != (0, T)):
             return None
         key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
@@ -160,6 +178,13 @@ class Model:
         rope_write = (ops.RopeWriteKV(cos, sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
                       if ops.lib is not None else None)
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
+        if c.embed_scale != 1.0:
+            x = x * np.float32(c.embed_scale)
+        ropes = [(cos, sin, rope_write)]   # by layer kind: the global (or only) rope, then a sliding one
+        if self.local_inv_freq is not None:
+            lcos, lsin = self._rope_tables(batch.positions, self.local_inv_freq)
+            ropes.append((lcos, lsin, ops.RopeWriteKV(lcos, lsin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+                          if ops.lib is not None else None))
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
             assert rope_write is not None and batch.attn.paged_decode is not None  # ops.lib is loaded
@@ -173,6 +198,8 @@ class Model:
             if layer.q_norm is not None:
                 assert layer.k_norm is not None  # laid out together (weights/layout.py)
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
+            sliding = bool(c.sliding_layers) and c.sliding_layers[i]
+            cos, sin, rope_write = ropes[1 if sliding and len(ropes) > 1 else 0]
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
             if rope_write is not None:
@@ -181,13 +208,24 @@ class Model:
             else:
                 q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
-            attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
+            window = (c.sliding_window or 0) if sliding else 0
+            attn = paged_attention(q, k, v, kv_pool, batch.attn, window)        # [T, nh, hd]
+            if layer.attn_out_norm is not None:                                 # Gemma 3's four norms
+                assert layer.ffn_out_norm is not None
+                x = x + rms_norm(layer.o.apply(attn.reshape(T, nh * hd)), layer.attn_out_norm, c.rms_norm_eps)
+                h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+                gu = layer.gate_up.apply(h)
+                x = x + rms_norm(layer.down.apply(gelu_tanh_mul(gu)), layer.ffn_out_norm, c.rms_norm_eps)
+                continue
             x = x + layer.o.apply(attn.reshape(T, nh * hd))                     # [T, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gu = layer.gate_up.apply(h)                                         # [T, 2I]
             x = x + layer.down.apply(silu_mul(gu))                              # [T, H]
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
         logits = w.lm_head.apply(last)                                          # [R, V]
+        if c.final_logit_softcapping is not None:
+            cap = np.float32(c.final_logit_softcapping)
+            logits = np.tanh(logits / cap) * cap
         # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
         if not np.isfinite(logits).all():
             raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])

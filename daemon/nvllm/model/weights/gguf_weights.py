@@ -39,7 +39,8 @@ class _DequantizedTensors:
 
     def __init__(self, model: GGUFModel) -> None:
         self.model = model
-        self.names = {hf_tensor_name(n): n for n in model.tensors if n != ROPE_FREQS}
+        arch = str(model.metadata.get("general.architecture", ""))
+        self.names = {hf_tensor_name(n, arch): n for n in model.tensors if n != ROPE_FREQS}
         self.permute = model.metadata.get("general.architecture") == "llama"
 
     def __contains__(self, hf_name: str) -> bool:

@@ -95,10 +95,10 @@ int decode_layers(const step_t *s) {
                       L->v_pool, (int)s->kv_fmt);
         if (s->attn_parts < 2) {
             rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
-                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt);
+                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt, 0);
         } else {
             decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
-                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt};
+                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt, 0};
             matmul_pool_run(paged_decode_part, &job, (int)s->attn_parts);
             rc = job.failed;
         }
