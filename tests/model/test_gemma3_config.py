@@ -4,12 +4,17 @@ rope_scaling) and from a GGUF read as llama.cpp's loader reads it; what is not s
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from helpers.schedule import run_schedule
+from nvllm import LLM, SamplingParams
 from nvllm.model.config import ModelConfig, ModelLoadError, layer_rope, rope_inv_freq
 from nvllm.model.decoder import Model
+from nvllm.model.synthetic.shapes import SHAPES
+from nvllm.model.synthetic.writer import synthesize
 from nvllm.model.weights.gguf_file import read_gguf
 
 BASE = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
@@ -69,3 +74,16 @@ def test_final_logit_softcapping_caps_the_logits(tiny_models):
     model.config.final_logit_softcapping = 0.5
     capped = run_schedule(model, [ids], [[len(ids)]])[0]
     np.testing.assert_allclose(capped, np.tanh(plain / 0.5) * 0.5, atol=1e-6)
+
+
+def test_a_synthesized_gemma3_reads_back_and_generates(tmp_path):
+    """`nvllm models synthesize`'s gemma3 files, on a small copy of gemma-3-270m's shape."""
+    small = dataclasses.replace(SHAPES["gemma-3-270m"], name="tiny-gemma-3", hidden=128, intermediate=256, layers=6,
+                                head_dim=64, vocab=1280, specials={1024: "<bos>", 1025: "<end_of_turn>"}, bos=1024,
+                                eos=1025, bpe=1024, bpe_start=0, sliding_window=8)
+    path = synthesize(small, "Q8_0", tmp_path / "g.gguf")
+    c = read_gguf(path).config
+    assert c.sliding_layers == [True] * 5 + [False] and c.sliding_window == 8 and c.post_norms
+    llm = LLM(str(path), num_blocks=16, max_model_len=64)
+    out = llm.generate(["Where is the drone? " * 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4

@@ -136,7 +136,8 @@ class Model:
         c = self.config
         T, hd, qk_size = qkv.shape[0], c.head_dim, self.q_size + self.kv_size
         for start, end, weight in ((0, self.q_size, q_norm), (self.q_size, qk_size, k_norm)):
-            heads = qkv[:, start:end].reshape(-1, hd)           # [T, n*hd] -> [T*n, hd], a contiguous copy
+            # [T, n*hd] -> [T*n, hd], a contiguous copy (reshape alone is a strided view for one head: Gemma's KV)
+            heads = np.ascontiguousarray(qkv[:, start:end].reshape(-1, hd))
             qkv[:, start:end] = rms_norm(heads, weight, c.rms_norm_eps).reshape(T, end - start)
 
     def _decode_layers(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodeLayers | None:
