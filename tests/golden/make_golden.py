@@ -8,7 +8,7 @@ How to run (from the repository root):
     python3 -m venv .refvenv
     .refvenv/bin/pip install torch==2.13.0            # CPU wheel; pin it, other versions are huge
     .refvenv/bin/pip install transformers numpy safetensors tokenizers jinja2
-    python models/make_test_models.py --out models         # tiny-llama, tiny-qwen2, tiny-llama-f16, tiny-qwen3
+    python models/make_test_models.py --out models         # tiny-llama, -qwen2, -llama-f16, -qwen3, -gemma3
     nvllm models pull                                      # models/smollm2-135m-instruct
     .refvenv/bin/python tests/golden/make_golden.py [--models-dir models] [--only NAME]
 
