@@ -47,7 +47,7 @@ def tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     def normal(*shape: int, std: float = 0.08) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
 
-    t = {"model.embed_tokens.weight": normal(v, h, std=0.05)}
+    t = {"model.embed_tokens.weight": normal(v, h, std=0.12)}   # tied: logits of a spread of order one
     for i in range(cfg["num_hidden_layers"]):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         t.update({a + "q_proj.weight": normal(q, h), a + "k_proj.weight": normal(kv, h),

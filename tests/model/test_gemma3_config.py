@@ -46,7 +46,6 @@ def test_rope_parameters_per_layer_type_and_the_defaults():
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ({"use_bidirectional_attention": True}, "bidirectional"),
     ({"hidden_activation": "silu"}, "hidden_activation"),
     ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
@@ -87,3 +86,16 @@ def test_a_synthesized_gemma3_reads_back_and_generates(tmp_path):
     llm = LLM(str(path), num_blocks=16, max_model_len=64)
     out = llm.generate(["Where is the drone? " * 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert len(out[0].token_ids) == 4
+
+
+def test_attention_softcapping_agrees_however_the_tokens_come(tiny_models, kernel_path):
+    """Gemma 2's attn_logit_softcapping, honoured if a config sets it: the NumPy decode and the prefill
+    (whose C softmax takes the capped scores) agree, chunked or token by token; a cap moves the logits."""
+    model = Model.from_dir(tiny_models["tiny-gemma3"])
+    ids = np.arange(3, 40)
+    plain = run_schedule(model, [ids], [[len(ids)]])[0]
+    model.config.attn_logit_softcapping = 0.3
+    whole = run_schedule(model, [ids], [[len(ids)]])[0]
+    np.testing.assert_allclose(run_schedule(model, [ids], [[1]] * len(ids))[0], whole, atol=1e-4)
+    np.testing.assert_allclose(run_schedule(model, [ids], [[7]] * 5 + [[2]])[0], whole, atol=1e-4)
+    assert np.abs(whole - plain).max() > 1e-2

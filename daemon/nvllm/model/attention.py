@@ -83,11 +83,13 @@ def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.n
     return of_pool(pool).decode(g.reshape(g.shape[0], num_blocks * bs, nkv, width)[:, :num_tokens])
 
 
-def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray, window: int = 0) -> None:
+def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray, window: int = 0,
+            softcap: float | None = None) -> None:
     """Every single-token sequence at once: the C kernel reads each page in place; the NumPy path
-    gathers the pages, pads to the longest context and masks (window > 0: a sliding window's keys only)."""
+    gathers the pages, pads to the longest context and masks (window > 0: a sliding window's keys only).
+    Soft-capped scores (cap * tanh(s / cap)) take the NumPy path: the kernel has no cap."""
     rows, tok = meta.decode_rows, meta.decode_tokens
-    if ops.lib is not None and meta.paged_decode is not None:
+    if ops.lib is not None and meta.paged_decode is not None and softcap is None:
         # the sequences shared out over the matmul kernels' threads, when there are several
         pool = (threads.count, matmul.pool_run) if matmul.lib is not None else (1, None)
         if meta.decode_span is not None:
@@ -114,6 +116,8 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     qd = q[tok].reshape(rows.size, nkv, nh // nkv, hd)             # [Sd, nkv, g, hd]
     # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
     scores = qd @ k.transpose(0, 2, 3, 1)
+    if softcap is not None:
+        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
     scores += meta.window_bias(window) if window else meta.decode_bias
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
@@ -123,7 +127,8 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     out[tok] = o.reshape(rows.size, nh, hd)
 
 
-def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, window: int = 0) -> np.ndarray:
+def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, window: int = 0,
+             softcap: float | None = None) -> np.ndarray:
     """One chunk's queries [n, nh, hd] over its whole context k, v [C, nkv, hd]; causal by position (and
     with window > 0, each query sees its last `window` keys only).
 
@@ -139,18 +144,20 @@ def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
     out = np.empty((n, nh, hd), dtype=q.dtype)
     for t0 in range(0, n, PREFILL_TILE):
         t1 = min(n, t0 + PREFILL_TILE)
-        out[t0:t1] = _prefill_tile(qh[:, t0 * g:t1 * g], kt, vh, positions[t0:t1], g, window)
+        out[t0:t1] = _prefill_tile(qh[:, t0 * g:t1 * g], kt, vh, positions[t0:t1], g, window, softcap)
     return out
 
 
 def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarray, g: int,
-                  window: int = 0) -> np.ndarray:
+                  window: int = 0, softcap: float | None = None) -> np.ndarray:
     """One tile's stacked queries qt [nkv, t*g, hd] against keys kt [nkv, hd, C] and values vh [nkv, C, hd]
     -> [t, nh, hd]; pos [t] are the tile's positions, which set its causal limits."""
     nkv, rows, hd = qt.shape
     t = rows // g
     width = int(pos[-1]) + 1                                        # keys this tile can see at all
     s = qt @ kt[:, :, :width]                                       # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+    if softcap is not None:                                         # before the mask, as transformers caps
+        s = np.tanh(s / np.float32(softcap)) * np.float32(softcap)
     starts = np.repeat(np.maximum(pos - window + 1, 0), g) if window and pos[-1] >= window else None
     if ops.lib is not None:
         # Row i of the tile sees keys [0, pos[i]]; the kernel exponentiates up to there and zeroes the rest.
@@ -173,10 +180,11 @@ def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarra
 
 
 def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool: np.ndarray,
-                    meta: AttentionMetadata, window: int = 0) -> np.ndarray:
+                    meta: AttentionMetadata, window: int = 0, softcap: float | None = None) -> np.ndarray:
     """q [T, nh, hd], already scaled by 1/sqrt(hd), against one layer's pool
     [2, num_blocks, block_size, nkv, hd / per element] in its KV format -> [T, nh, hd]. window > 0: a
-    sliding-window layer, each query attending to its last `window` positions only.
+    sliding-window layer, each query attending to its last `window` positions only; softcap: scores become
+    softcap * tanh(scores / softcap) before the mask.
 
     K/V of this step (k_new, v_new [T, nkv, hd]) must already be written to the pool; a chunk with
     nothing cached before it reads them directly instead of gathering its pages back.
@@ -185,7 +193,7 @@ def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool
     k_pool, v_pool = kv_pool[0], kv_pool[1]
     fmt = of_pool(kv_pool)
     if meta.decode_rows.size:
-        _decode(q, kv_pool, meta, out, window)
+        _decode(q, kv_pool, meta, out, window, softcap)
     for s in meta.prefill_rows:
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])
         c = int(meta.context_lens[s])
@@ -194,5 +202,5 @@ def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool
         else:
             k = _gather(k_pool, meta.block_tables[s:s + 1], c)[0]  # [C, nkv, hd]
             v = _gather(v_pool, meta.block_tables[s:s + 1], c)[0]
-        out[start:start + n] = _prefill(q[start:start + n], k, v, meta.positions[start:start + n], window)
+        out[start:start + n] = _prefill(q[start:start + n], k, v, meta.positions[start:start + n], window, softcap)
     return out

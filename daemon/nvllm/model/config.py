@@ -185,8 +185,6 @@ def gemma3_fields(cfg: dict[str, Any], hidden: int, where: str) -> dict[str, Any
                              f"the {layers} layers")
     if cfg.get("use_bidirectional_attention"):
         raise ModelLoadError(f"{where}: use_bidirectional_attention is not supported")
-    if cfg.get("attn_logit_softcapping") is not None:
-        raise ModelLoadError(f"{where}: attn_logit_softcapping is not supported (Gemma 3's is null)")
     rope = cfg.get("rope_parameters") or {}
     full = dict(rope.get("full_attention") or {})
     local = dict(rope.get("sliding_attention") or {})
@@ -206,7 +204,7 @@ def gemma3_fields(cfg: dict[str, Any], hidden: int, where: str) -> dict[str, Any
         raise ModelLoadError(f"{where}: hidden_activation {act!r} is not supported (supported: gelu_pytorch_tanh)")
     window = cfg.get("sliding_window", 4096)
     sliding = [t == "sliding_attention" for t in types]
-    final_cap = cfg.get("final_logit_softcapping")
+    final_cap, attn_cap = cfg.get("final_logit_softcapping"), cfg.get("attn_logit_softcapping")
     return {"rope_theta": theta, "rope_scaling": scaling, "rope_local_theta": local_theta,
             "norm_offset": 1.0, "post_norms": True, "hidden_act": "gelu_pytorch_tanh", "qk_norm": True,
             # transformers casts sqrt(hidden) to the weights' dtype; nvllm computes in float32, as transformers
@@ -215,5 +213,6 @@ def gemma3_fields(cfg: dict[str, Any], hidden: int, where: str) -> dict[str, Any
             "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
             "sliding_window": int(window) if window and any(sliding) else None, "sliding_layers": sliding,
             "final_logit_softcapping": None if final_cap is None else float(final_cap),
+            "attn_logit_softcapping": None if attn_cap is None else float(attn_cap),
             "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
 

@@ -210,7 +210,7 @@ class Model:
                 q, k = self._rotate(qkv, cos, sin)                              # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             window = (c.sliding_window or 0) if sliding else 0
-            attn = paged_attention(q, k, v, kv_pool, batch.attn, window)        # [T, nh, hd]
+            attn = paged_attention(q, k, v, kv_pool, batch.attn, window, c.attn_logit_softcapping)  # [T, nh, hd]
             if layer.attn_out_norm is not None:                                 # Gemma 3's four norms
                 assert layer.ffn_out_norm is not None
                 x = x + rms_norm(layer.o.apply(attn.reshape(T, nh * hd)), layer.attn_out_norm, c.rms_norm_eps)
