@@ -57,7 +57,7 @@ def assert_same_bits(in_c: list, loop: list) -> None:
         assert not bad.size, f"prompt {i}: positions {bad.tolist()} differ, by up to {np.abs(a - b).max():.3g}"
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-gemma3"])
 @pytest.mark.parametrize("quantization", ["", "q8_0", "q4_k"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_the_c_step_gives_the_loops_bits(tiny_models: dict[str, Path], name: str, quantization: str,

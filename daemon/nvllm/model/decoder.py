@@ -75,6 +75,8 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
 
 def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
     """GeGLU's gelu_pytorch_tanh(gate) * up for gate_up [T, 2I] -> [T, I], in float32."""
+    if ops.lib is not None:
+        return ops.gelu_tanh_mul(gate_up)
     gate, up = np.split(gate_up, 2, axis=1)
     inner = np.float32(math.sqrt(2.0 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
     return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
@@ -144,26 +146,29 @@ class Model:
         """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
         to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
         T, meta = batch.token_ids.shape[0], batch.attn
-        # Gemma 3's layers (output norms, GeGLU, sliding windows) are not in step.c: they run one by one.
+        # Soft-capped attention is not in the paged kernel: such a model's layers run one by one.
         if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
-                or self.config.post_norms
+                or self.config.attn_logit_softcapping is not None
                 or meta.prefill_rows.size or meta.decode_span != (0, T)):
             return None
         key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
         pool, plan = self._steps.get(key, (None, None))
         if pool is not kv_cache.pool:
             plan, c = None, self.config
-            specs = []
+            specs: list[LayerSpec] = []
             for layer in self.weights.layers:
                 mats = [m.decode_blocks(T) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
                 if any(m is None for m in mats):
                     break
                 qkv, o, gate_up, down = (m or () for m in mats)
+                sliding = bool(c.sliding_layers) and c.sliding_layers[len(specs)]
                 specs.append(LayerSpec(layer.input_norm, qkv, o, layer.post_norm, gate_up, down, layer.qkv_bias,
-                                       layer.q_norm, layer.k_norm))
+                                       layer.q_norm, layer.k_norm, layer.attn_out_norm, layer.ffn_out_norm,
+                                       (c.sliding_window or 0) if sliding else 0,
+                                       sliding and self.local_inv_freq is not None))
             else:
                 plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
-                                    c.intermediate_size, c.rms_norm_eps)
+                                    c.intermediate_size, c.rms_norm_eps, gelu=c.hidden_act != "silu")
             self._steps[key] = (kv_cache.pool, plan)
         return plan
 
@@ -190,7 +195,7 @@ class Model:
         if in_c is not None:
             assert rope_write is not None and batch.attn.paged_decode is not None  # ops.lib is loaded
             x = np.array(x, dtype=np.float32, order="C")                        # written in place
-            in_c(x, rope_write, batch.attn.paged_decode, threads.count)
+            in_c(x, rope_write, batch.attn.paged_decode, threads.count, ropes[-1][2])
         for i, layer in enumerate(w.layers if in_c is None else ()):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv.apply(h)                                            # [T, (nh+2nkv)*hd]

@@ -38,6 +38,8 @@ def _load() -> ctypes.CDLL | None:
         lib.softmax_causal_rows.restype = None
         lib.silu_mul.argtypes = [_P, _P, _I64, _I64]
         lib.silu_mul.restype = None
+        lib.gelu_tanh_mul.argtypes = [_P, _P, _I64, _I64]
+        lib.gelu_tanh_mul.restype = None
         lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
         lib.rms_norm.restype = None
         lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P,
@@ -243,6 +245,18 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     out = np.empty((T, two_i // 2), dtype=np.float32)
     assert lib is not None  # callers run this only with the library loaded
     lib.silu_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
+    return out
+
+
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """gate_up [T, 2I] -> gelu_pytorch_tanh(gate) * up [T, I] (Gemma's GeGLU)."""
+    _check(gate_up, np.float32, "gate_up", ndim=2)
+    T, two_i = gate_up.shape
+    if two_i % 2:
+        raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
+    out = np.empty((T, two_i // 2), dtype=np.float32)
+    assert lib is not None  # callers run this only with the library loaded
+    lib.gelu_tanh_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
     return out
 
 

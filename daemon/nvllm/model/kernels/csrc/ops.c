@@ -5,7 +5,7 @@
  *   KV head); both cost far more than reading the keys once.
  * - softmax_causal_rows: max, exp and sum of attention scores in one pass, each row up to its causal
  *   limit. NumPy needs a mask, three passes and a scalar exp.
- * - silu_mul: SwiGLU's silu(gate) * up in one pass.
+ * - silu_mul: SwiGLU's silu(gate) * up in one pass; gelu_tanh_mul, GeGLU's (Gemma's) likewise.
  * - rms_norm, and rope_write_kv (rotary embedding of q and k in place, then k and v to their pool slots,
  *   stored in the pool's KV format): one call per layer where NumPy makes five to ten, each with its own
  *   pass and temporary.
@@ -343,6 +343,18 @@ ENTRY void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter) 
              * takes the second, so it stays NaN); a select, not a branch, so that the loop vectorises */
             const float x = gt[i], e = exp_nonpos(-fabsf(x));
             o[i] = x * (x >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
+        }
+    }
+}
+
+/* gate_up [T, 2I] -> out [T, I] = gelu_tanh(gate) * up: GeGLU, with PyTorch's tanh approximation of gelu. */
+ENTRY void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *gt = gate_up + t * 2 * inter, *up = gt + inter;
+        float *o = out + t * inter;
+        for (int64_t i = 0; i < inter; i++) {
+            const float x = gt[i];
+            o[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * up[i];
         }
     }
 }
