@@ -1,4 +1,4 @@
-"""The decoder-only transformer (Llama, Qwen2, Qwen3) over a packed batch: embed, RMSNorm, RoPE, paged
+"""The decoder-only transformer (Llama, Qwen2, Qwen3, Gemma 3) over a packed batch: embed, RMSNorm, RoPE, paged
 attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for all
 tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope. Gemma 3 adds
 norms on the attention's and the MLP's outputs, GeGLU, a scaled embedding, and sliding-window layers with

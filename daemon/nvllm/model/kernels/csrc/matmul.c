@@ -50,7 +50,8 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 11; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS */
+int matmul_abi(void) { return 12; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+                                         12: step.c's windows, output norms, GeGLU, local rope */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
