@@ -151,14 +151,19 @@ def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
 def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarray, g: int,
                   window: int = 0, softcap: float | None = None) -> np.ndarray:
     """One tile's stacked queries qt [nkv, t*g, hd] against keys kt [nkv, hd, C] and values vh [nkv, C, hd]
-    -> [t, nh, hd]; pos [t] are the tile's positions, which set its causal limits."""
+    -> [t, nh, hd]; pos [t] are the tile's positions, which set its causal limits (and a sliding window's
+    starts: keys from `lo`, the first row's window start, are all the tile reads)."""
     nkv, rows, hd = qt.shape
     t = rows // g
+    lo = max(0, int(pos[0]) - window + 1) if window else 0          # keys before this no row's window holds
     width = int(pos[-1]) + 1                                        # keys this tile can see at all
-    s = qt @ kt[:, :, :width]                                       # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+    s = qt @ kt[:, :, lo:width]                                     # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
     if softcap is not None:                                         # before the mask, as transformers caps
         s = np.tanh(s / np.float32(softcap)) * np.float32(softcap)
-    starts = np.repeat(np.maximum(pos - window + 1, 0), g) if window and pos[-1] >= window else None
+    pos = pos - lo                                                  # from here on, counted from lo
+    width -= lo
+    from_lo = pos - window + 1
+    starts = np.repeat(np.maximum(from_lo, 0), g) if window and from_lo.max() > 0 else None
     if ops.lib is not None:
         # Row i of the tile sees keys [0, pos[i]]; the kernel exponentiates up to there and zeroes the rest.
         sums = ops.softmax_causal_rows(s, np.repeat(pos + 1, g), starts)
@@ -174,7 +179,7 @@ def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarra
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         sums = s.sum(axis=-1, keepdims=True)
-    o = s @ vh[:, :width]                                           # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
+    o = s @ vh[:, lo:lo + width]                                    # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
     o /= sums
     return o.reshape(nkv, t, g, hd).transpose(1, 0, 2, 3).reshape(t, nkv * g, hd)
 
