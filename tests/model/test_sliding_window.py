@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_cases import needs_kernels, random_decode_case
+from helpers.kernel_cases import needs_kernels, numpy_path, random_decode_case
 from nvllm.model.attention import _decode, _prefill
 from nvllm.model.kernels import ops as kernels
+from nvllm.model.quant.kv_format import FORMATS_BY_NAME
 
 
 def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, last: int,
@@ -71,3 +72,19 @@ def test_softmax_rows_are_zero_outside_start_to_limit():
         np.testing.assert_allclose(sums[:, r, 0], e.sum(axis=-1), rtol=1e-5)
     with pytest.raises(ValueError, match="starts"):
         kernels.softmax_causal_rows(s, limits, np.array([0, 12, 0], np.int64))
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["f16", "q8_0"])
+def test_decode_window_reads_every_kv_format_as_numpy_does(name, monkeypatch):
+    """The kernel converts only the window's pages; the NumPy path decodes every page and masks."""
+    fmt = FORMATS_BY_NAME[name]
+    rng = np.random.default_rng(3)
+    q, pool, meta = random_decode_case(rng, 5, 4, 2, 32, 4)
+    pool = np.ascontiguousarray(fmt.encode(pool))
+    ours = np.full_like(q, np.nan)
+    _decode(q, pool, meta, ours, 6)
+    numpy_path(monkeypatch)
+    ref = np.full_like(q, np.nan)
+    _decode(q, pool, meta, ref, 6)
+    np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=1e-4)
