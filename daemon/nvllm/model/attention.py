@@ -74,13 +74,14 @@ def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarra
     v_pool.reshape(nb * bs, nkv, width)[slot_mapping] = fmt.encode(v)
 
 
-def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.ndarray:
+def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int, first_block: int = 0) -> np.ndarray:
     """The first num_tokens keys (or values) of each sequence, as float32: [S, MB] tables ->
-    [S, num_tokens, nkv, hd]."""
+    [S, num_tokens, nkv, hd]; from block first_block on (a sliding window's), [S, num_tokens - first, ...]."""
     nb, bs, nkv, width = pool.shape
     num_blocks = -(-num_tokens // bs)
-    g = np.take(pool, block_tables[:, :num_blocks], axis=0)   # [S, mb, bs, nkv, width]
-    return of_pool(pool).decode(g.reshape(g.shape[0], num_blocks * bs, nkv, width)[:, :num_tokens])
+    g = np.take(pool, block_tables[:, first_block:num_blocks], axis=0)   # [S, mb, bs, nkv, width]
+    n = num_tokens - first_block * bs
+    return of_pool(pool).decode(g.reshape(g.shape[0], (num_blocks - first_block) * bs, nkv, width)[:, :n])
 
 
 def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray, window: int = 0,
@@ -204,8 +205,13 @@ def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool
         c = int(meta.context_lens[s])
         if c == n:   # a whole prompt from position 0: its keys are all new, read as the pool holds them
             k, v = fmt.round_trip(k_new[start:start + n]), fmt.round_trip(v_new[start:start + n])
+            base = 0
         else:
-            k = _gather(k_pool, meta.block_tables[s:s + 1], c)[0]  # [C, nkv, hd]
-            v = _gather(v_pool, meta.block_tables[s:s + 1], c)[0]
-        out[start:start + n] = _prefill(q[start:start + n], k, v, meta.positions[start:start + n], window, softcap)
+            # a sliding layer reads from the page holding its first query's window start on
+            first = max(0, int(meta.positions[start]) - window + 1) // k_pool.shape[1] if window else 0
+            base = first * k_pool.shape[1]
+            k = _gather(k_pool, meta.block_tables[s:s + 1], c, first)[0]  # [C - base, nkv, hd]
+            v = _gather(v_pool, meta.block_tables[s:s + 1], c, first)[0]
+        pos = meta.positions[start:start + n] - base                        # counted from the first key read
+        out[start:start + n] = _prefill(q[start:start + n], k, v, pos, window, softcap)
     return out
