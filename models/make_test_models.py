@@ -3,14 +3,15 @@
 
     python models/make_test_models.py [--out models] [--only NAME] [--qwen05b]
 
-Each folder takes well under a second and is byte-identical on every run: weights come from a
-seeded NumPy generator, and the byte-level BPE tokenizer is trained by `tokenizers` on a fixed
-built-in corpus with parallelism off. Tests call `make_all(out_dir)`.
+Each folder takes under a second and is byte-identical on every run: seeded NumPy weights, and a byte-level
+BPE tokenizer trained by `tokenizers` on a fixed built-in corpus, one thread. Tests call `make_all(out_dir)`.
 
   tiny-llama      LlamaForCausalLM, float32, untied lm_head, llama3 rope_scaling (old config form)
   tiny-qwen2      Qwen2ForCausalLM, bfloat16, q/k/v biases, tied, 2 shards, `rope_parameters` form
   tiny-llama-f16  LlamaForCausalLM, float16, tied, plain rope
   tiny-qwen3      Qwen3ForCausalLM, bfloat16, q/k norms, head_dim 24 (not hidden / heads), tied, GQA
+  tiny-gemma3     Gemma3ForCausalLM, bfloat16, sliding and global layers, window 8 (tiny_gemma3.py)
+  tiny-phi3, tiny-smollm3  Phi-3's partial rotary and longrope, SmolLM3's NoPE layers (tiny_rope_models.py)
   --qwen05b       qwen2.5-0.5b-random: Qwen2.5-0.5B's shapes, random float32 (about 2 GB), for speed
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -396,17 +398,17 @@ BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "tiny-qwen2": make_tiny_qwen2,
     "tiny-llama-f16": make_tiny_llama_f16,
     "tiny-qwen3": make_tiny_qwen3,
+    "tiny-gemma3": lambda o, t: __import__("tiny_gemma3").make(o, t, globals()),   # (sys.path below)
 }
 EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,
 }
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # tiny_rope_models.py: Phi-3 and SmolLM3
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the builders in the files beside this one
 BUILDERS.update(__import__("tiny_rope_models").ROPE_BUILDERS)
 
 
 def make_one(name: str, out_dir: Path, tok: Tokenizer | None = None) -> Path:
     """(Re)write one folder from scratch, through a temporary sibling renamed into place."""
-    import shutil
     builder = {**BUILDERS, **EXTRA_BUILDERS}[name]
     tok = tok or train_tokenizer()
     out_dir = Path(out_dir)
@@ -425,8 +427,7 @@ def make_one(name: str, out_dir: Path, tok: Tokenizer | None = None) -> Path:
 def make_all(out_dir, only: list[str] | None = None) -> dict[str, Path]:
     """Write every tiny model (or those in `only`) under out_dir; returns name -> folder."""
     tok = train_tokenizer()
-    names = only or list(BUILDERS)
-    return {n: make_one(n, Path(out_dir), tok) for n in names}
+    return {n: make_one(n, Path(out_dir), tok) for n in (only or list(BUILDERS))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -435,8 +436,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="where the folders go (default: this script's folder)")
     ap.add_argument("--only", action="append", choices=sorted({**BUILDERS, **EXTRA_BUILDERS}),
                     help="make only this model (repeatable)")
-    ap.add_argument("--qwen05b", action="store_true",
-                    help="also write qwen2.5-0.5b-random (about 2 GB, random weights)")
+    ap.add_argument("--qwen05b", action="store_true", help="also write qwen2.5-0.5b-random (2 GB, random)")
     args = ap.parse_args(argv)
     names = list(args.only or BUILDERS)
     if args.qwen05b and "qwen2.5-0.5b-random" not in names:

@@ -18,7 +18,7 @@ if os.environ.get("CI"):
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
-TINY = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3")
+TINY = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3", "tiny-gemma3")
 SMOLLM2 = MODELS / "smollm2-135m-instruct"
 
 

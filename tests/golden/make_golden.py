@@ -9,7 +9,7 @@ How to run (from the repository root):
     .refvenv/bin/pip install torch==2.13.0            # CPU wheel; pin it, other versions are huge
     .refvenv/bin/pip install transformers numpy safetensors tokenizers jinja2
     python models/make_test_models.py --out models         # tiny-llama, tiny-qwen2, tiny-llama-f16, tiny-qwen3,
-                                                           # tiny-phi3, tiny-smollm3
+                                                           # tiny-phi3, tiny-smollm3, tiny-gemma3
     nvllm models pull                                      # models/smollm2-135m-instruct
     .refvenv/bin/python tests/golden/make_golden.py [--models-dir models] [--only NAME]
 
@@ -62,7 +62,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MODEL_NAMES = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct", "tiny-phi3",
-               "tiny-smollm3")
+               "tiny-smollm3", "tiny-gemma3")
 SUBSET_SIZE = 2048  # columns kept for vocabularies larger than FULL_VOCAB_LIMIT
 SUBSET_TOP_K = 16
 FULL_VOCAB_LIMIT = 8192

@@ -21,9 +21,9 @@ from nvllm.model.synthetic.writer import llama3_rope_divisors
 from nvllm.model.weights.folder import _safetensors_files, _Tensors
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-        "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3"}
+        "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3", "Gemma3ForCausalLM": "gemma3"}
 PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2",   # tokenizer.ggml.pre of the tiny models
-       "phi3": "smollm", "smollm3": "smollm"}
+       "phi3": "smollm", "smollm3": "smollm", "gemma3": "smollm"}
 PERMUTED = ("llama", "smollm3")   # the archs whose converter is Llama's, Q/K rows permuted
 QUANTIZABLE = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)        # what gguf.quants.quantize writes
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
@@ -38,17 +38,20 @@ _HF_TO_GGUF = {
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",   # phi3: fused as its checkpoint
 }
+# Gemma 3's four norms per layer, under the converter's names.
+_GEMMA3_TO_GGUF = {**_HF_TO_GGUF, "post_attention_layernorm": "attn_post_norm",
+                   "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 _HF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
               "lm_head.weight": "output.weight"}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "") -> str:
     """Hugging Face tensor name -> llama.cpp's (the converter's map, for the tensors nvllm reads)."""
     if hf_name in _HF_GLOBAL:
         return _HF_GLOBAL[hf_name]
     _, _, n, rest = hf_name.split(".", 3)               # model.layers.N.self_attn.q_proj.weight
     module, suffix = rest.rsplit(".", 1)
-    return f"blk.{n}.{_HF_TO_GGUF[module]}.{suffix}"
+    return f"blk.{n}.{(_GEMMA3_TO_GGUF if arch == 'gemma3' else _HF_TO_GGUF)[module]}.{suffix}"
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -102,6 +105,7 @@ def llama3_rope_factors(cfg: dict, head_dim: int) -> np.ndarray:
 def add_hparams(w: gguf.GGUFWriter, cfg: dict, arch: str, qtype: T) -> None:
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)   # gemma3's, per layer type: the file keeps the global layers'
     w.add_name(f"tiny-{arch}")
     w.add_file_type(file_type(qtype))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -121,6 +125,11 @@ def add_hparams(w: gguf.GGUFWriter, cfg: dict, arch: str, qtype: T) -> None:
         w.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     if arch == "phi3":
         add_phi3_hparams(w, cfg)
+    if arch == "gemma3":   # the converter's Gemma3Model: no key for the layer pattern nor the local rope base
+        w.add_sliding_window(cfg["sliding_window"])
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(float(rope["factor"]))
 
 
 def add_phi3_hparams(w: gguf.GGUFWriter, cfg: dict) -> None:
@@ -191,8 +200,10 @@ def write_gguf(folder: Path, out: Path, qtype: T = T.F32) -> Path:
             a = permute_rope_rows(a, heads)
         elif arch in PERMUTED and ".k_proj." in name:
             a = permute_rope_rows(a, kv_heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            a = a + np.float32(1.0)   # the converter stores Gemma's RMSNorm weights as 1 + w
         t = qtype if a.ndim == 2 and not name.endswith("norm.weight") else T.F32
-        _add_tensor(w, gguf_name(name), encode(a, t), t)
+        _add_tensor(w, gguf_name(name, arch), encode(a, t), t)
     return _finish(w, out)
 
 

@@ -59,7 +59,7 @@ def assert_same_bits(in_c: list, loop: list) -> None:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3",
-                                  "tiny-smollm3"])
+                                  "tiny-smollm3", "tiny-gemma3"])
 @pytest.mark.parametrize("quantization", ["", "q8_0", "q4_k"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_the_c_step_gives_the_loops_bits(tiny_models: dict[str, Path], name: str, quantization: str,

@@ -32,7 +32,7 @@ def small(tmp_path_factory) -> Path:
 def test_other_architectures_are_refused(tmp_path: Path):
     path = rewrite_gguf(tmp_path, extra={"general.architecture": "gemma2"})
     with pytest.raises(GGUFError, match=r"architecture 'gemma2' is not supported "
-                                        r"\(supported: llama, qwen2, qwen3, phi3, smollm3\)"):
+                                        r"\(supported: llama, qwen2, qwen3, phi3, smollm3, gemma3\)"):
         read_gguf(path)
 
 

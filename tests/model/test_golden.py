@@ -23,7 +23,7 @@ from nvllm.model.weights.gguf_weights import load_gguf_weights
 
 TOL = 1e-3
 MODELS = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "smollm2-135m-instruct", "tiny-phi3",
-          "tiny-smollm3")
+          "tiny-smollm3", "tiny-gemma3")
 # The tiny models' cases also run on emulated aarch64 (deploy/aarch64-check.sh, pytest -m aarch64).
 # Each model in both forms: its Hugging Face folder, and its GGUF file (the shipped Q4_1 file for SmolLM2,
 # whose folder holds the same weights dequantized; the tiny ones written from their folders).

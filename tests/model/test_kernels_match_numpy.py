@@ -11,7 +11,7 @@ import pytest
 from helpers.kernel_cases import needs_kernels, numpy_path, random_decode_case
 from nvllm.model.attention import _decode, _prefill
 from nvllm.model.config import ModelConfig
-from nvllm.model.decoder import Model, rms_norm, silu_mul
+from nvllm.model.decoder import Model, gelu_tanh_mul, rms_norm, silu_mul
 from nvllm.model.kernels import ops as kernels
 
 # All of these also run on emulated aarch64 (deploy/aarch64-check.sh), where the kernels build for NEON.
@@ -123,6 +123,17 @@ def test_silu_mul_matches_numpy_including_extremes(monkeypatch):
     assert np.isfinite(ours).all()
     np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-30)
 
+
+@needs_kernels
+def test_gelu_tanh_mul_matches_numpy_and_torchs_formula(monkeypatch):
+    x = np.array([-1e4, -100, -10, -3, -1, -1e-6, 0, 1e-6, 0.5, 1, 3, 10, 100, 1e4], np.float32)
+    gu = np.concatenate([np.stack([x, -x]), np.full((2, x.size), 3.0, np.float32)], axis=1)   # gate | up
+    ours = gelu_tanh_mul(gu)
+    g64 = np.stack([x, -x]).astype(np.float64)
+    ref = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * 3.0   # gelu_pytorch_tanh
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+    numpy_path(monkeypatch)
+    np.testing.assert_allclose(gelu_tanh_mul(gu), ours, rtol=1e-5, atol=1e-6)
 
 @needs_kernels
 @pytest.mark.parametrize("T,H", [(1, 576), (33, 896), (4, 7)])

@@ -22,7 +22,7 @@ assert _spec is not None and _spec.loader is not None, SCRIPT
 mtm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mtm)
 
-NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3"]
+NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3", "tiny-gemma3"]
 QWEN = ("tiny-qwen2", "tiny-qwen3")  # bfloat16, with Qwen2's tokenizer
 
 
@@ -209,11 +209,12 @@ def test_qwen3_config_reads_as_transformers_reads_it():
 def test_logits_have_a_spread_of_order_one(made: dict, name: str):
     folder = made[name]
     cfg = _json(folder / "config.json")
-    w = _bf16_tensors(folder) if name in QWEN else \
+    w = _bf16_tensors(folder) if name in QWEN + ("tiny-gemma3",) else \
         {k: v.astype(np.float32) for k, v in load_file(str(folder / "model.safetensors")).items()}
     emb = w["model.embed_tokens.weight"]
     head = emb if cfg["tie_word_embeddings"] else w["lm_head.weight"]
-    x = emb[:50] / np.sqrt((emb[:50] ** 2).mean(-1, keepdims=True)) * w["model.norm.weight"]
+    gain = w["model.norm.weight"] + (1.0 if name == "tiny-gemma3" else 0.0)   # Gemma's RMSNorm: 1 + w
+    x = emb[:50] / np.sqrt((emb[:50] ** 2).mean(-1, keepdims=True)) * gain
     spread = (x @ head.T).std(-1)                                          # [50]
     assert 0.5 < spread.mean() < 3.0
 

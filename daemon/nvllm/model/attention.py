@@ -2,7 +2,9 @@
 
 Tokens of one sequence are contiguous in the packed batch. New keys and values are written to the pool
 by slot mapping first, so every query then reads its whole context (cached and new) through its block
-table alone: causal within a chunk, full attention to what was cached before.
+table alone: causal within a chunk, full attention to what was cached before. A sliding-window layer
+(Gemma 3's) masks too: a query at position p sees keys p - window + 1 .. p, as transformers' sliding mask
+does; the pages stay, so the prefix cache and preemption need nothing of their own.
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ class AttentionMetadata:
         return np.where(np.arange(self.decode_width) < ctx[:, None], 0.0, -np.inf
                         ).astype(np.float32)[:, None, None, :]                   # [Sd, 1, 1, C]
 
+    def window_bias(self, window: int) -> np.ndarray:
+        """NumPy path: decode_bias with the keys before each sliding window's start masked too (made once
+        per step: every sliding layer shares it)."""
+        made = self.__dict__.setdefault("_window_bias", {})
+        if window not in made:
+            first = np.maximum(self.context_lens[self.decode_rows] - window, 0)
+            before = np.arange(self.decode_width) < first[:, None]
+            made[window] = np.where(before[:, None, None, :], np.float32(-np.inf), self.decode_bias)
+        return made[window]
+
 
 def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
@@ -62,28 +74,31 @@ def write_kv(k_pool: np.ndarray, v_pool: np.ndarray, k: np.ndarray, v: np.ndarra
     v_pool.reshape(nb * bs, nkv, width)[slot_mapping] = fmt.encode(v)
 
 
-def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int) -> np.ndarray:
+def _gather(pool: np.ndarray, block_tables: np.ndarray, num_tokens: int, first_block: int = 0) -> np.ndarray:
     """The first num_tokens keys (or values) of each sequence, as float32: [S, MB] tables ->
-    [S, num_tokens, nkv, hd]."""
+    [S, num_tokens, nkv, hd]; from block first_block on (a sliding window's), [S, num_tokens - first, ...]."""
     nb, bs, nkv, width = pool.shape
     num_blocks = -(-num_tokens // bs)
-    g = np.take(pool, block_tables[:, :num_blocks], axis=0)   # [S, mb, bs, nkv, width]
-    return of_pool(pool).decode(g.reshape(g.shape[0], num_blocks * bs, nkv, width)[:, :num_tokens])
+    g = np.take(pool, block_tables[:, first_block:num_blocks], axis=0)   # [S, mb, bs, nkv, width]
+    n = num_tokens - first_block * bs
+    return of_pool(pool).decode(g.reshape(g.shape[0], (num_blocks - first_block) * bs, nkv, width)[:, :n])
 
 
-def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray) -> None:
+def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np.ndarray, window: int = 0,
+            softcap: float | None = None) -> None:
     """Every single-token sequence at once: the C kernel reads each page in place; the NumPy path
-    gathers the pages, pads to the longest context and masks."""
+    gathers the pages, pads to the longest context and masks (window > 0: a sliding window's keys only).
+    Soft-capped scores (cap * tanh(s / cap)) take the NumPy path: the kernel has no cap."""
     rows, tok = meta.decode_rows, meta.decode_tokens
-    if ops.lib is not None and meta.paged_decode is not None:
+    if ops.lib is not None and meta.paged_decode is not None and softcap is None:
         # the sequences shared out over the matmul kernels' threads, when there are several
         pool = (threads.count, matmul.pool_run) if matmul.lib is not None else (1, None)
         if meta.decode_span is not None:
             t0, t1 = meta.decode_span
-            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1], *pool)
+            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1], pool[0], pool[1], window)
         else:
             o = np.empty((rows.size,) + q.shape[1:], dtype=np.float32)
-            meta.paged_decode(q[tok], kv_pool, o, *pool)
+            meta.paged_decode(q[tok], kv_pool, o, pool[0], pool[1], window)
             out[tok] = o
         return
     nh, hd = q.shape[1], q.shape[2]
@@ -102,7 +117,9 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     qd = q[tok].reshape(rows.size, nkv, nh // nkv, hd)             # [Sd, nkv, g, hd]
     # [Sd, nkv, g, hd] @ [Sd, nkv, hd, C] -> [Sd, nkv, g, C]
     scores = qd @ k.transpose(0, 2, 3, 1)
-    scores += meta.decode_bias
+    if softcap is not None:
+        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
+    scores += meta.window_bias(window) if window else meta.decode_bias
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     # [Sd, nkv, g, C] @ [Sd, nkv, C, hd] -> [Sd, nkv, g, hd]
@@ -111,8 +128,10 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     out[tok] = o.reshape(rows.size, nh, hd)
 
 
-def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """One chunk's queries [n, nh, hd] over its whole context k, v [C, nkv, hd]; causal by position.
+def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, window: int = 0,
+             softcap: float | None = None) -> np.ndarray:
+    """One chunk's queries [n, nh, hd] over its whole context k, v [C, nkv, hd]; causal by position (and
+    with window > 0, each query sees its last `window` keys only).
 
     The query heads that share a KV head are stacked as rows, so each tile is one large matmul per KV
     head rather than many small ones.
@@ -126,21 +145,33 @@ def _prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray)
     out = np.empty((n, nh, hd), dtype=q.dtype)
     for t0 in range(0, n, PREFILL_TILE):
         t1 = min(n, t0 + PREFILL_TILE)
-        out[t0:t1] = _prefill_tile(qh[:, t0 * g:t1 * g], kt, vh, positions[t0:t1], g)
+        out[t0:t1] = _prefill_tile(qh[:, t0 * g:t1 * g], kt, vh, positions[t0:t1], g, window, softcap)
     return out
 
 
-def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarray, g: int) -> np.ndarray:
+def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarray, g: int,
+                  window: int = 0, softcap: float | None = None) -> np.ndarray:
     """One tile's stacked queries qt [nkv, t*g, hd] against keys kt [nkv, hd, C] and values vh [nkv, C, hd]
-    -> [t, nh, hd]; pos [t] are the tile's positions, which set its causal limits."""
+    -> [t, nh, hd]; pos [t] are the tile's positions, which set its causal limits (and a sliding window's
+    starts: keys from `lo`, the first row's window start, are all the tile reads)."""
     nkv, rows, hd = qt.shape
     t = rows // g
+    lo = max(0, int(pos[0]) - window + 1) if window else 0          # keys before this no row's window holds
     width = int(pos[-1]) + 1                                        # keys this tile can see at all
-    s = qt @ kt[:, :, :width]                                       # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+    s = qt @ kt[:, :, lo:width]                                     # [nkv, t*g, hd] @ [nkv, hd, W] -> [nkv, t*g, W]
+    if softcap is not None:                                         # before the mask, as transformers caps
+        s = np.tanh(s / np.float32(softcap)) * np.float32(softcap)
+    pos = pos - lo                                                  # from here on, counted from lo
+    width -= lo
+    from_lo = pos - window + 1
+    starts = np.repeat(np.maximum(from_lo, 0), g) if window and from_lo.max() > 0 else None
     if ops.lib is not None:
         # Row i of the tile sees keys [0, pos[i]]; the kernel exponentiates up to there and zeroes the rest.
-        sums = ops.softmax_causal_rows(s, np.repeat(pos + 1, g))
+        sums = ops.softmax_causal_rows(s, np.repeat(pos + 1, g), starts)
     else:
+        if starts is not None:   # a sliding window: keys before each row's start are hidden too
+            s[..., :int(starts.max())] += np.where(np.arange(int(starts.max()))[None, :] < starts[:, None],
+                                                   np.float32(-np.inf), np.float32(0))
         first = int(pos[0]) + 1                                     # keys before this are visible to every row
         if first < width:
             hidden = np.arange(first, width)[None, :] > pos[:, None]  # [t, W - first]
@@ -149,15 +180,17 @@ def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarra
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         sums = s.sum(axis=-1, keepdims=True)
-    o = s @ vh[:, :width]                                           # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
+    o = s @ vh[:, lo:lo + width]                                    # [nkv, t*g, W] @ [nkv, W, hd] -> [nkv, t*g, hd]
     o /= sums
     return o.reshape(nkv, t, g, hd).transpose(1, 0, 2, 3).reshape(t, nkv * g, hd)
 
 
 def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool: np.ndarray,
-                    meta: AttentionMetadata) -> np.ndarray:
+                    meta: AttentionMetadata, window: int = 0, softcap: float | None = None) -> np.ndarray:
     """q [T, nh, hd], already scaled by 1/sqrt(hd), against one layer's pool
-    [2, num_blocks, block_size, nkv, hd / per element] in its KV format -> [T, nh, hd].
+    [2, num_blocks, block_size, nkv, hd / per element] in its KV format -> [T, nh, hd]. window > 0: a
+    sliding-window layer, each query attending to its last `window` positions only; softcap: scores become
+    softcap * tanh(scores / softcap) before the mask.
 
     K/V of this step (k_new, v_new [T, nkv, hd]) must already be written to the pool; a chunk with
     nothing cached before it reads them directly instead of gathering its pages back.
@@ -166,14 +199,19 @@ def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool
     k_pool, v_pool = kv_pool[0], kv_pool[1]
     fmt = of_pool(kv_pool)
     if meta.decode_rows.size:
-        _decode(q, kv_pool, meta, out)
+        _decode(q, kv_pool, meta, out, window, softcap)
     for s in meta.prefill_rows:
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])
         c = int(meta.context_lens[s])
         if c == n:   # a whole prompt from position 0: its keys are all new, read as the pool holds them
             k, v = fmt.round_trip(k_new[start:start + n]), fmt.round_trip(v_new[start:start + n])
+            base = 0
         else:
-            k = _gather(k_pool, meta.block_tables[s:s + 1], c)[0]  # [C, nkv, hd]
-            v = _gather(v_pool, meta.block_tables[s:s + 1], c)[0]
-        out[start:start + n] = _prefill(q[start:start + n], k, v, meta.positions[start:start + n])
+            # a sliding layer reads from the page holding its first query's window start on
+            first = max(0, int(meta.positions[start]) - window + 1) // k_pool.shape[1] if window else 0
+            base = first * k_pool.shape[1]
+            k = _gather(k_pool, meta.block_tables[s:s + 1], c, first)[0]  # [C - base, nkv, hd]
+            v = _gather(v_pool, meta.block_tables[s:s + 1], c, first)[0]
+        pos = meta.positions[start:start + n] - base                        # counted from the first key read
+        out[start:start + n] = _prefill(q[start:start + n], k, v, pos, window, softcap)
     return out

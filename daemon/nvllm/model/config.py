@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                           "SmolLM3ForCausalLM")
+                           "SmolLM3ForCausalLM", "Gemma3ForCausalLM")
 # transformers' Qwen3Config defaults head_dim to 128 rather than hidden_size / num_attention_heads.
 _DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
+_DEFAULT_HEAD_DIM["Gemma3ForCausalLM"] = 256   # Gemma3TextConfig's
 
 
 class ModelLoadError(ValueError):
@@ -46,6 +47,17 @@ class ModelConfig:
     @property
     def rope_dim(self) -> int:
         return self.rotary_dim or self.head_dim
+    # Gemma 3 (the defaults are every other architecture's):
+    norm_offset: float = 0.0        # added to every norm weight at load: Gemma's RMSNorm scales by 1 + weight
+    post_norms: bool = False        # RMSNorms on the attention's and the MLP's outputs, before each residual add
+    hidden_act: str = "silu"        # the MLP's gate: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    embed_scale: float = 1.0        # the embeddings' rows are multiplied by it
+    query_pre_attn_scalar: float | None = None   # scores scaled by its -0.5 power; None: head_dim's
+    sliding_window: int | None = None            # keys a sliding layer's query sees, itself included
+    sliding_layers: list[bool] = field(default_factory=list)   # per layer: sliding (else global) attention
+    rope_local_theta: float | None = None        # the sliding layers' rope base (unscaled)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], where: str = "config.json") -> ModelConfig:
@@ -62,13 +74,14 @@ class ModelConfig:
 
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
+        gemma3 = gemma3_fields(cfg, hidden, where) if arch == "Gemma3ForCausalLM" else {}   # its own ropes
         # Newer configs keep rope settings in rope_parameters; older ones put rope_theta at the top
         # and the scaling in rope_scaling.
         rope = dict(cfg.get("rope_parameters") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
         partial = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
         scaling = rope or cfg.get("rope_scaling") or None
-        if scaling is not None:
+        if scaling is not None and not gemma3:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind == "default":
                 scaling = None
@@ -77,6 +90,8 @@ class ModelConfig:
             elif kind != "llama3":
                 raise ModelLoadError(f"{where}: rope_scaling type {kind!r} is not supported (supported: default, "
                                      f"llama3, and longrope/su for Phi-3)")
+        if gemma3:
+            theta, scaling = gemma3.pop("rope_theta"), gemma3.pop("rope_scaling")
         eos = cfg.get("eos_token_id")
         qk_norm = arch == "Qwen3ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM"))
@@ -91,7 +106,7 @@ class ModelConfig:
             raise ModelLoadError(f"{where}: partial_rotary_factor {partial} gives {rotary_dim} rotary dims of "
                                  f"{head_dim}; need an even number up to the head size")
         layers = int(need("num_hidden_layers"))
-        return cls(
+        config = cls(
             architecture=arch,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
@@ -112,12 +127,13 @@ class ModelConfig:
             rotary_dim=rotary_dim,
             nope_layers=_nope_layers(cfg, arch, layers, where),
         )
+        return replace(config, **gemma3) if gemma3 else config
 
     @property
     def num_params(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
-        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
+        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0) + (2 * h if self.post_norms else 0)
         heads = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + heads + h
 
@@ -200,6 +216,8 @@ def rope_inv_freq(config: ModelConfig, long: bool = False) -> np.ndarray:
                   ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(np.float32)
     if s is None:
         return inv
+    if s.get("rope_type") == "linear":   # Gemma 3's global layers: positions divided by factor
+        return (inv / np.float32(s["factor"])).astype(np.float32)
     # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
     factor = float(s["factor"])
     low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
@@ -210,3 +228,56 @@ def rope_inv_freq(config: ModelConfig, long: bool = False) -> np.ndarray:
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def layer_rope(config: ModelConfig, sliding: bool) -> ModelConfig:
+    """The config whose rope a layer takes: a sliding layer's own base, unscaled, where the model has one."""
+    if not sliding or config.rope_local_theta is None:
+        return config
+    return replace(config, rope_theta=config.rope_local_theta, rope_scaling=None)
+
+
+def gemma3_fields(cfg: dict[str, Any], hidden: int, where: str) -> dict[str, Any]:
+    """Gemma3TextConfig's fields beyond Llama's, with its defaults: the layer pattern, the two ropes
+    (rope_parameters per layer type, or rope_theta, rope_local_base_freq and rope_scaling), the scalings."""
+    layers = int(cfg.get("num_hidden_layers", 0))
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ModelLoadError(f"{where}: layer_types must give sliding_attention or full_attention for each of "
+                             f"the {layers} layers")
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelLoadError(f"{where}: use_bidirectional_attention is not supported")
+    rope = cfg.get("rope_parameters") or {}
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    theta = float(full.pop("rope_theta", cfg.get("rope_theta", 1_000_000.0)))
+    local_theta = float(local.pop("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
+    scaling = full or cfg.get("rope_scaling") or None
+    for which, s in (("full_attention", scaling), ("sliding_attention", local or None)):
+        kind = (s or {}).get("rope_type", (s or {}).get("type", "default"))
+        if kind not in ("default", "linear") or (kind == "linear" and which == "sliding_attention"):
+            raise ModelLoadError(f"{where}: {which} rope type {kind!r} is not supported (supported: default, "
+                                 f"and linear on full_attention)")
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        scaling = None if kind == "default" else {"rope_type": "linear", "factor": float(scaling["factor"])}
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ModelLoadError(f"{where}: hidden_activation {act!r} is not supported (supported: gelu_pytorch_tanh)")
+    window = cfg.get("sliding_window", 4096)
+    sliding = [t == "sliding_attention" for t in types]
+    final_cap, attn_cap = cfg.get("final_logit_softcapping"), cfg.get("attn_logit_softcapping")
+    return {"rope_theta": theta, "rope_scaling": scaling, "rope_local_theta": local_theta,
+            "norm_offset": 1.0, "post_norms": True, "hidden_act": "gelu_pytorch_tanh", "qk_norm": True,
+            # transformers casts sqrt(hidden) to the weights' dtype; nvllm computes in float32, as transformers
+            # does on float32 weights (the goldens) and llama.cpp always does
+            "embed_scale": float(np.float32(math.sqrt(hidden))),
+            "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+            "sliding_window": int(window) if window and any(sliding) else None, "sliding_layers": sliding,
+            "final_logit_softcapping": None if final_cap is None else float(final_cap),
+            "attn_logit_softcapping": None if attn_cap is None else float(attn_cap),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+

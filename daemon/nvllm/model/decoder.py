@@ -1,18 +1,21 @@
-"""The decoder-only transformer (Llama, Qwen2, Qwen3, Phi-3, SmolLM3) over a packed batch: embed, RMSNorm,
-RoPE, paged attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one matmul for
-all tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope; Phi-4-mini
-ropes only the first rotary_dim dims of each head (longrope scaled); SmolLM3 skips rope on its NoPE layers.
+"""The decoder-only transformer (Llama, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 3) over a packed batch: embed,
+RMSNorm, RoPE, paged attention, SwiGLU, lm_head only where logits are asked for. Every linear layer is one
+matmul for all tokens of all sequences in the step. Qwen3 also RMS-norms each head of q and k before rope;
+Phi-4-mini ropes only the first rotary_dim dims of each head (longrope scaled); SmolLM3 skips rope on its
+NoPE layers. Gemma 3 adds norms on the attention's and the MLP's outputs, GeGLU, a scaled embedding, and
+sliding-window layers with a rope of their own beside its global ones.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from nvllm.model.config import ModelConfig, rope_inv_freq
+from nvllm.model.config import ModelConfig, layer_rope, rope_inv_freq
 from nvllm.model.kernels import matmul, ops, threads
 from nvllm.model.kernels.step import DecodeLayers, LayerSpec
 from nvllm.model.kv_cache import KVCache
@@ -82,6 +85,15 @@ def rope_order(config: ModelConfig) -> np.ndarray:
     return (np.arange(heads)[:, None] * hd + head[None, :]).ravel().astype(np.int64)
 
 
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """GeGLU's gelu_pytorch_tanh(gate) * up for gate_up [T, 2I] -> [T, I], in float32."""
+    if ops.lib is not None:
+        return ops.gelu_tanh_mul(gate_up)
+    gate, up = np.split(gate_up, 2, axis=1)
+    inner = np.float32(math.sqrt(2.0 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+    return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
+
+
 class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
         self.config = config
@@ -90,6 +102,8 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.scale = float(c.head_dim ** -0.5)
+        if c.query_pre_attn_scalar is not None:   # Gemma 3: its own scalar, not head_dim
+            self.scale = float(c.query_pre_attn_scalar ** -0.5)
         self.inv_freq = rope_inv_freq(c)  # [rope_dim/2] float32
         longrope = c.rope_scaling is not None and c.rope_scaling.get("rope_type") == "longrope"
         self.long_inv_freq = rope_inv_freq(c, long=True) if longrope else None
@@ -99,6 +113,9 @@ class Model:
         # reordered (rope_order) so that its rotary pairs sit hd/2 apart, the dims passed through beside them
         # rotated by angle 0. q.k is the same sum in another order; v is not moved.
         self.rope_perm = rope_order(c) if c.rope_dim != c.head_dim else None
+        # Sliding layers with a rope of their own (Gemma 3): its frequencies, else None (one rope for all).
+        self.local_inv_freq = (rope_inv_freq(layer_rope(c, True))
+                               if any(c.sliding_layers) and c.rope_local_theta is not None else None)
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
@@ -125,9 +142,10 @@ class Model:
         return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, fmt,
                        resident_blocks=resident_blocks)
 
-    def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        inv = self.long_inv_freq if self.long_rope and self.long_inv_freq is not None else self.inv_freq
-        freqs = positions.astype(np.float32)[:, None] * inv[None, :]            # [T, rope_dim/2]
+    def _rope_tables(self, positions: np.ndarray, inv_freq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if inv_freq is None:
+            inv_freq = self.long_inv_freq if self.long_rope and self.long_inv_freq is not None else self.inv_freq
+        freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]       # [T, rope_dim/2]
         s = self.config.rope_scaling
         if s is None or s.get("rope_type") != "longrope":
             return np.cos(freqs), np.sin(freqs)
@@ -154,31 +172,38 @@ class Model:
         c = self.config
         T, hd, qk_size = qkv.shape[0], c.head_dim, self.q_size + self.kv_size
         for start, end, weight in ((0, self.q_size, q_norm), (self.q_size, qk_size, k_norm)):
-            heads = qkv[:, start:end].reshape(-1, hd)           # [T, n*hd] -> [T*n, hd], a contiguous copy
+            # [T, n*hd] -> [T*n, hd], a contiguous copy (reshape alone is a strided view for one head: Gemma's KV)
+            heads = np.ascontiguousarray(qkv[:, start:end].reshape(-1, hd))
             qkv[:, start:end] = rms_norm(heads, weight, c.rms_norm_eps).reshape(T, end - start)
 
     def _decode_layers(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodeLayers | None:
         """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
         to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
         T, meta = batch.token_ids.shape[0], batch.attn
+        # Soft-capped attention is not in the paged kernel: such a model's layers run one by one.
         if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
+                or self.config.attn_logit_softcapping is not None
                 or meta.prefill_rows.size or meta.decode_span != (0, T)):
             return None
         key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
         pool, plan = self._steps.get(key, (None, None))
         if pool is not kv_cache.pool:
             plan, c = None, self.config
-            specs = []
+            specs: list[LayerSpec] = []
             for n, layer in enumerate(self.weights.layers):
                 mats = [m.decode_blocks(T) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
                 if any(m is None for m in mats):
                     break
                 qkv, o, gate_up, down = (m or () for m in mats)
+                sliding = bool(c.sliding_layers) and c.sliding_layers[n]
                 specs.append(LayerSpec(layer.input_norm, qkv, o, layer.post_norm, gate_up, down, layer.qkv_bias,
-                                       layer.q_norm, layer.k_norm, nope=n in c.nope_layers))
+                                       layer.q_norm, layer.k_norm, layer.attn_out_norm, layer.ffn_out_norm,
+                                       (c.sliding_window or 0) if sliding else 0,
+                                       sliding and self.local_inv_freq is not None, nope=n in c.nope_layers))
             else:
                 plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
-                                    c.intermediate_size, c.rms_norm_eps, qk_order=self.rope_perm)
+                                    c.intermediate_size, c.rms_norm_eps, gelu=c.hidden_act != "silu",
+                                    qk_order=self.rope_perm)
             self._steps[key] = (kv_cache.pool, plan)
         return plan
 
@@ -203,11 +228,18 @@ class Model:
         nope_write = (ops.RopeWriteKV(np.ones_like(c_cos), np.zeros_like(c_sin), batch.attn.slot_mapping, nh, nkv,
                                       hd, self.scale) if rope_write is not None and c.nope_layers else rope_write)
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
+        if c.embed_scale != 1.0:
+            x = x * np.float32(c.embed_scale)
+        ropes = [(cos, sin, rope_write)]   # by layer kind: the global (or only) rope, then a sliding one
+        if self.local_inv_freq is not None:
+            lcos, lsin = self._rope_tables(batch.positions, self.local_inv_freq)
+            ropes.append((lcos, lsin, ops.RopeWriteKV(lcos, lsin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
+                          if ops.lib is not None else None))
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
             assert rope_write is not None and batch.attn.paged_decode is not None  # ops.lib is loaded
             x = np.array(x, dtype=np.float32, order="C")                        # written in place
-            in_c(x, rope_write, batch.attn.paged_decode, threads.count)
+            in_c(x, rope_write, batch.attn.paged_decode, threads.count, ropes[-1][2])
         for i, layer in enumerate(w.layers if in_c is None else ()):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv.apply(h)                                            # [T, (nh+2nkv)*hd]
@@ -216,6 +248,8 @@ class Model:
             if layer.q_norm is not None:
                 assert layer.k_norm is not None  # laid out together (weights/layout.py)
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
+            sliding = bool(c.sliding_layers) and c.sliding_layers[i]
+            cos, sin, rope_write = ropes[1 if sliding and len(ropes) > 1 else 0]
             kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
             nope = i in c.nope_layers
@@ -227,13 +261,24 @@ class Model:
             else:
                 q, k = self._rotate(qkv, *(nope_tables if nope else (cos, sin)))   # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
-            attn = paged_attention(q, k, v, kv_pool, batch.attn)                # [T, nh, hd]
+            window = (c.sliding_window or 0) if sliding else 0
+            attn = paged_attention(q, k, v, kv_pool, batch.attn, window, c.attn_logit_softcapping)  # [T, nh, hd]
+            if layer.attn_out_norm is not None:                                 # Gemma 3's four norms
+                assert layer.ffn_out_norm is not None
+                x = x + rms_norm(layer.o.apply(attn.reshape(T, nh * hd)), layer.attn_out_norm, c.rms_norm_eps)
+                h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+                gu = layer.gate_up.apply(h)
+                x = x + rms_norm(layer.down.apply(gelu_tanh_mul(gu)), layer.ffn_out_norm, c.rms_norm_eps)
+                continue
             x = x + layer.o.apply(attn.reshape(T, nh * hd))                     # [T, H]
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gu = layer.gate_up.apply(h)                                         # [T, 2I]
             x = x + layer.down.apply(silu_mul(gu))                              # [T, H]
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
         logits = w.lm_head.apply(last)                                          # [R, V]
+        if c.final_logit_softcapping is not None:
+            cap = np.float32(c.final_logit_softcapping)
+            logits = np.tanh(logits / cap) * cap
         # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
         if not np.isfinite(logits).all():
             raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])

@@ -20,7 +20,7 @@ from nvllm.model.quant.kv_format import F32, KVFormat, of_pool
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 4  # must equal kernels_abi() in csrc/ops.c
+ABI = 5  # must equal kernels_abi() in csrc/ops.c
 
 _why_not = ""
 
@@ -30,14 +30,16 @@ def _load() -> ctypes.CDLL | None:
     lib, _why_not = load_library("_ops", "kernels_abi", ABI, "C kernels")
     if lib is not None:
         lib.paged_decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
-                                               ctypes.c_int]
+                                               ctypes.c_int, _I64]
         lib.paged_decode_part.argtypes = [_P, ctypes.c_int]
         lib.paged_decode_part.restype = None
         lib.paged_decode_attention.restype = ctypes.c_int
-        lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P]
+        lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P]
         lib.softmax_causal_rows.restype = None
         lib.silu_mul.argtypes = [_P, _P, _I64, _I64]
         lib.silu_mul.restype = None
+        lib.gelu_tanh_mul.argtypes = [_P, _P, _I64, _I64]
+        lib.gelu_tanh_mul.restype = None
         lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
         lib.rms_norm.restype = None
         lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P,
@@ -96,7 +98,8 @@ class _DecodeJob(ctypes.Structure):
     """csrc/ops.c's decode_job_t: paged_decode_attention's arguments, and each part's sequences."""
     _fields_ = [("q", _P), ("q_stride", _I64), ("k_pool", _P), ("v_pool", _P), ("block_tables", _P),
                 ("table_stride", _I64), ("context_lens", _P), ("out", _P), ("nh", _I64), ("nkv", _I64),
-                ("hd", _I64), ("bs", _I64), ("bounds", _P), ("failed", ctypes.c_int), ("fmt", ctypes.c_int)]
+                ("hd", _I64), ("bs", _I64), ("bounds", _P), ("failed", ctypes.c_int), ("fmt", ctypes.c_int),
+                ("window", _I64)]
 
 
 def split_by_work(context_lens: np.ndarray, parts: int) -> np.ndarray:
@@ -165,9 +168,10 @@ class PagedDecode:
         return self._fixed
 
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
-                 pool_run: Callable[[int, int, int], None] | None = None) -> None:
+                 pool_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
         """With pool_run (matmul.pool_run) and parts > 1, the sequences are split into `parts` runs
-        of about equal work, run on that pool's threads: the same bits as one call."""
+        of about equal work, run on that pool's threads: the same bits as one call. window > 0: each
+        query sees only its last `window` keys (a sliding-window layer)."""
         nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
         _check(out, np.float32, "out", ndim=3, written=True)
         S, nh = self.num_seqs, out.shape[1]
@@ -184,7 +188,7 @@ class PagedDecode:
         if pool_run is None or parts < 2:
             assert lib is not None  # callers run this only with the library loaded
             rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, tables, width, ctx,
-                                            _ptr(out), S, nh, nkv, hd, bs, fmt.code)
+                                            _ptr(out), S, nh, nkv, hd, bs, fmt.code, max(0, int(window)))
         else:
             if parts not in self._jobs:
                 bounds = self.bounds(parts)
@@ -194,6 +198,7 @@ class PagedDecode:
             job.q, job.q_stride, job.out = _ptr(q), q.strides[0] // 4, _ptr(out)
             job.k_pool, job.v_pool = k, k + kv_pool[0].nbytes
             job.nh, job.nkv, job.hd, job.bs, job.failed, job.fmt = nh, nkv, hd, bs, 0, fmt.code
+            job.window = max(0, int(window))
             pool_run(_PART, ctypes.addressof(job), parts)
             rc = job.failed
         if rc != 0:
@@ -204,11 +209,16 @@ class PagedDecode:
 _PART: int = (ctypes.cast(lib.paged_decode_part, ctypes.c_void_p).value or 0) if lib is not None else 0
 
 
-def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
+def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:
     """scores [..., R, W] in place: row r becomes exp(x - max) over keys [0, limits[r]) and 0 past it, where
-    limits [R] int64 repeats over the leading axes; returns the row sums [..., R, 1]."""
+    limits [R] int64 repeats over the leading axes; returns the row sums [..., R, 1]. With starts [R] int64
+    (a sliding window's), row r keeps keys [starts[r], limits[r]) only."""
     _check(scores, np.float32, "scores", written=True)
     _check(limits, np.int64, "limits", ndim=1)
+    if starts is not None:
+        _check(starts, np.int64, "starts", ndim=1)
+        if starts.shape != limits.shape or starts.min() < 0 or (starts >= limits).any():
+            raise ValueError("starts: need one per limit, each in [0, its limit)")
     if scores.ndim < 2 or scores.shape[-1] < 1:
         raise ValueError(f"scores: need [..., rows, keys] with at least one key, got {list(scores.shape)}")
     width = scores.shape[-1]
@@ -221,7 +231,8 @@ def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray) -> np.ndarray:
         raise ValueError(f"limits: each must be in [1, {width}], row {r} is {int(limits[r])}")
     sums = np.empty(scores.shape[:-1] + (1,), dtype=np.float32)
     assert lib is not None  # callers run this only with the library loaded
-    lib.softmax_causal_rows(_ptr(scores), rows, width, _ptr(limits), limits.size, _ptr(sums))
+    lib.softmax_causal_rows(_ptr(scores), rows, width, _ptr(limits), limits.size, _ptr(sums),
+                            None if starts is None else _ptr(starts))
     return sums
 
 
@@ -234,6 +245,18 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     out = np.empty((T, two_i // 2), dtype=np.float32)
     assert lib is not None  # callers run this only with the library loaded
     lib.silu_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
+    return out
+
+
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """gate_up [T, 2I] -> gelu_pytorch_tanh(gate) * up [T, I] (Gemma's GeGLU)."""
+    _check(gate_up, np.float32, "gate_up", ndim=2)
+    T, two_i = gate_up.shape
+    if two_i % 2:
+        raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
+    out = np.empty((T, two_i // 2), dtype=np.float32)
+    assert lib is not None  # callers run this only with the library loaded
+    lib.gelu_tanh_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
     return out
 
 

@@ -1,6 +1,7 @@
 """A decode step's layers in one call into C (csrc/step.c, in the _matmul library beside the thread pool):
 norm, q|k|v, bias, q/k norms, rope and the KV write, paged attention, the output projection, norm,
-gate|up, SwiGLU and down, layer after layer, with no Python between them.
+gate|up, SwiGLU and down, layer after layer, with no Python between them; Gemma 3's output norms, GeGLU,
+sliding windows and the local layers' rope too.
 
 Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c calls
 them in the same order, on the same buffers, with the same arguments, so the two give the same bits
@@ -43,6 +44,10 @@ class LayerSpec:
     qkv_bias: np.ndarray | None = None   # [(nq + 2 nkv) hd]
     q_norm: np.ndarray | None = None     # [hd]
     k_norm: np.ndarray | None = None     # [hd]
+    attn_out_norm: np.ndarray | None = None   # [H], Gemma 3's norm of the attention's output
+    ffn_out_norm: np.ndarray | None = None    # [H], and of the MLP's
+    window: int = 0                      # > 0: a sliding-window layer's keys
+    local: bool = False                  # its rope from the step's local tables (a sliding layer's own base)
     nope: bool = False                   # SmolLM3: the layer takes no rope
 
 
@@ -57,7 +62,8 @@ class _Matrix(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("q_norm", _P), ("k_norm", _P),
                 ("qkv", _Matrix), ("o", _Matrix), ("gate_up", _Matrix), ("down", _Matrix),
-                ("k_pool", _P), ("v_pool", _P), ("nope", _I64)]
+                ("k_pool", _P), ("v_pool", _P), ("attn_out_norm", _P), ("ffn_out_norm", _P), ("window", _I64),
+                ("local", _I64), ("nope", _I64)]
 
 
 class _Step(ctypes.Structure):
@@ -65,8 +71,9 @@ class _Step(ctypes.Structure):
                 ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
                 ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
                 ("slots", _P), ("block_tables", _P), ("table_stride", _I64), ("context_lens", _P),
-                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64),
-                ("nope_cos", _P), ("nope_sin", _P), ("qk_order", _P), ("qk_scratch", _P)]
+                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64), ("cos_local", _P),
+                ("sin_local", _P), ("gelu", _I64), ("nope_cos", _P), ("nope_sin", _P), ("qk_order", _P),
+                ("qk_scratch", _P)]
 
 
 def _vector(a: np.ndarray | None, size: int, name: str) -> int:
@@ -84,8 +91,10 @@ class DecodeLayers:
     (in any KV format: quant/kv_format.py); called per step (see __call__)."""
 
     def __init__(self, layers: Sequence[LayerSpec], pool: np.ndarray, num_q_heads: int, num_kv_heads: int,
-                 head_dim: int, intermediate_size: int, eps: float, qk_order: np.ndarray | None = None) -> None:
-        """qk_order: partial rotary's order of the q|k columns (decoder.rope_order), applied before rope."""
+                 head_dim: int, intermediate_size: int, eps: float, gelu: bool = False,
+                 qk_order: np.ndarray | None = None) -> None:
+        """gelu: the MLP is GeGLU (Gemma's), else SwiGLU. qk_order: partial rotary's order of the q|k columns
+        (decoder.rope_order), applied before rope."""
         if matmul.lib is None:
             raise RuntimeError(f"the C step needs the matmul library: {matmul.describe()}")
         nq, nkv, hd, inter = int(num_q_heads), int(num_kv_heads), int(head_dim), int(intermediate_size)
@@ -110,6 +119,8 @@ class DecodeLayers:
         self.pool = pool
         self.dims = (H, nq, nkv, hd, inter)
         self._eps = float(eps)
+        self._gelu = int(bool(gelu))
+        self._local = any(spec.local for spec in layers)
         self._keep: list[object] = [pool]       # every array and structure the addresses point into
         self._layers = (_Layer * len(layers))()
         for i, (spec, c) in enumerate(zip(layers, self._layers)):
@@ -125,6 +136,11 @@ class DecodeLayers:
                 setattr(c, name, self._matrix(parts, n_in, n_out, f"layers[{i}].{name}"))
             c.k_pool = pool[i, 0].ctypes.data
             c.v_pool = pool[i, 1].ctypes.data
+            if (spec.attn_out_norm is None) != (spec.ffn_out_norm is None):
+                raise ValueError(f"layers[{i}]: attn_out_norm and ffn_out_norm come together")
+            c.attn_out_norm = _vector(spec.attn_out_norm, H, f"layers[{i}].attn_out_norm")
+            c.ffn_out_norm = _vector(spec.ffn_out_norm, H, f"layers[{i}].ffn_out_norm")
+            c.window, c.local = max(0, int(spec.window)), int(spec.local)
             c.nope = int(spec.nope)
             self._keep.append(spec)
 
@@ -144,10 +160,12 @@ class DecodeLayers:
         self._keep.append(row)
         return _Matrix(ctypes.addressof(row), len(parts))
 
-    def __call__(self, x: np.ndarray, rope: RopeWriteKV, attention: PagedDecode, threads: int) -> None:
+    def __call__(self, x: np.ndarray, rope: RopeWriteKV, attention: PagedDecode, threads: int,
+                 rope_local: RopeWriteKV | None = None) -> None:
         """x [T, H] float32, contiguous: the embeddings of T sequences' one new token each, in place ->
         the residual stream after the last layer. rope holds the step's rope tables and slots, attention
-        its block tables and context lengths (one sequence per row of x); threads as the kernels take it."""
+        its block tables and context lengths (one sequence per row of x); threads as the kernels take it;
+        rope_local the local layers' tables (same slots), needed where a layer is local."""
         H, nq, nkv, hd, inter = self.dims
         if (not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != H
                 or not x.flags.c_contiguous or not x.flags.writeable):
@@ -160,6 +178,13 @@ class DecodeLayers:
         matmul.check_threads(threads)
         _, _, nb, bs, _, _ = self.pool.shape
         cos, sin, slots = rope.addresses(nb * bs)   # raises for a slot outside the pool
+        cos_local = sin_local = 0
+        if self._local:
+            if rope_local is None or rope_local.heads != rope.heads:
+                raise ValueError("rope_local: need the local layers' rope for the same heads")
+            cos_local, sin_local, _ = rope_local.addresses(nb * bs)
+            if not np.array_equal(rope_local._keep[2], rope._keep[2]):
+                raise ValueError("rope_local: need the same slots as rope")
         tables, stride, ctx = attention.addresses(nb, bs)
         parts = min(int(threads), T)
         bounds = attention.bounds(parts) if parts > 1 else None
@@ -174,7 +199,8 @@ class DecodeLayers:
         step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
                      rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, slots, tables, stride, ctx,
                      bounds.ctypes.data if bounds is not None else 0, parts, int(threads), self.kv_format.code,
-                     nope_cos, nope_sin, order.ctypes.data if order is not None else 0,
+                     cos_local, sin_local, self._gelu, nope_cos, nope_sin,
+                     order.ctypes.data if order is not None else 0,
                      qk_scratch.ctypes.data if qk_scratch is not None else 0)
         rc = matmul.lib.decode_layers(ctypes.byref(step))   # type: ignore[union-attr]  # checked when built
         if rc == -3:

@@ -17,14 +17,18 @@ _QWEN3_SPECIALS = {**_QWEN_SPECIALS, 151667: "<think>", 151668: "</think>"}
 _LLAMA3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128006: "<|start_header_id|>",
                     128007: "<|end_header_id|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"}
 _SMOLLM2_SPECIALS = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"}
-# SmolLM3 keeps Llama 3's vocabulary and puts ChatML's markers in its reserved ids.
 # Phi-4-mini: o200k's ids, then its chat markers.
 _PHI4_SPECIALS = {199999: "<|endoftext|>", 200018: "<|endofprompt|>", 200019: "<|assistant|>", 200020: "<|end|>",
                   200021: "<|user|>", 200022: "<|system|>", 200023: "<|tool|>", 200024: "<|/tool|>"}
 PHI4 = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+# SmolLM3 keeps Llama 3's vocabulary and puts ChatML's markers in its reserved ids.
 _SMOLLM3_SPECIALS = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128011: "<|im_start|>",
                      128012: "<|im_end|>"}
+_GEMMA3_SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 105: "<start_of_turn>", 106: "<end_of_turn>"}
+GEMMA3 = ("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else "
+          "m['role']) + '\n' + m['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class Shape:
     the `specials` sit at their own ids, and what is left of `vocab` is unused padding, as in the real file."""
 
     name: str
-    arch: str                   # llama.cpp's architecture: "qwen2", "qwen3", "llama" or "smollm3"
+    arch: str                   # llama.cpp's architecture: "qwen2", "qwen3", "llama", "smollm3", "phi3" or "gemma3"
     hidden: int
     intermediate: int
     layers: int
@@ -57,6 +61,7 @@ class Shape:
     rope_scaling: dict[str, float] = field(default_factory=dict)  # llama3's: factor, low, high, original
     rotary_dim: int = 0         # phi3: dimensions of each head rope turns (0: all)
     longrope: tuple[int, float] = (0, 0.0)   # phi3: its original context and attention factor
+    sliding_window: int = 0     # gemma3's (its four norms a layer and q/k norms come with the architecture)
 
     @property
     def params(self) -> int:
@@ -64,12 +69,22 @@ class Shape:
         h, kv = self.hidden, self.kv_heads * self.head_dim
         attn = h * self.heads * self.head_dim * 2 + h * kv * 2
         per_layer = attn + 3 * h * self.intermediate + 2 * h
+        if self.arch == "gemma3":   # its post-attention and post-feedforward norms, and the q/k norms
+            per_layer += 2 * h + 2 * self.head_dim
         return self.layers * per_layer + self.vocab * h + h
 
 
 def _qwen25(name: str, hidden: int, intermediate: int, layers: int, heads: int) -> Shape:
     return Shape(name, "qwen2", hidden, intermediate, layers, heads, 2, hidden // heads, 151936, 32768, 1e6,
                  1e-6, "qwen2", _QWEN_SPECIALS, bos=151643, eos=151645, bpe=151643, qkv_bias=True)
+
+
+def _gemma3(name: str, hidden: int, intermediate: int, layers: int) -> Shape:
+    """Gemma 3's text models as their config.json gives them (the 1B's and the 270M's), with a byte-level BPE
+    in place of their SentencePiece vocabulary of the same size (nvllm reads only the former from a GGUF)."""
+    return Shape(name, "gemma3", hidden, intermediate, layers, 4, 1, 256, 262144, 32768, 1e6, 1e-6, "smollm",
+                 _GEMMA3_SPECIALS, bos=2, eos=106, bpe=262144 - 107, bpe_start=107, add_bos=True,
+                 chat_template=GEMMA3, qk_norm=True, sliding_window=512)
 
 
 def _qwen3(name: str, hidden: int, intermediate: int) -> Shape:
@@ -99,4 +114,6 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
     # SmolLM3-3B's config.json; every 4th layer NoPE, which llama.cpp assumes for smollm3 (no key for it).
     Shape("smollm3-3b", "smollm3", 2048, 11008, 36, 16, 4, 128, 128256, 65536, 5000000.0, 1e-6, "llama-bpe",
           _SMOLLM3_SPECIALS, bos=128000, eos=128012, bpe=128000),
+    _gemma3("gemma-3-1b", 1152, 6912, 26),
+    _gemma3("gemma-3-270m", 640, 2048, 18),
 ]}

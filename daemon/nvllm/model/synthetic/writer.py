@@ -52,11 +52,15 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
         if shape.qk_norm:
             specs += [TensorSpec(b + "attn_q_norm.weight", "norm", (shape.head_dim,)),
                       TensorSpec(b + "attn_k_norm.weight", "norm", (shape.head_dim,))]
-        specs += [TensorSpec(b + "attn_output.weight", "attn_output", (h, q)),
-                  TensorSpec(b + "ffn_norm.weight", "norm", (h,)),
+        specs += [TensorSpec(b + "attn_output.weight", "attn_output", (h, q))]
+        if shape.arch == "gemma3":   # the attention's output norm (its ffn_norm is the pre-feedforward norm)
+            specs.append(TensorSpec(b + "attn_post_norm.weight", "norm", (h,)))
+        specs += [TensorSpec(b + "ffn_norm.weight", "norm", (h,)),
                   TensorSpec(b + "ffn_gate.weight", "ffn_gate", (shape.intermediate, h)),
                   TensorSpec(b + "ffn_up.weight", "ffn_up", (shape.intermediate, h)),
                   TensorSpec(b + "ffn_down.weight", "ffn_down", (h, shape.intermediate))]
+        if shape.arch == "gemma3":
+            specs.append(TensorSpec(b + "post_ffw_norm.weight", "norm", (h,)))
     specs.append(TensorSpec("output_norm.weight", "norm", (h,)))
     return specs
 
@@ -142,6 +146,8 @@ def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> No
         if shape.longrope[0]:
             w.add_rope_scaling_orig_ctx_len(shape.longrope[0])
             w.add_rope_scaling_attn_factors(shape.longrope[1])
+    if shape.sliding_window:
+        w.add_sliding_window(shape.sliding_window)
     tokens, types, merges = vocabulary(shape, seed)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(shape.pre)

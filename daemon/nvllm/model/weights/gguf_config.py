@@ -21,11 +21,13 @@ def f32_float(x: float) -> float:
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # llama.cpp makes every 4th smollm3 layer NoPE (its n_no_rope_layer_step, set in its C++ model loader): the
 # converter writes no key for it, and neither the gguf package nor transformers' GGUF loader names it.
 SMOLLM3_NO_ROPE_LAYER_STEP = 4
 MAX_CONTEXT = 1 << 31
+# llama.cpp's gemma3 loader: every 6th layer global, the rest sliding, whatever the file says.
+GEMMA3_SLIDING_PATTERN = 6
 
 
 class Meta:
@@ -128,7 +130,21 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
         nope_layers=(tuple(n for n in range(layers) if (n + 1) % SMOLLM3_NO_ROPE_LAYER_STEP == 0)
                      if arch == "smollm3" else ()),
     )
-    return config
+    return gemma3_config(config, m) if arch == "gemma3" else config
+
+
+def gemma3_config(config: ModelConfig, m: Meta) -> ModelConfig:
+    """A gemma3 file's config, read as llama.cpp's loader does: the sliding window from its key; the layer
+    pattern fixed (GEMMA3_SLIDING_PATTERN) and the sliding layers' rope base 10000, the file having no key
+    for either; scores scaled by head_dim's -0.5 power (hidden / heads for the 62-layer 27B, whose
+    query_pre_attn_scalar that is); norms already 1 + w (the converter adds 1); no soft-capping."""
+    n = config.num_layers
+    scalar = config.hidden_size // config.num_heads if n == 62 else config.head_dim
+    return replace(config, norm_offset=0.0, post_norms=True, hidden_act="gelu_pytorch_tanh", qk_norm=True,
+                   embed_scale=float(np.float32(math.sqrt(config.hidden_size))), query_pre_attn_scalar=float(scalar),
+                   sliding_window=m.positive("attention.sliding_window"),
+                   sliding_layers=[(i + 1) % GEMMA3_SLIDING_PATTERN != 0 for i in range(n)],
+                   rope_local_theta=10000.0)
 
 
 # ---------------------------------------------------------------- rope scaling
@@ -148,6 +164,9 @@ def rope_scaling(config: ModelConfig, m: Meta, freqs: np.ndarray | None) -> dict
         }
         if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
             raise m.fail("rope scaling: high_freq_factor must exceed low_freq_factor")
+    elif kind == "linear" and config.architecture == "Gemma3ForCausalLM":   # its global layers' (the 4B's: 8)
+        factor = m.finite("rope.scaling.factor")
+        scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
     elif kind == "none":
         scaling = None if freqs is None else _llama3_from_freqs(config, freqs, m)
     else:
@@ -255,6 +274,8 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
         if c.qk_norm:
             shapes.update({p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,)})
+        if c.post_norms:
+            shapes.update({p + "attn_post_norm.weight": (h,), p + "post_ffw_norm.weight": (h,)})
     return shapes
 
 

@@ -25,6 +25,9 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Gemma 3's norms under llama.cpp's names: its ffn_norm is the pre-feedforward norm, not Llama's post-attention.
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "attn_post_norm": "post_attention_layernorm",
+                       "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's llama3 rope scaling: one divisor per frequency
 # phi3's longrope: one divisor per frequency past the original context, and one within it
 ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
@@ -33,15 +36,17 @@ ROPE_TABLES = (ROPE_FREQS, *ROPE_FACTORS)   # tensors that are rope's parameters
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     """llama.cpp tensor name -> Hugging Face name (Llama's, plus Qwen2's biases and Qwen3's q/k norms; phi3's
-    fused attn_qkv, and its ffn_up, which holds gate|up as Phi-3's gate_up_proj does)."""
+    fused attn_qkv, and its ffn_up, which holds gate|up as Phi-3's gate_up_proj does; a gemma3 file's own
+    norms)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     parts = gguf_name.split(".")  # blk.N.attn_q.weight
     if arch == "phi3" and len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] == "ffn_up":
         return f"model.layers.{int(parts[1])}.mlp.gate_up_proj.{parts[3]}"
-    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES
+    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names
             and parts[3] in ("weight", "bias")):
-        return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+        return f"model.layers.{int(parts[1])}.{names[parts[2]]}.{parts[3]}"
     raise GGUFError(f"unexpected GGUF tensor {gguf_name!r}: nvllm knows Llama only "
                     "(with Qwen2's q/k/v biases and Qwen3's q/k norms)")
 

@@ -4,7 +4,7 @@ weights/gguf_weights.py, alike)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,8 @@ class LayerWeights:
     down: Weight               # (H, I)
     q_norm: np.ndarray | None = None  # [hd], Qwen3: every q head is RMS-normed with it before rope
     k_norm: np.ndarray | None = None  # [hd], likewise every k head
+    attn_out_norm: np.ndarray | None = None  # [H], Gemma 3: the attention's output is RMS-normed with it
+    ffn_out_norm: np.ndarray | None = None   # [H], likewise the MLP's (post_norm is its pre-feedforward norm)
 
 
 @dataclass
@@ -104,6 +106,8 @@ def lay_out(t: TensorReader, config: ModelConfig, model_dir: Path) -> ModelWeigh
             q_norm=q_norm,
             k_norm=k_norm,
         ))
+    if config.post_norms:
+        layers = [_gemma3_norms(t, config, n, layer) for n, layer in enumerate(layers)]
     embed = t.get("model.embed_tokens.weight", (v, h))
     if config.tie_word_embeddings or "lm_head.weight" not in t:
         if not config.tie_word_embeddings:
@@ -111,5 +115,17 @@ def lay_out(t: TensorReader, config: ModelConfig, model_dir: Path) -> ModelWeigh
         lm_head = embed
     else:
         lm_head = t.get("lm_head.weight", (v, h))
-    norm = t.get("model.norm.weight", (h,))
+    norm = t.get("model.norm.weight", (h,)) + np.float32(config.norm_offset)
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+
+
+def _gemma3_norms(t: TensorReader, config: ModelConfig, n: int, layer: LayerWeights) -> LayerWeights:
+    """Gemma 3's four norms per layer (input, post_attention on the attention's output, pre_feedforward
+    as post_norm, post_feedforward on the MLP's output), and its q/k norms, each with norm_offset added
+    once here (a folder stores w for RMSNorm's 1 + w; llama.cpp's converter stores 1 + w, offset 0)."""
+    p, h, one = f"model.layers.{n}.", config.hidden_size, np.float32(config.norm_offset)
+    assert layer.q_norm is not None and layer.k_norm is not None   # config.qk_norm is set with post_norms
+    return replace(layer, input_norm=layer.input_norm + one, q_norm=layer.q_norm + one, k_norm=layer.k_norm + one,
+                   post_norm=t.get(p + "pre_feedforward_layernorm.weight", (h,)) + one,
+                   attn_out_norm=layer.post_norm + one,
+                   ffn_out_norm=t.get(p + "post_feedforward_layernorm.weight", (h,)) + one)

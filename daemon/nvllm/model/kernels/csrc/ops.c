@@ -5,7 +5,7 @@
  *   KV head); both cost far more than reading the keys once.
  * - softmax_causal_rows: max, exp and sum of attention scores in one pass, each row up to its causal
  *   limit. NumPy needs a mask, three passes and a scalar exp.
- * - silu_mul: SwiGLU's silu(gate) * up in one pass.
+ * - silu_mul: SwiGLU's silu(gate) * up in one pass; gelu_tanh_mul, GeGLU's (Gemma's) likewise.
  * - rms_norm, and rope_write_kv (rotary embedding of q and k in place, then k and v to their pool slots,
  *   stored in the pool's KV format): one call per layer where NumPy makes five to ten, each with its own
  *   pass and temporary.
@@ -39,7 +39,8 @@
 
 /* Bumped with every change to an entry point's arguments or meaning: ops.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
-int kernels_abi(void) { return 4; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats */
+int kernels_abi(void) { return 5; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats;
+                                         5: sliding windows (decode window, softmax starts) */
 
 /* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
  * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. n is
@@ -210,14 +211,15 @@ static void kv_load(const uint8_t *src, float *dst, int64_t n, int fmt) {
 
 /* q [S, nh, hd] (already scaled; q_stride floats from one sequence's row to the next), k_pool and v_pool
  * [num_blocks, bs, nkv, hd] in KV format fmt, block_tables [S, table_stride], context_lens [S] -> out
- * [S, nh, hd]. Pages are read front to back, every head of a token row at once, so each page streams from
+ * [S, nh, hd]; window > 0 (a sliding-window layer) attends to the last `window` keys only, and pages before
+ * them are not read. Pages are read front to back, every head of a token row at once, so each page streams from
  * memory once for keys and once for values; a page in another format than F32 is first converted into a
  * page of floats in scratch (it stays in cache), so the loops below are the same for every format.
  * Returns 0, or -1 if scratch could not be allocated. */
 static inline __attribute__((always_inline)) int
 decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8_t *v_pool, const int32_t *block_tables,
             int64_t table_stride, const int64_t *context_lens, float *out, int64_t S, int64_t nh, int64_t nkv,
-            int64_t hd, int64_t bs, int fmt) {
+            int64_t hd, int64_t bs, int fmt, int64_t window) {
     const int64_t g = nh / nkv, row = nkv * hd;                    /* floats of one token */
     const int64_t row_bytes = kv_bytes(fmt, row), page = bs * row_bytes;
     int64_t max_ctx = 0;
@@ -231,9 +233,11 @@ decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8
         const int32_t *table = block_tables + s * table_stride;
         const float *qs = q + s * q_stride;
         const int64_t pages = (ctx + bs - 1) / bs;
-        for (int64_t b = 0; b < pages; b++) {          /* page by page: no division per token */
+        /* the window's first key, and its page: keys from b0 * bs up to `first` get a score of 0 */
+        const int64_t first = window > 0 && ctx > window ? ctx - window : 0, b0 = first / bs;
+        for (int64_t b = b0; b < pages; b++) {          /* page by page: no division per token */
             const uint8_t *kp = k_pool + (int64_t)table[b] * page;
-            const uint8_t *next = b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[0] * page;
+            const uint8_t *next = b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[b0] * page;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
             const float *k = (const float *)kp;
             if (converted) kv_load(kp, floats, n * row, fmt), k = floats;
@@ -253,9 +257,12 @@ decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8
                     for (int64_t j = 0; j < g; j++)
                         scores[(h * g + j) * ctx + t0 + o] = dot(qs + (h * g + j) * hd, k + h * hd, hd);
         }
-        for (int64_t i = 0; i < nh; i++) sums[i] = softmax_row(scores + i * ctx, ctx);
+        for (int64_t i = 0; i < nh; i++) {
+            sums[i] = softmax_row(scores + i * ctx + first, ctx - first);
+            if (first > b0 * bs) memset(scores + i * ctx + b0 * bs, 0, sizeof(float) * (size_t)(first - b0 * bs));
+        }
         memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
-        for (int64_t b = 0; b < pages; b++) {
+        for (int64_t b = b0; b < pages; b++) {
             const uint8_t *vp = v_pool + (int64_t)table[b] * page;
             const uint8_t *next = b + 1 < pages ? v_pool + (int64_t)table[b + 1] * page
                                   : s + 1 < S ? k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page : NULL;
@@ -298,23 +305,29 @@ decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8
 /* The common head sizes get their own copy of the loops, unrolled for a length known when compiled. */
 ENTRY int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
                                  const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
-                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt) {
+                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt,
+                                 int64_t window) {
     const uint8_t *k = k_pool, *v = v_pool;
     if (hd == 64)
-        return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 64, bs, fmt);
+        return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 64, bs, fmt,
+                           window);
     if (hd == 128)
-        return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 128, bs, fmt);
-    return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, hd, bs, fmt);
+        return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 128, bs, fmt,
+                           window);
+    return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, hd, bs, fmt,
+                           window);
 }
 
-/* scores [rows, width] in place: row r keeps keys [0, limits[r % period]) and gets exp(x - max) there and
- * 0 past it; sums[r] receives the row's sum. (period lets one limit array serve every KV head.) */
+/* scores [rows, width] in place: row r keeps keys [starts[r % period], limits[r % period]) (starts NULL: from
+ * 0; a sliding window's rows start later) and gets exp(x - max) there and 0 elsewhere; sums[r] receives the
+ * row's sum. (period lets one limit array serve every KV head.) */
 ENTRY void softmax_causal_rows(float *scores, int64_t rows, int64_t width, const int64_t *limits, int64_t period,
-                         float *sums) {
+                         float *sums, const int64_t *starts) {
     for (int64_t r = 0; r < rows; r++) {
         float *sc = scores + r * width;
-        const int64_t n = limits[r % period];
-        sums[r] = softmax_row(sc, n);
+        const int64_t n = limits[r % period], a = starts ? starts[r % period] : 0;
+        sums[r] = softmax_row(sc + a, n - a);
+        if (a > 0) memset(sc, 0, sizeof(float) * (size_t)a);
         if (n < width) memset(sc + n, 0, sizeof(float) * (size_t)(width - n));
     }
 }
@@ -330,6 +343,18 @@ ENTRY void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter) 
              * takes the second, so it stays NaN); a select, not a branch, so that the loop vectorises */
             const float x = gt[i], e = exp_nonpos(-fabsf(x));
             o[i] = x * (x >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
+        }
+    }
+}
+
+/* gate_up [T, 2I] -> out [T, I] = gelu_tanh(gate) * up: GeGLU, with PyTorch's tanh approximation of gelu. */
+ENTRY void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *gt = gate_up + t * 2 * inter, *up = gt + inter;
+        float *o = out + t * inter;
+        for (int64_t i = 0; i < inter; i++) {
+            const float x = gt[i];
+            o[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * up[i];
         }
     }
 }
@@ -381,6 +406,6 @@ void paged_decode_part(void *arg, int part) {
     if (s1 > s0 && paged_decode_attention(j->q + s0 * j->q_stride, j->q_stride, j->k_pool, j->v_pool,
                                           j->block_tables + s0 * j->table_stride, j->table_stride,
                                           j->context_lens + s0, j->out + s0 * j->nh * j->hd, s1 - s0, j->nh,
-                                          j->nkv, j->hd, j->bs, j->fmt) != 0)
+                                          j->nkv, j->hd, j->bs, j->fmt, j->window) != 0)
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 }

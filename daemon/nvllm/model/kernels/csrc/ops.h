@@ -7,8 +7,10 @@
 /* k_pool, v_pool: pages in KV format fmt, a GGUF type id (F32, F16, BF16 or Q8_0: ops.c) */
 int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
                            const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
-                           float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt);
+                           float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt,
+                           int64_t window);
 void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter);
+void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter);
 void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps);
 void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
                    const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots, void *k_pool,
@@ -29,6 +31,7 @@ typedef struct {
     const int64_t *bounds;
     int failed;
     int fmt;                        /* the pool's KV format */
+    int64_t window;                 /* > 0: a sliding-window layer's keys (paged_decode_attention) */
 } decode_job_t;
 
 void paged_decode_part(void *arg, int part);

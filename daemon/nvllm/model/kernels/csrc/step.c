@@ -36,6 +36,9 @@ typedef struct {
     const float *q_norm, *k_norm;   /* or NULL: Qwen3's per-head norms */
     step_matrix_t qkv, o, gate_up, down;
     void *k_pool, *v_pool;          /* this layer's pages [blocks, bs, nkv, hd] each, in the step's KV format */
+    const float *attn_out_norm, *ffn_out_norm;   /* or NULL: Gemma 3's norms of the attention's and MLP's outputs */
+    int64_t window;                 /* > 0: a sliding-window layer's keys */
+    int64_t local;                  /* 1: rope from cos_local, sin_local (a sliding layer's own base) */
     int64_t nope;                   /* SmolLM3: 1 where the layer takes no rope (the step's nope tables) */
 } step_layer_t;
 
@@ -54,6 +57,8 @@ typedef struct {
     const int64_t *bounds;          /* [attn_parts + 1]: the sequences each thread attends for */
     int64_t attn_parts, threads;
     int64_t kv_fmt;                 /* the pool's KV format, a GGUF type id (ops.c) */
+    const float *cos_local, *sin_local;   /* [T, hd/2], or NULL where no layer is local */
+    int64_t gelu;                   /* 1: GeGLU (gelu_tanh_mul), 0: SwiGLU (silu_mul) */
     const float *nope_cos, *nope_sin;   /* [T, hd/2] of 1 and 0, or NULL: no layer is NoPE */
     const int64_t *qk_order;        /* [(nq + nkv) hd] or NULL: partial rotary's column order (decoder.py) */
     float *qk_scratch;              /* [(nq + nkv) hd] when qk_order is set */
@@ -103,24 +108,33 @@ int decode_layers(const step_t *s) {
                 memcpy(s->qk_scratch, row, (size_t)qk * sizeof(float));
                 for (int64_t j = 0; j < qk; j++) row[j] = s->qk_scratch[s->qk_order[j]];
             }
-        rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd, L->nope ? s->nope_cos : s->cos,
-                      L->nope ? s->nope_sin : s->sin, s->q_scale, s->slots, L->k_pool, L->v_pool, (int)s->kv_fmt);
+        rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd,
+                      L->nope ? s->nope_cos : L->local ? s->cos_local : s->cos,
+                      L->nope ? s->nope_sin : L->local ? s->sin_local : s->sin,
+                      s->q_scale, s->slots, L->k_pool, L->v_pool, (int)s->kv_fmt);
         if (s->attn_parts < 2) {
             rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
-                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt);
+                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt,
+                                        L->window);
         } else {
             decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
-                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt};
+                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt,
+                                L->window};
             matmul_pool_run(paged_decode_part, &job, (int)s->attn_parts);
             rc = job.failed;
         }
         if (rc != 0) return -4;
         if ((rc = product(&L->o, s->attn, q_width, T, s->h, H, threads))) return rc;
+        if (L->attn_out_norm) rms_norm(s->h, L->attn_out_norm, s->h, T, H, s->eps);
         add(s->x, s->h, T * H);
         rms_norm(s->x, L->post_norm, s->h, T, H, s->eps);
         if ((rc = product(&L->gate_up, s->h, H, T, s->gu, 2 * s->inter, threads))) return rc;
-        silu_mul(s->gu, s->act, T, s->inter);
+        if (s->gelu)
+            gelu_tanh_mul(s->gu, s->act, T, s->inter);
+        else
+            silu_mul(s->gu, s->act, T, s->inter);
         if ((rc = product(&L->down, s->act, s->inter, T, s->h, H, threads))) return rc;
+        if (L->ffn_out_norm) rms_norm(s->h, L->ffn_out_norm, s->h, T, H, s->eps);
         add(s->x, s->h, T * H);
     }
     return 0;
