@@ -89,11 +89,32 @@ def test_a_longrope_gguf_without_its_original_context_is_refused_naming_the_key(
         read_gguf(path)
 
 
-def test_a_phi3_sliding_window_shorter_than_the_context_bounds_it(tiny_models):
+def test_a_phi3_sliding_window_shorter_than_the_context_masks_every_layer(tiny_models, tmp_path, monkeypatch):
+    import gguf
+
+    from helpers.gguf_util import write_gguf
+    from helpers.schedule import run_schedule
+
     cfg = json.loads((tiny_models["tiny-phi3"] / "config.json").read_text())
-    assert ModelConfig.from_dict(cfg).max_position_embeddings == 128            # no window
-    assert ModelConfig.from_dict({**cfg, "sliding_window": 100}).max_position_embeddings == 100
-    assert ModelConfig.from_dict({**cfg, "sliding_window": 4096}).max_position_embeddings == 128
+    plain = ModelConfig.from_dict(cfg)
+    assert plain.sliding_window is None and plain.max_position_embeddings == 128   # no window
+    assert ModelConfig.from_dict({**cfg, "sliding_window": 4096}).sliding_window is None   # never masks
+    c = ModelConfig.from_dict({**cfg, "sliding_window": 8})
+    assert (c.sliding_window, c.sliding_layers, c.max_position_embeddings) == (8, [True] * c.num_layers, 128)
+    # the GGUF's phi3.attention.sliding_window, read as llama.cpp does
+    monkeypatch.setattr(gguf.GGUFWriter, "add_sliding_window", lambda self, n: self.add_uint32(
+        "phi3.attention.sliding_window", 8))
+    g = read_gguf(write_gguf(tiny_models["tiny-phi3"], tmp_path / "phi3.gguf")).config
+    assert (g.sliding_window, g.sliding_layers) == (8, [True] * g.num_layers)
+    # applied: past the window the logits move, and whole or token by token they agree
+    ids = (np.arange(30) * 7 % 400 + 3).astype(np.int64)
+    model = Model.from_dir(tiny_models["tiny-phi3"])
+    (dense,) = run_schedule(model, [ids], [[30]])
+    model.config = c
+    (whole,), (steps,) = run_schedule(model, [ids], [[30]]), run_schedule(model, [ids], [[1]] * 30)
+    np.testing.assert_allclose(whole, steps, atol=1e-4)
+    np.testing.assert_allclose(whole[:8], dense[:8], atol=1e-4)
+    assert np.abs(whole[8:] - dense[8:]).max() > 1e-3
 
 
 def test_phi3_reads_the_same_from_the_newer_rope_parameters_form(tiny_models):

@@ -117,7 +117,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            max_position_embeddings=_phi3_window_limit(cfg, arch, int(cfg.get("max_position_embeddings", 2048))),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             rope_scaling=scaling,
@@ -127,7 +127,7 @@ class ModelConfig:
             rotary_dim=rotary_dim,
             nope_layers=_nope_layers(cfg, arch, layers, where),
         )
-        return replace(config, **gemma3) if gemma3 else config
+        return replace(config, **gemma3) if gemma3 else replace(config, **_phi3_window(cfg, arch, layers))
 
     @property
     def num_params(self) -> int:
@@ -164,12 +164,13 @@ def _longrope(cfg: dict[str, Any], s: dict[str, Any], where: str) -> dict[str, A
             "original_max_position_embeddings": original, "attention_factor": float(attention)}
 
 
-def _phi3_window_limit(cfg: dict[str, Any], arch: str, limit: int) -> int:
-    """Phi-3's sliding_window is not applied (attention here is causal over the whole sequence), so a
-    window shorter than the context (2047 for Phi-3-mini-4k) bounds the context instead: within it the
-    two agree."""
+def _phi3_window(cfg: dict[str, Any], arch: str, layers: int) -> dict[str, Any]:
+    """Phi-3's sliding_window, on every layer as transformers' Phi-3 masks it (2047 for Phi-3-mini-4k), where
+    it is shorter than the context; a longer one never masks anything."""
     window = cfg.get("sliding_window") if arch == "Phi3ForCausalLM" else None
-    return min(limit, int(window)) if window else limit
+    if not window or int(window) >= int(cfg.get("max_position_embeddings", 2048)):
+        return {}
+    return {"sliding_window": int(window), "sliding_layers": [True] * layers}
 
 
 def _nope_layers(cfg: dict[str, Any], arch: str, layers: int, where: str) -> tuple[int, ...]:

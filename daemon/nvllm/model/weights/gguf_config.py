@@ -117,9 +117,7 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
         head_dim=head_dim,
         rms_norm_eps=m.finite("attention.layer_norm_rms_epsilon"),
         rope_theta=m.finite("rope.freq_base", 10000.0),
-        max_position_embeddings=min(m.positive("context_length"),   # phi3: its window, unapplied, bounds it
-                                    m.get("attention.sliding_window", int, 0, required=False) or MAX_CONTEXT
-                                    if arch == "phi3" else MAX_CONTEXT),
+        max_position_embeddings=min(m.positive("context_length"), MAX_CONTEXT),
         tie_word_embeddings="output.weight" not in infos,
         attention_bias=bias,
         rope_scaling=None,
@@ -130,6 +128,10 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
         nope_layers=(tuple(n for n in range(layers) if (n + 1) % SMOLLM3_NO_ROPE_LAYER_STEP == 0)
                      if arch == "smollm3" else ()),
     )
+    if arch == "phi3":   # its window on every layer, where shorter than the context (llama.cpp: its n_swa)
+        window = m.get("attention.sliding_window", int, 0, required=False)
+        if window and window < config.max_position_embeddings:
+            config = replace(config, sliding_window=window, sliding_layers=[True] * layers)
     return gemma3_config(config, m) if arch == "gemma3" else config
 
 
