@@ -69,20 +69,12 @@ def new_state(name: str = MODEL) -> DaemonState:
     return DaemonState(name, HealthServicer(), max_waiting=64, max_num_seqs=32, max_message_bytes=1 << 20)
 
 
-async def run_requests(ae: AsyncEngine, batch: list, params: SamplingParams, on_first=None) -> list:
-    """Every prompt through the async engine at once; on_first() runs when the first output arrives."""
+async def run_requests(ae: AsyncEngine, batch: list, params: SamplingParams) -> list:
+    """Every prompt through the async engine at once."""
     streams = [ae.add(ae.make_sequence(f"r{i}", p, params)) for i, p in enumerate(batch)]
-    first = asyncio.Event()
 
     async def drain(stream):
-        outs = []
-        async for out in stream:
-            if not first.is_set():
-                first.set()
-                if on_first is not None:
-                    on_first()
-            outs.append(out)
-        return outs
+        return [out async for out in stream]
     return await asyncio.gather(*(drain(s) for s in streams))
 
 
