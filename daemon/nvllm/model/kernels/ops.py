@@ -238,25 +238,22 @@ def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray, starts: np.ndarr
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
-    _check(gate_up, np.float32, "gate_up", ndim=2)
-    T, two_i = gate_up.shape
-    if two_i % 2:
-        raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
-    out = np.empty((T, two_i // 2), dtype=np.float32)
-    assert lib is not None  # callers run this only with the library loaded
-    lib.silu_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
-    return out
+    return _gated(gate_up, "silu_mul")
 
 
 def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
     """gate_up [T, 2I] -> gelu_pytorch_tanh(gate) * up [T, I] (Gemma's GeGLU)."""
+    return _gated(gate_up, "gelu_tanh_mul")
+
+
+def _gated(gate_up: np.ndarray, kernel: str) -> np.ndarray:
     _check(gate_up, np.float32, "gate_up", ndim=2)
     T, two_i = gate_up.shape
     if two_i % 2:
         raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
     out = np.empty((T, two_i // 2), dtype=np.float32)
     assert lib is not None  # callers run this only with the library loaded
-    lib.gelu_tanh_mul(_ptr(gate_up), _ptr(out), T, two_i // 2)
+    getattr(lib, kernel)(_ptr(gate_up), _ptr(out), T, two_i // 2)
     return out
 
 
