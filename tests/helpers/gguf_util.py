@@ -39,7 +39,7 @@ _HF_TO_GGUF = {
     "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",   # phi3: fused as its checkpoint
 }
 # Gemma 3's four norms per layer, under the converter's names.
-_GEMMA3_TO_GGUF = {**_HF_TO_GGUF, "post_attention_layernorm": "attn_post_norm",
+_GEMMA3_TO_GGUF = {**_HF_TO_GGUF, "post_attention_layernorm": "post_attention_norm",
                    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 _HF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
               "lm_head.weight": "output.weight"}

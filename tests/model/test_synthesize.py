@@ -103,6 +103,20 @@ def test_rows_that_do_not_split_fall_back_as_llama_cpp_does():
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_tensor_has_a_name_llama_cpp_knows_for_its_architecture(name):
+    # The gguf package's table is llama.cpp's own (a Gemma 3 norm misnamed once made files only nvllm read).
+    import gguf
+
+    shape = SHAPES[name]
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == shape.arch)
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) + ".weight" for t in gguf.MODEL_TENSORS[arch]
+             for i in range(shape.layers)} | {"rope_freqs.weight", "rope_factors_long.weight",
+                                              "rope_factors_short.weight"}
+    names = [spec.name.replace(".bias", ".weight") for spec in tensor_specs(shape)]
+    assert [n for n in names if n not in known] == []
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
 def test_shapes_hold_the_real_parameter_counts(name):
     published = {"qwen2.5-0.5b": 0.49e9, "qwen2.5-1.5b": 1.54e9, "qwen2.5-3b": 3.09e9, "qwen3-0.6b": 0.60e9,
                  "qwen3-1.7b": 1.72e9, "llama-3.2-1b": 1.24e9, "smollm2-135m": 0.135e9, "smollm2-360m": 0.36e9,

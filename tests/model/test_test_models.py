@@ -260,3 +260,18 @@ def test_chat_template_is_chatml_with_default_system(made: dict):
 def test_only_option_makes_one_folder(tmp_path: Path):
     mtm.main(["--out", str(tmp_path), "--only", "tiny-qwen2"])
     assert [p.name for p in tmp_path.iterdir()] == ["tiny-qwen2"]
+
+
+def test_each_tiny_gguf_names_its_tensors_as_llama_cpp_does(tiny_ggufs):
+    # gguf's table is llama.cpp's own: a name only nvllm reads would hide a reader that is wrong the same way.
+    import gguf
+
+    from nvllm.model.weights.gguf_file import read_gguf
+
+    for name, path in tiny_ggufs.items():
+        m = read_gguf(path)
+        arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == m.metadata["general.architecture"])
+        known = {gguf.TENSOR_NAMES[t].format(bid=i) for t in gguf.MODEL_TENSORS[arch]
+                 for i in range(m.config.num_layers)} | {"rope_freqs", "rope_factors_long", "rope_factors_short"}
+        extra = [t for t in m.tensors if t.rsplit(".", 1)[0] not in known]
+        assert extra == [], f"{name}: {extra}"

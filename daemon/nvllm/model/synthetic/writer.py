@@ -54,7 +54,7 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
                       TensorSpec(b + "attn_k_norm.weight", "norm", (shape.head_dim,))]
         specs += [TensorSpec(b + "attn_output.weight", "attn_output", (h, q))]
         if shape.arch == "gemma3":   # the attention's output norm (its ffn_norm is the pre-feedforward norm)
-            specs.append(TensorSpec(b + "attn_post_norm.weight", "norm", (h,)))
+            specs.append(TensorSpec(b + "post_attention_norm.weight", "norm", (h,)))
         specs += [TensorSpec(b + "ffn_norm.weight", "norm", (h,)),
                   TensorSpec(b + "ffn_gate.weight", "ffn_gate", (shape.intermediate, h)),
                   TensorSpec(b + "ffn_up.weight", "ffn_up", (shape.intermediate, h)),

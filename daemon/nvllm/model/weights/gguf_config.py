@@ -277,7 +277,7 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.qk_norm:
             shapes.update({p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,)})
         if c.post_norms:
-            shapes.update({p + "attn_post_norm.weight": (h,), p + "post_ffw_norm.weight": (h,)})
+            shapes.update({p + "post_attention_norm.weight": (h,), p + "post_ffw_norm.weight": (h,)})
     return shapes
 
 

@@ -26,7 +26,7 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 # Gemma 3's norms under llama.cpp's names: its ffn_norm is the pre-feedforward norm, not Llama's post-attention.
-_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "attn_post_norm": "post_attention_layernorm",
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                        "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's llama3 rope scaling: one divisor per frequency
 # phi3's longrope: one divisor per frequency past the original context, and one within it
