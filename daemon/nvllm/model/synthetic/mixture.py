@@ -7,7 +7,7 @@ use_more_bits picks. Q3_K_M: Q3_K, with Q5_K for the first two attn_v and the fi
 ffn_down, Q4_K for the other attn_v and ffn_down and every attn_output. Q2_K: Q2_K, with Q3_K for
 ffn_down and attn_output, and for attn_v Q3_K, or Q4_K where four or more heads share a KV head. IQ4_NL
 and IQ4_XS: their own type, with Q5_K for the first eighth of ffn_down and, where four or more heads
-share a KV head, every attn_v. A fused attn_qkv (phi3) takes Q5_K in Q4_K_M and Q4_K in Q3_K_M.
+share a KV head, every attn_v. A fused attn_qkv (phi3) is counted and typed as an attn_v.
 Q5_0: Q5_0. All but F32, F16 and Q8_0 take Q6_K for the output matrix.
 A matrix whose rows do not split into its type's blocks falls back (IQ4_XS -> IQ4_NL, Q2_K and Q3_K ->
 Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16), so on a 896-wide model most of Q4_K_M is Q5_0
@@ -78,7 +78,7 @@ def tensor_types(file_type: str, tensors: list[TensorSpec], layers: int, gqa: in
     if file_type not in FILE_TYPES:
         raise ValueError(f"--type must be one of {', '.join(FILE_TYPES)}, got {file_type!r}")
     tied = not any(t.role == "output" for t in tensors)
-    n_v = sum(t.role == "attn_v" for t in tensors)
+    n_v = sum(t.role in ("attn_v", "attn_qkv") for t in tensors)
     i_v = i_down = 0
     out = []
     for t in tensors:
@@ -93,14 +93,12 @@ def tensor_types(file_type: str, tensors: list[TensorSpec], layers: int, gqa: in
                     new = "Q8_0"
                 elif new != "Q8_0":
                     new = "Q6_K"
-            elif t.role == "attn_v":
+            elif t.role in ("attn_v", "attn_qkv"):   # phi3's fused q|k|v: counted and typed as attn_v
                 new = _attn_v(file_type, new, i_v, n_v, gqa)
                 i_v += 1
             elif t.role == "ffn_down":
                 new = _ffn_down(file_type, new, i_down, layers)
                 i_down += 1
-            elif t.role == "attn_qkv":   # phi3's fused q|k|v
-                new = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K"}.get(file_type, new)
             elif t.role == "attn_output" and file_type in ("Q2_K", "Q3_K_M"):
                 new = "Q3_K" if file_type == "Q2_K" else "Q4_K"
             if row % _BLOCK[new]:
