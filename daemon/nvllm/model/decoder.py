@@ -263,17 +263,16 @@ class Model:
                 write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
             window = (c.sliding_window or 0) if sliding else 0
             attn = paged_attention(q, k, v, kv_pool, batch.attn, window, c.attn_logit_softcapping)  # [T, nh, hd]
-            if layer.attn_out_norm is not None:                                 # Gemma 3's four norms
-                assert layer.ffn_out_norm is not None
-                x = x + rms_norm(layer.o.apply(attn.reshape(T, nh * hd)), layer.attn_out_norm, c.rms_norm_eps)
-                h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-                gu = layer.gate_up.apply(h)
-                x = x + rms_norm(layer.down.apply(gelu_tanh_mul(gu)), layer.ffn_out_norm, c.rms_norm_eps)
-                continue
-            x = x + layer.o.apply(attn.reshape(T, nh * hd))                     # [T, H]
+            out = layer.o.apply(attn.reshape(T, nh * hd))                       # [T, H]
+            if layer.attn_out_norm is not None:                                 # Gemma 3's norm of it
+                out = rms_norm(out, layer.attn_out_norm, c.rms_norm_eps)
+            x = x + out
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gu = layer.gate_up.apply(h)                                         # [T, 2I]
-            x = x + layer.down.apply(silu_mul(gu))                              # [T, H]
+            out = layer.down.apply(gelu_tanh_mul(gu) if c.hidden_act != "silu" else silu_mul(gu))   # [T, H]
+            if layer.ffn_out_norm is not None:
+                out = rms_norm(out, layer.ffn_out_norm, c.rms_norm_eps)
+            x = x + out
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
         logits = w.lm_head.apply(last)                                          # [R, V]
         if c.final_logit_softcapping is not None:
