@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -64,9 +63,7 @@ def plan_cell(path: Path, quantization: str, gib: float, overrides: dict[str, An
         _, plan = plan_for_board(settings, gib)
     except EngineBuildError:   # what is left after the weights cannot hold one max_model_len sequence
         return weights, f"no room for one {settings.scheduler.max_model_len}-token sequence"
-    per_seq = math.ceil(plan.max_model_len / plan.sizing.block_size)
-    seqs = plan.sizing.num_blocks // per_seq
-    return weights, f"{format_bytes(plan.sizing.pool_bytes)}, {seqs}{note}"
+    return weights, f"{format_bytes(plan.sizing.pool_bytes)}, {plan.full_length_seqs}{note}"
 
 
 def rows(overrides: dict[str, Any], gguf: Path | None) -> list[list[str]]:

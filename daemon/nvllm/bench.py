@@ -31,7 +31,7 @@ from nvllm.bench_floors import (
 )
 from nvllm.bench_report import format_table
 from nvllm.config import load_settings
-from nvllm.engine.factory import build_engine
+from nvllm.engine.factory import build_engine, read_model_info
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.kernels import matmul, ops
 from nvllm.model.kernels import threads as kernel_threads
@@ -115,13 +115,16 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     progress("loading model")
     max_c = max(concurrency)
     budget = max(512, max(prefill_lens))
-    blocks = max_c * -(-(prompt_len + gen_len) // 16) + 2 * -(-max(prefill_lens) // 16) + 16
-    settings = load_settings(overrides={
+    overrides: dict[str, Any] = {
         "model": {"path": str(model_dir), "threads": threads, "quantization": quantization,
                   "activations": activations},
-        "cache": {"num_blocks": blocks, "enable_prefix_caching": False, "dtype": kv_cache_dtype},
+        "cache": {"block_size": 16, "enable_prefix_caching": False, "dtype": kv_cache_dtype},
         "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
-                      "max_model_len": min(max(prompt_len + gen_len, max(prefill_lens)) + 1, blocks * 16)}})
+                      "max_model_len": max(prompt_len + gen_len, max(prefill_lens)) + 1}}
+    info = read_model_info(load_settings(overrides=overrides))   # pages per sequence follow the pool's groups
+    overrides["cache"]["num_blocks"] = (max_c * info.blocks_for(prompt_len + gen_len, 16, budget)
+                                        + 2 * info.blocks_for(max(prefill_lens), 16, budget) + 16)
+    settings = load_settings(overrides=overrides)
     engine = build_engine(settings)
     mc = engine.model.config
     w = engine.model.weights

@@ -129,6 +129,10 @@ class CacheSettings:
     # Upper bound on the pool, whatever memory is available; 0 means none.
     max_pool_mb: int = field(default=2048, metadata=at_least(0))
     enable_prefix_caching: bool = True
+    # A model of sliding-window and global layers (Gemma 3) gets a group of pages per kind of layer, and
+    # the sliding ones give back the pages behind their window (vLLM's hybrid KV cache manager); false:
+    # one group, every page kept (vLLM's --disable-hybrid-kv-cache-manager).
+    hybrid_kv_cache: bool = True
     # What the pool stores keys and values in (vLLM's --kv-cache-dtype): auto is f16 for a GGUF (as
     # llama.cpp) and the weights' own float type for a folder; q8_0 is 34 bytes per 32 values.
     dtype: str = field(default="auto", metadata=one_of("auto", "f32", "f16", "bf16", "q8_0"))

@@ -53,14 +53,16 @@ class LLM:
                  max_model_len: int | None = None, enable_prefix_caching: bool | None = None,
                  threads: int | None = None, quantization: str | None = None,
                  activations: str | None = None, blas_threads: int | None = None,
-                 kv_cache_dtype: str | None = None, speculative_config: dict[str, Any] | None = None) -> None:
+                 kv_cache_dtype: str | None = None, speculative_config: dict[str, Any] | None = None,
+                 hybrid_kv_cache: bool | None = None) -> None:
         # blas_threads: model.threads' old name, still taken (config.py warns of it); speculative_config:
         # the [speculative] settings by name (vLLM's argument), e.g. {"method": "ngram", "num_tokens": 4}
         settings = load_settings(overrides={
             "model": {"path": str(model), "threads": threads, "blas_threads": blas_threads,
                       "quantization": quantization, "activations": activations},
             "cache": {"block_size": block_size, "num_blocks": num_blocks,
-                      "enable_prefix_caching": enable_prefix_caching, "dtype": kv_cache_dtype},
+                      "enable_prefix_caching": enable_prefix_caching, "dtype": kv_cache_dtype,
+                      "hybrid_kv_cache": hybrid_kv_cache},
             "scheduler": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                           "max_model_len": max_model_len},
             "speculative": dict(speculative_config or {})})

@@ -15,7 +15,12 @@ from nvllm.engine.block_manager import BlockManager, IntegrityError
 @dataclass
 class Seq:
     token_ids: list[int]
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+
+    @property
+    def block_table(self) -> list[int]:
+        """Group 0's table (the only one of a pool of one group)."""
+        return self.block_tables[0] if self.block_tables else []
     num_computed_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
 
@@ -28,19 +33,22 @@ def admit(bm: BlockManager, seq: Seq, upto: int | None = None, record: bool = Tr
     for its first `upto` tokens (all by default). Returns the tokens reused, None if pages ran short."""
     hits = bm.lookup(seq)
     upto = len(seq.token_ids) if upto is None else upto
-    if not bm.admit(seq, hits, max(upto, len(hits) * bm.block_size + 1), record):
+    if not bm.admit(seq, hits, max(upto, len(hits[0]) * bm.block_size + 1), record):
         return None
     return seq.num_computed_tokens
 
 
 def compute(bm: BlockManager, seq: Seq, upto: int, content: Content | None = None) -> None:
-    """The forward pass for tokens [num_computed, upto): their K/V (here, the token ids) go to their slots."""
+    """The forward pass for tokens [num_computed, upto): their K/V (here, the token ids) go to their slots,
+    in every group; then, as the engine does, the sliding groups give back what their windows left."""
     before, bs = seq.num_computed_tokens, bm.block_size
     if content is not None:
-        for p in range(before, upto):
-            content[seq.block_table[p // bs]][p % bs] = seq.token_ids[p]
+        for table in seq.block_tables:
+            for p in range(before, upto):
+                content[table[p // bs]][p % bs] = seq.token_ids[p]
     seq.num_computed_tokens = upto
     bm.mark_computed(seq, before)
+    bm.release_behind_window(seq)
 
 
 def run(bm: BlockManager, seq: Seq, upto: int | None = None, content: Content | None = None) -> bool:
@@ -109,15 +117,15 @@ def test_eviction_is_least_recently_used_and_only_when_free_runs_out():
     filler = Seq([7, 8, 9, 10, 11])
     admit(bm, filler)
     assert run(bm, filler)          # 3 pages: the 2 free ones, then the oldest cached one
-    assert len(bm.lookup(Seq([4, 5, 6]))) == 1   # the newer prefix survived
-    assert bm.lookup(Seq([1, 2, 3])) == []       # the older was evicted
+    assert len(bm.lookup(Seq([4, 5, 6]))[0]) == 1   # the newer prefix survived
+    assert bm.lookup(Seq([1, 2, 3])) == [[]]        # the older was evicted
 
 
 def test_allocation_fails_cleanly_when_pool_is_exhausted():
     bm = BlockManager(2, 4)
     s = Seq(list(range(20)))
     assert admit(bm, s) is None
-    assert s.block_table == [] and bm.num_free_blocks == 2
+    assert s.block_tables == [] and bm.num_free_blocks == 2
     bm.check_integrity([s])
 
 
@@ -131,11 +139,14 @@ def test_check_integrity_catches_a_lost_page():
 class BlockManagerMachine(RuleBasedStateMachine):
     """Random allocate / append / fork / free / preempt / evict sequences; integrity after each."""
 
+    windows: tuple[int, ...] = (0,)
+    num_blocks = 12
+
     def __init__(self) -> None:
         super().__init__()
-        self.bm = BlockManager(num_blocks=12, block_size=4)
+        self.bm = BlockManager(num_blocks=self.num_blocks, block_size=4, windows=self.windows)
         self.live: list[Seq] = []
-        self.content: Content = [[None] * 4 for _ in range(12)]
+        self.content: Content = [[None] * 4 for _ in range(self.num_blocks)]
 
     @rule(prefix=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]]),
           tail=st.lists(st.integers(0, 5), min_size=1, max_size=14))
@@ -222,24 +233,40 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.check_integrity(list(self.live))   # a list[SeqBlocks], as its parameter is typed
         # Every computed full block of a live sequence that carries a hash must hold its own tokens.
         for s in self.live:
-            for j, b in enumerate(s.block_table[: s.num_computed_tokens // 4]):
-                if self.bm.block_tokens[b] is not None:
-                    assert self.bm.block_tokens[b] == tuple(s.token_ids[j * 4:(j + 1) * 4])
-            # And every computed token's slot holds what was written for it: a prefix hit never
-            # hands out a page whose K/V were not (or no longer) computed.
-            for p in range(s.num_computed_tokens):
-                assert self.content[s.block_table[p // 4]][p % 4] == s.token_ids[p], (s, p)
+            for g, table in enumerate(s.block_tables):
+                for j, b in enumerate(table[: s.num_computed_tokens // 4]):
+                    if b != self.bm.null and self.bm.block_tokens[b] is not None:
+                        assert self.bm.block_tokens[b] == tuple(s.token_ids[j * 4:(j + 1) * 4])
+                # And every computed token a query may still see has its slot holding what was written
+                # for it: a prefix hit never hands out a page whose K/V were not (or no longer) computed.
+                # A sliding group's pages before that are given back (the null page).
+                first = self.bm.first_kept(s.num_computed_tokens, g)
+                assert all(b == self.bm.null for b in table[:first]), (s, g)
+                for p in range(first * 4, s.num_computed_tokens):
+                    assert table[p // 4] != self.bm.null
+                    assert self.content[table[p // 4]][p % 4] == s.token_ids[p], (s, g, p)
         assert not self.bm.pending, "between steps no page awaits its step"
 
     def teardown(self):
         for s in self.live:
             self.bm.free(s)
         self.bm.check_integrity([])
-        assert self.bm.num_free_blocks == self.bm.num_blocks
+        assert self.bm.num_free_blocks == self.bm.num_blocks - (self.bm.null >= 0)
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class GroupedBlockManagerMachine(BlockManagerMachine):
+    """The same with a global group and two sliding groups of window 6 (model/kv_layout.py's layout of a
+    Gemma 3): each sequence has three tables, the sliding ones giving back pages behind their window."""
+    windows = (0, 6, 6)
+    num_blocks = 30
+
+
+TestGroupedBlockManagerMachine = GroupedBlockManagerMachine.TestCase
+TestGroupedBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 
 
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=40))
@@ -259,7 +286,7 @@ def test_full_blocks_are_findable_once_allocated_before_they_are_computed():
     a = Seq(list(range(10)))
     assert admit(bm, a) == 0   # pages for all 10 tokens, none computed yet
     # The two full blocks are findable already; the partial third is not.
-    assert bm.lookup(Seq(list(range(10)))) == a.block_table[:2]
+    assert bm.lookup(Seq(list(range(10)))) == [a.block_table[:2]]
     b = Seq(list(range(10)))
     assert admit(bm, b) == 8   # in the same step: b computes only its last 2 tokens
     assert b.block_table[:2] == a.block_table[:2] and b.num_computed_tokens == 8
@@ -270,10 +297,10 @@ def test_a_chunk_registers_only_the_blocks_it_fills():
     bm = BlockManager(16, 4)
     a = Seq(list(range(12)))
     admit(bm, a, upto=6)           # the step computes tokens 0..5: block 0 full, block 1 half
-    assert bm.lookup(Seq(list(range(12)))) == a.block_table[:1]
+    assert bm.lookup(Seq(list(range(12)))) == [a.block_table[:1]]
     compute(bm, a, 6)
     assert run(bm, a, 12)          # the next chunk fills blocks 1 and 2
-    assert bm.lookup(Seq(list(range(13)))) == a.block_table[:3]
+    assert bm.lookup(Seq(list(range(13)))) == [a.block_table[:3]]
 
 
 def test_an_output_block_is_findable_once_its_last_token_is_scheduled():
@@ -283,9 +310,9 @@ def test_an_output_block_is_findable_once_its_last_token_is_scheduled():
     compute(bm, a, 6)
     a.token_ids += [7, 8]          # two sampled tokens fill block 1
     probe = Seq([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    assert bm.lookup(probe) == a.block_table[:1]
+    assert bm.lookup(probe) == [a.block_table[:1]]
     assert bm.ensure_slots(a, 8)
-    assert bm.lookup(probe) == a.block_table[:2]
+    assert bm.lookup(probe) == [a.block_table[:2]]
 
 
 def test_pages_of_a_step_that_failed_are_not_kept_in_the_cache():
@@ -356,7 +383,7 @@ def test_prefix_hits_are_counted_when_a_sequence_is_admitted_not_when_it_waits()
     for _ in range(3):
         assert admit(bm, s) is None
     assert (bm.num_prefix_queries, bm.num_prefix_hits) == (queries, hits)
-    assert bm.num_cached_blocks == 2 and s.block_table == []   # the hits were not taken either
+    assert bm.num_cached_blocks == 2 and s.block_tables == []   # the hits were not taken either
     bm.check_integrity([hog])
     bm.free(hog)
     assert admit(bm, s) == 8

@@ -207,7 +207,7 @@ class TestSizePool:
                    max_model_len=8000)
         msg = str(err.value)
         assert "scheduler.max_model_len=8000 needs 500 blocks" in msg
-        assert "holds 68 blocks (1088 tokens)" in msg
+        assert "holds 68 blocks (1088 tokens of one sequence)" in msg
         assert "lower scheduler.max_model_len to 1088 or less" in msg
         # 500 x 3 MiB = 1500 MiB of 2048 MiB usable -> fraction 0.74 (rounded up).
         assert "raise cache.memory_fraction to 0.74" in msg

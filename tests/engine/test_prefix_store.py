@@ -66,6 +66,22 @@ def test_read_back_serves_from_the_cache_with_the_cold_tokens(model, tmp_path, c
     assert_clean_but_pinned(llm)
 
 
+def test_a_model_of_sliding_layers_reads_back_every_groups_pages(tiny_models, tmp_path):
+    """tiny-gemma3's pool has six groups of layers (model/kv_layout.py): each group's pages are written under
+    its own key and come back, the sliding groups' over the last window, and serve as before."""
+    gemma = tiny_models["tiny-gemma3"]
+    cold = [o.token_ids for o in engine_llm(gemma, num_blocks=256).generate(
+        [QUESTION, {"prompt_token_ids": OTHER_IDS}], GREEDY)]
+    _, pinned = written(gemma, tmp_path, num_blocks=256)
+    llm = restarted(gemma, tmp_path, pinned, num_blocks=256)
+    assert llm.engine.kv_cache.layout.num_groups == 6
+    assert llm.stats()["prompt_tokens_computed"] == 0, "the pinned prompt came from the file, not the model"
+    outs = llm.generate([QUESTION, {"prompt_token_ids": OTHER_IDS}], GREEDY)
+    assert [o.token_ids for o in outs] == cold
+    assert [o.cached_tokens for o in outs] == [48, 32]
+    assert_clean_but_pinned(llm)
+
+
 def test_a_request_before_the_load_ends_misses_the_cache_and_is_right(model, tmp_path, cold):
     _, pinned = written(model, tmp_path)
     llm = restarted(model, tmp_path, pinned, warm=False)

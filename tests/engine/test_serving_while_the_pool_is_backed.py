@@ -58,7 +58,8 @@ def run_checking_pages(engine: LLMEngine, limit: int) -> dict[str, list[int]]:
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.token_ids)
         for seq in engine.seqs.values():
-            assert all(b < limit for b in seq.block_table), f"an unbacked page was handed out: {seq.block_table}"
+            assert all(b < limit for t in seq.block_tables for b in t), \
+                f"an unbacked page was handed out: {seq.block_tables}"
         engine.block_manager.check_integrity(list(engine.seqs.values()))
     return tokens
 

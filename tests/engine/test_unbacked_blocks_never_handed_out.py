@@ -12,7 +12,7 @@ from nvllm.engine.block_manager import BlockManager, IntegrityError, SeqBlocks
 @dataclass
 class Seq:
     token_ids: list[int]
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     num_computed_tokens: int = 0
 
@@ -31,14 +31,14 @@ def test_only_the_backed_blocks_are_offered_until_more_are_added() -> None:
     bm = BlockManager(16, 4, backed_blocks=5)
     assert (bm.num_blocks, bm.num_backed_blocks, bm.num_free_blocks, bm.num_used_blocks) == (16, 5, 5, 0)
     first = fill(bm, 0)
-    assert len(first) == 5 and {b for s in first for b in s.block_table} == set(range(5))
+    assert len(first) == 5 and {b for s in first for b in s.block_tables[0]} == set(range(5))
     assert not bm.can_allocate(1)
     bm.check_integrity(first)
 
     assert bm.add_backed(9) == 4
     assert bm.add_backed(7) == 0, "the count never goes back"
     more = fill(bm, 100)
-    assert {b for s in more for b in s.block_table} == set(range(5, 9))
+    assert {b for s in more for b in s.block_tables[0]} == set(range(5, 9))
     bm.check_integrity(first + more)
 
     for s in first + more:

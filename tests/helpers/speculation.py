@@ -22,7 +22,7 @@ def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[
         if check:
             eng.block_manager.check_integrity(list(eng.seqs.values()))
     bm = eng.block_manager
-    assert len(bm.free_ids) + bm.num_cached_blocks == bm.num_backed_blocks   # nothing leaked
+    assert bm.num_used_blocks == 0   # nothing leaked
     return outs
 
 

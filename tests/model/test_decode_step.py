@@ -141,8 +141,10 @@ def test_the_plan_refuses_what_does_not_fit(q8_model: Model) -> None:
                            batch.attn.slot_mapping, c.num_heads, c.num_kv_heads, c.head_dim, 1.0)
     assert batch.attn.paged_decode is not None
     with pytest.raises(ValueError, match="x: need a writable contiguous float32"):
-        plan(np.zeros((1, c.hidden_size), np.float64), rope, batch.attn.paged_decode, 1)
-    with pytest.raises(ValueError, match="rope, attention: need .* and 2 sequences"):
-        plan(np.zeros((2, c.hidden_size), np.float32), rope, batch.attn.paged_decode, 1)
+        plan(np.zeros((1, c.hidden_size), np.float64), [rope], [batch.attn.paged_decode], 1)
+    with pytest.raises(ValueError, match="ropes, attentions: need .* and 2 sequences"):
+        plan(np.zeros((2, c.hidden_size), np.float32), [rope], [batch.attn.paged_decode], 1)
+    with pytest.raises(ValueError, match=r"ropes, attentions: need one per group \(1\), got 2 and 2"):
+        plan(np.zeros((1, c.hidden_size), np.float32), [rope] * 2, [batch.attn.paged_decode] * 2, 1)
     with pytest.raises(ValueError, match="threads: need an integer"):
-        plan(np.zeros((1, c.hidden_size), np.float32), rope, batch.attn.paged_decode, 0)
+        plan(np.zeros((1, c.hidden_size), np.float32), [rope], [batch.attn.paged_decode], 0)

@@ -83,7 +83,7 @@ def test_a_synthesized_gemma3_reads_back_and_generates(tmp_path):
     path = synthesize(small, "Q8_0", tmp_path / "g.gguf")
     c = read_gguf(path).config
     assert c.sliding_layers == [True] * 5 + [False] and c.sliding_window == 8 and c.post_norms
-    llm = LLM(str(path), num_blocks=16, max_model_len=64)
+    llm = LLM(str(path), num_blocks=32, max_model_len=64)
     out = llm.generate(["Where is the drone? " * 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert len(out[0].token_ids) == 4
 

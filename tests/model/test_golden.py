@@ -160,7 +160,7 @@ def test_greedy_continuations_match_transformers(which, request):
     cases = json.loads(path.read_text())
     if name == "smollm2-135m-instruct":
         assert len(cases) >= 8
-    llm = LLM(model_path(name, form, request), num_blocks=128, max_model_len=2048)
+    llm = LLM(model_path(name, form, request), num_blocks=256, max_model_len=2048)
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases],
                         SamplingParams(temperature=0, max_tokens=max(len(c["output_ids"]) for c in cases)))
     for c, o in zip(cases, outs):

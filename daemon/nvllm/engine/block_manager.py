@@ -11,6 +11,13 @@ backed, so a page past them is never handed out and the rest of the manager sees
 
 As in vLLM v1, a full block is registered in the hash table when it is allocated for the step that
 computes it, not after: requests admitted in the same step share it at once.
+
+A pool laid out in groups of layers (model/kv_layout.py: Gemma 3's sliding and global layers) gives each
+sequence a block table per group, all as long as its context; a page is owned by one group at a time and
+cached under its group's key. A sliding group's pages before its window are given back once no query
+will see them again (release_behind_window, vLLM's hybrid allocator): their entries then point at the
+null page, a zeroed page never handed out that the kernels skip or mask, and they stay cached, so a
+later prompt finds them as long as every page of its last window is still there.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 
 class SeqBlocks(Protocol):
     token_ids: list[int]
-    block_table: list[int]
+    block_tables: list[list[int]]   # per group of the pool's layout; [] while it holds no pages
     block_hashes: list[bytes]
     num_computed_tokens: int
 
@@ -41,14 +48,18 @@ def block_hash(parent: bytes, tokens: list[int] | tuple[int, ...]) -> bytes:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 backed_blocks: int | None = None) -> None:
-        """backed_blocks: how many of the first pages are backed now (None: all); add_backed() adds more."""
+                 backed_blocks: int | None = None, windows: tuple[int, ...] = (0,)) -> None:
+        """backed_blocks: how many of the first pages are backed now (None: all); add_backed() adds more.
+        windows: per group of the pool's layout, the keys a query sees (0: all)."""
+        self.windows = tuple(max(0, int(w)) for w in windows) or (0,)
+        # Page 0 is the null page where a group gives pages back; else no entry is ever -1.
+        self.null = 0 if any(self.windows) else -1
         self.num_blocks = num_blocks
         self.num_backed_blocks = num_blocks if backed_blocks is None else max(0, min(backed_blocks, num_blocks))
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.free_ids: deque[int] = deque(range(self.num_backed_blocks))
+        self.free_ids: deque[int] = deque(b for b in range(self.num_backed_blocks) if b != self.null)
         self.evictable: OrderedDict[int, None] = OrderedDict()   # cached pages, least recently used first
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
@@ -71,13 +82,22 @@ class BlockManager:
         return len(self.evictable)
 
     @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
+    @property
+    def _num_reserved(self) -> int:
+        """Backed pages outside the books: the null page."""
+        return int(0 <= self.null < self.num_backed_blocks)
+
+    @property
     def num_used_blocks(self) -> int:
-        return self.num_backed_blocks - self.num_free_blocks
+        return self.num_backed_blocks - self._num_reserved - self.num_free_blocks
 
     def add_backed(self, backed_blocks: int) -> int:
         """The first backed_blocks pages are backed now: the new ones join the free list; how many did."""
         new = range(self.num_backed_blocks, min(backed_blocks, self.num_blocks))
-        self.free_ids.extend(new)
+        self.free_ids.extend(b for b in new if b != self.null)
         self.num_backed_blocks += len(new)
         return len(new)
 
@@ -100,21 +120,49 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
-    def lookup(self, seq: SeqBlocks) -> list[int]:
-        """Pages holding the longest run of the sequence's full leading blocks, leaving the last token
-        to compute. Changes nothing but the hashes kept on the sequence."""
-        if not self.enable_prefix_caching:
-            return []
+    def first_kept(self, num_tokens: int, group: int) -> int:
+        """The first block a group's queries still see once num_tokens are computed (the next query is at
+        position num_tokens and sees keys from num_tokens - window + 1): 0 for a global group."""
+        w = self.windows[group]
+        return max(0, num_tokens - w + 1) // self.block_size if w else 0
+
+    def _key(self, group: int, h: bytes) -> bytes:
+        """A block's key in the hash table: group 0's is its hash (16 bytes), another group's names the group
+        in two bytes more (engine/prefix_store.py reads both lengths)."""
+        return h if group == 0 else h + group.to_bytes(2, "little")
+
+    def _cached(self, seq: SeqBlocks, group: int, i: int) -> int | None:
+        """The page caching the sequence's block i for group, if any (hashes made already)."""
+        b = self.hash_to_block.get(self._key(group, seq.block_hashes[i]))
         bs = self.block_size
-        n = (len(seq.token_ids) - 1) // bs
-        hits = []
-        for i, h in enumerate(self._hashes(seq, n)[:n]):
-            b = self.hash_to_block.get(h)
-            # Verified: a hash match is taken only when the tokens match too.
-            if b is None or self.block_tokens[b] != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
-                break
-            hits.append(b)
-        return hits
+        # Verified: a hash match is taken only when the tokens match too.
+        if b is None or self.block_tokens[b] != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
+            return None
+        return b
+
+    def lookup(self, seq: SeqBlocks) -> list[list[int]]:
+        """Per group, the pages holding the longest run of the sequence's full leading blocks found in
+        every group (a sliding group needs only the blocks of the run's last window: the others are the
+        null page), leaving the last token to compute. Changes nothing but the hashes kept on the sequence."""
+        G = self.num_groups
+        if not self.enable_prefix_caching:
+            return [[] for _ in range(G)]
+        n = (len(seq.token_ids) - 1) // self.block_size
+        self._hashes(seq, n)
+        for g, w in enumerate(self.windows):   # a global group: the leading run
+            if not w:
+                n = next((i for i in range(n) if self._cached(seq, g, i) is None), n)
+        sliding = [g for g, w in enumerate(self.windows) if w]
+        if sliding:
+            # run[i]: blocks cached in every sliding group in a row, ending with block i - 1
+            run = [0] * (n + 1)
+            for i in range(n):
+                run[i + 1] = run[i] + 1 if all(self._cached(seq, g, i) is not None for g in sliding) else 0
+            n = next((m for m in range(n, 0, -1)
+                      if all(run[m] >= m - self.first_kept(m * self.block_size, g) for g in sliding)), 0)
+        return [[self.null] * (first := self.first_kept(n * self.block_size, g))
+                + [self._cached(seq, g, i) for i in range(first, n)]  # type: ignore[misc]  # found above
+                for g in range(G)]
 
     def _register(self, seq: SeqBlocks, num_tokens: int) -> None:
         """Make findable the blocks that are full once the sequence's first num_tokens are computed."""
@@ -126,14 +174,15 @@ class BlockManager:
         if first >= last:
             return
         hashes = self._hashes(seq, last)
-        for i in range(first, last):
-            b, h = seq.block_table[i], hashes[i]
-            if self.block_hashes[b] is not None or h in self.hash_to_block:
-                continue  # already findable, or the same content is in another page: this one stays private
-            self.block_hashes[b] = h
-            self.block_tokens[b] = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            self.hash_to_block[h] = b
-            self.pending.add(b)
+        for g, table in enumerate(seq.block_tables):
+            for i in range(first, last):
+                b, key = table[i], self._key(g, hashes[i])
+                if self.block_hashes[b] is not None or key in self.hash_to_block:
+                    continue  # already findable, or the same content is in another page: this one stays private
+                self.block_hashes[b] = key
+                self.block_tokens[b] = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+                self.hash_to_block[key] = b
+                self.pending.add(b)
 
     def mark_computed(self, seq: SeqBlocks, num_before: int) -> None:
         """After a step computed tokens [num_before, num_computed) without error, the pages it registered
@@ -141,8 +190,9 @@ class BlockManager:
         if not self.pending:
             return
         bs = self.block_size
-        for b in seq.block_table[num_before // bs:seq.num_computed_tokens // bs]:
-            self.pending.discard(b)
+        for table in seq.block_tables:
+            for b in table[num_before // bs:seq.num_computed_tokens // bs]:
+                self.pending.discard(b)
 
     def settle(self, seq: SeqBlocks, num_before: int) -> None:
         """After a step that verified proposed tokens: of the slots it took, the sequence keeps those of
@@ -155,11 +205,23 @@ class BlockManager:
         seq.num_computed_tokens = computed
         self.mark_computed(seq, num_before)
         keep = self.blocks_needed(len(seq.token_ids))
-        while len(seq.block_table) > keep:
-            b = seq.block_table.pop()
-            self.ref_counts[b] -= 1
-            assert self.ref_counts[b] == 0 and self.block_hashes[b] is None, "a proposal's page is private"
-            self.free_ids.append(b)
+        for table in seq.block_tables:
+            while len(table) > keep:
+                b = table.pop()
+                self.ref_counts[b] -= 1
+                assert self.ref_counts[b] == 0 and self.block_hashes[b] is None, "a proposal's page is private"
+                self.free_ids.append(b)
+        self.release_behind_window(seq)
+
+    def release_behind_window(self, seq: SeqBlocks) -> None:
+        """Give back each sliding group's pages before what its next query sees (once a step's tokens are
+        computed): shared ones lose a reference, hashed ones stay cached."""
+        for g, table in enumerate(seq.block_tables):
+            i = self.first_kept(seq.num_computed_tokens, g) - 1
+            while i >= 0 and table[i] != self.null:
+                self._drop(table[i])
+                table[i] = self.null
+                i -= 1
 
     # -- allocation ---------------------------------------------------------------------------
     def can_allocate(self, num_blocks: int) -> bool:
@@ -182,22 +244,25 @@ class BlockManager:
         self.block_tokens[b] = None
         self.pending.discard(b)
 
-    def admit(self, seq: SeqBlocks, hits: list[int], num_tokens: int, record: bool = True) -> bool:
-        """Give a sequence with no pages its cached prefix `hits` (from lookup) and pages to hold
-        num_tokens tokens in all; False, and nothing changed, if pages run short.
+    def admit(self, seq: SeqBlocks, hits: list[list[int]], num_tokens: int, record: bool = True) -> bool:
+        """Give a sequence with no pages its cached prefix `hits` (from lookup: per group) and pages to
+        hold num_tokens tokens in all; False, and nothing changed, if pages run short.
 
         Only an admission that succeeds counts in the prefix-cache statistics (when `record`).
         """
-        assert not seq.block_table, "admit() takes a sequence without pages"
-        reclaimed = sum(1 for b in hits if self.ref_counts[b] == 0)   # cached pages this takes off the free count
-        if not self.can_allocate(self.blocks_needed(num_tokens) - len(hits) + reclaimed):
+        assert not seq.block_tables, "admit() takes a sequence without pages"
+        assert len(hits) == self.num_groups, "lookup gives a run of pages per group"
+        pages = [b for run in hits for b in run if b != self.null]
+        reclaimed = sum(1 for b in pages if self.ref_counts[b] == 0)   # cached pages this takes off the free count
+        new = (self.blocks_needed(num_tokens) - len(hits[0])) * self.num_groups
+        if not self.can_allocate(new + reclaimed):
             return False
-        for b in hits:   # before taking free pages, so that none of the hits is evicted for them
+        for b in pages:   # before taking free pages, so that none of the hits is evicted for them
             if self.ref_counts[b] == 0:
                 del self.evictable[b]
             self.ref_counts[b] += 1
-        seq.block_table = list(hits)
-        seq.num_computed_tokens = len(hits) * self.block_size
+        seq.block_tables = [list(run) for run in hits]
+        seq.num_computed_tokens = len(hits[0]) * self.block_size
         if record:
             self.num_prefix_queries += len(seq.token_ids)
             self.num_prefix_hits += seq.num_computed_tokens
@@ -206,43 +271,59 @@ class BlockManager:
         return True
 
     def num_new_blocks(self, seq: SeqBlocks, num_tokens: int) -> int:
-        """Pages the sequence lacks to hold num_tokens tokens in all."""
-        return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
+        """Pages the sequence lacks to hold num_tokens tokens in all (in every group)."""
+        have = len(seq.block_tables[0]) if seq.block_tables else 0
+        return max(0, self.blocks_needed(num_tokens) - have) * self.num_groups
 
     def ensure_slots(self, seq: SeqBlocks, num_tokens: int) -> bool:
-        """Grow the block table to hold num_tokens tokens, the first num_tokens to be computed this step,
+        """Grow the block tables to hold num_tokens tokens, the first num_tokens to be computed this step,
         and register the blocks that step fills; False (and no change) if pages run short."""
         need = self.num_new_blocks(seq, num_tokens)
         if not self.can_allocate(need):
             return False
-        seq.block_table.extend(self._take_free() for _ in range(need))
+        if not seq.block_tables:
+            seq.block_tables = [[] for _ in self.windows]
+        for table in seq.block_tables:
+            table.extend(self._take_free() for _ in range(need // self.num_groups))
         self._register(seq, num_tokens)
         return True
+
+    def _drop(self, b: int) -> None:
+        """One owner less for page b: unowned, it is cached if hashed, else free."""
+        self.ref_counts[b] -= 1
+        if self.ref_counts[b] == 0:
+            if b in self.pending:
+                self._forget(b)   # its step never ran (it failed): the K/V may be missing
+            if self.block_hashes[b] is not None:
+                self.evictable[b] = None
+            else:
+                self.free_ids.append(b)
 
     def free(self, seq: SeqBlocks) -> None:
         """Drop a sequence's pages: shared ones lose a reference, computed hashed ones stay cached."""
         # Freed in reverse so the tail of a sequence is evicted before its (more shareable) head.
-        for b in reversed(seq.block_table):
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                if b in self.pending:
-                    self._forget(b)   # its step never ran (it failed): the K/V may be missing
-                if self.block_hashes[b] is not None:
-                    self.evictable[b] = None
-                else:
-                    self.free_ids.append(b)
-        seq.block_table = []
+        for table in seq.block_tables:
+            for b in reversed(table):
+                if b != self.null:
+                    self._drop(b)
+        seq.block_tables = []
         seq.num_computed_tokens = 0
 
     def fork(self, parent: SeqBlocks, child: SeqBlocks) -> None:
         """Share every page of parent with child (copy-on-write is not needed: pages are append-only
         and a partially filled last page is never shared; the child gets a fresh copy of the slots it
-        writes through ensure_slots)."""
+        writes through ensure_slots). Where the parent's sliding groups gave back pages the child's next
+        query would see, the child shares fewer blocks and computes the rest."""
         bs = self.block_size
         full = parent.num_computed_tokens // bs
-        child.block_table = list(parent.block_table[:full])
-        for b in child.block_table:
-            self.ref_counts[b] += 1
+        while full and any(t[self.first_kept(full * bs, g)] == self.null
+                           for g, t in enumerate(parent.block_tables) if self.first_kept(full * bs, g) < full):
+            full -= 1
+        child.block_tables = [t[:full] for t in parent.block_tables]
+        for table in child.block_tables:
+            for b in table:
+                if b != self.null:
+                    self.ref_counts[b] += 1
         child.num_computed_tokens = full * bs
 
     def add_cached(self, h: bytes, tokens: tuple[int, ...], write: Callable[[int], None]) -> int | None:
@@ -279,13 +360,15 @@ class BlockManager:
         if free & cached:
             fail(f"pages both free and cached: {sorted(free & cached)[:8]}")
         owned = {b for b in range(self.num_blocks) if self.ref_counts[b] > 0}
+        if 0 <= self.null < self.num_blocks and (self.null in free | cached | owned or self.ref_counts[self.null]):
+            fail("the null page is in the books")
         if owned & (free | cached):
             fail(f"pages both owned and free/cached: {sorted(owned & (free | cached))[:8]}")
         unbacked = {b for b in free | cached | owned if b >= self.num_backed_blocks}
         if unbacked:
             fail(f"pages past the {self.num_backed_blocks} backed ones are in the books: {sorted(unbacked)[:8]}")
-        if len(free) + len(cached) + len(owned) != self.num_backed_blocks:
-            lost = set(range(self.num_backed_blocks)) - free - cached - owned
+        if len(free) + len(cached) + len(owned) + self._num_reserved != self.num_backed_blocks:
+            lost = set(range(self.num_backed_blocks)) - free - cached - owned - {self.null}
             fail(f"pages neither free, cached nor owned: {sorted(lost)[:8]}")
         if any(r < 0 for r in self.ref_counts):
             fail("a negative reference count")
@@ -307,8 +390,12 @@ class BlockManager:
         if seqs is not None:
             counts = [0] * self.num_blocks
             for s in seqs:
-                for b in s.block_table:
-                    counts[b] += 1
+                for table in s.block_tables:
+                    if len(table) != len(s.block_tables[0]):
+                        fail("a sequence's block tables differ in length")
+                    for b in table:
+                        if b != self.null:
+                            counts[b] += 1
             if counts != self.ref_counts:
                 bad = [b for b in range(self.num_blocks) if counts[b] != self.ref_counts[b]]
                 fail(f"reference counts disagree with block tables at pages {bad[:8]}")

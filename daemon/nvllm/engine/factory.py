@@ -28,6 +28,7 @@ from nvllm.config import Settings
 from nvllm.engine.draft_proposer import DraftProposer
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
+from nvllm.engine.model_info import ModelInfo
 from nvllm.engine.pinned_prompts import PinnedPrompt, PinnedPromptError, read_pinned_prompts
 from nvllm.engine.pool_backing import PoolBacking
 from nvllm.engine.prefix_store import model_identity
@@ -36,8 +37,9 @@ from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_js
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.quant.kv_format import F32, KVFormat
+from nvllm.model.kv_layout import KVLayout
 from nvllm.model.quant.kv_format import FORMATS_BY_NAME as KV_FORMATS
+from nvllm.model.quant.kv_format import KVFormat
 from nvllm.model.quant.kv_format import by_name as kv_format_by_name
 from nvllm.model.weights.conversion import matrix_shapes, quantized_weight_bytes
 from nvllm.model.weights.folder import stored_weights
@@ -50,42 +52,6 @@ log = logging.getLogger("nvllm.engine.factory")
 
 class EngineBuildError(Exception):
     """The engine cannot be built from these settings; the one-line message says why and what to change."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What callers above the engine may know of a model: for logs, --dry-run and the bench."""
-    path: Path
-    architecture: str
-    num_layers: int
-    num_params: int
-    vocab_size: int
-    hidden_size: int
-    max_position_embeddings: int
-    weight_bytes: int
-    bytes_per_token: int          # KV pool bytes per token of context, in kv_format
-    weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
-    # The most the weights take while loading: a folder's matrices converted at load (quantized, or kept
-    # in 16 bits) are each read as float32 first, one at a time.
-    load_peak_bytes: int = 0
-    kv_format: KVFormat = F32     # what the pool stores keys and values in (cache.dtype)
-    num_kv_heads: int = 0         # with head_dim: a token's keys and values, for the pool in another format
-    head_dim: int = 0
-    pinned_blocks: int = 0        # pages the pinned prompts hold for good (cache.pinned_prompts)
-    draft_pool_bytes: int = 0     # the draft model's own pool (speculative.draft_model), taken off the reading
-
-    @classmethod
-    def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,
-           weight_format: str = "float32", load_peak_bytes: int = 0, kv_format: KVFormat = F32) -> ModelInfo:
-        weights = c.weight_bytes if weight_bytes is None else weight_bytes
-        info = cls(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size,
-                   c.max_position_embeddings, weights, 0, weight_format, max(weights, load_peak_bytes),
-                   kv_format, c.num_kv_heads, c.head_dim)
-        return dataclasses.replace(info, bytes_per_token=info.kv_bytes_per_token(kv_format))
-
-    def kv_bytes_per_token(self, fmt: KVFormat) -> int:
-        """The pool's bytes per token of context in KV format fmt."""
-        return KVCache.bytes_per_block(self.num_layers, 1, self.num_kv_heads, self.head_dim, fmt)
 
 
 @dataclass
@@ -104,6 +70,12 @@ class LoadedModel:
 class PoolPlan:
     sizing: PoolSizing
     max_model_len: int
+    blocks_per_seq: int   # pages one max_model_len sequence may hold at once (ModelInfo.blocks_for)
+
+    @property
+    def full_length_seqs(self) -> int:
+        """max_model_len sequences the pool holds at once."""
+        return self.sizing.num_blocks // self.blocks_per_seq
 
 
 def is_gguf(path: Path) -> bool:
@@ -169,6 +141,12 @@ def kv_cache_format(settings: Settings, path: Path, config: ModelConfig) -> KVFo
     return fmt
 
 
+def kv_layout(settings: Settings, config: ModelConfig) -> KVLayout:
+    """The pool's groups of layers: by kind of attention (model/kv_layout.py), or one with
+    cache.hybrid_kv_cache off."""
+    return KVLayout.of(config) if settings.cache.hybrid_kv_cache else KVLayout.single(config.num_layers)
+
+
 def read_model_info(settings: Settings) -> ModelInfo:
     """The model's shapes from config.json or the GGUF header alone, nothing loaded (planning for
     another board); a folder's weight bytes are those model.quantization will leave."""
@@ -178,10 +156,11 @@ def read_model_info(settings: Settings) -> ModelInfo:
         if is_gguf(path):
             g = read_gguf(path)
             return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS,
-                                kv_format=kv_cache_format(settings, path, g.config))
+                                kv_format=kv_cache_format(settings, path, g.config),
+                                layout=kv_layout(settings, g.config))
         config = load_config(path)
         return ModelInfo.of(path, config, *_folder_plan(path, config, kind),
-                            kv_format=kv_cache_format(settings, path, config))
+                            kv_format=kv_cache_format(settings, path, config), layout=kv_layout(settings, config))
     except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot read {path}: {e}") from e
 
@@ -233,23 +212,26 @@ def load_model(settings: Settings) -> LoadedModel:
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     kv = kv_cache_format(settings, path, c)
+    model.kv_layout = kv_layout(settings, c)
     if is_gguf(path):
-        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS, kv_format=kv)
+        info = ModelInfo.of(path, c, model.weights.nbytes, GGUF_FORMATS, kv_format=kv, layout=model.kv_layout)
     else:
         _, words, peak = _folder_plan(path, c, kind)
-        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak, kv)
+        info = ModelInfo.of(path, c, model.weights.nbytes, words, peak, kv, layout=model.kv_layout)
     try:
         pinned = read_pinned_prompts(settings.cache.pinned_prompts, tokenizer, c.vocab_size,
                                      max_model_len(settings, info), settings.cache.block_size)
     except PinnedPromptError as e:
         raise EngineBuildError(str(e)) from None
-    info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size)
+    info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size
+                               * info.kv_groups)
     loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
     if settings.speculative.method == "draft":
         loaded.draft = draft = _load_draft(settings, loaded)
         blocks, _ = _draft_blocks(settings, draft.info, max_model_len(settings, info))
         loaded.info = dataclasses.replace(
-            info, draft_pool_bytes=blocks * draft.info.bytes_per_token * settings.cache.block_size)
+            info, draft_pool_bytes=blocks * settings.cache.block_size
+            * draft.info.kv_bytes_per_token(draft.info.kv_format, draft.info.num_layers))
     return loaded
 
 
@@ -321,7 +303,8 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
     Raises EngineBuildError when one max_model_len sequence would not fit."""
     cache = settings.cache
     max_len = max_model_len(settings, info)
-    per_seq = math.ceil(max_len / cache.block_size)
+    chunk = settings.scheduler.max_num_batched_tokens
+    per_seq = info.blocks_for(max_len, cache.block_size, chunk)
     try:
         per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
         sizing = size_pool(per_token * cache.block_size, max(0, reading.available_bytes - info.draft_pool_bytes),
@@ -329,10 +312,11 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
                            cache.num_blocks, per_seq, block_size=cache.block_size,
                            source=reading.source + (" less the draft's pool" if info.draft_pool_bytes else ""),
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs,
-                           held_blocks=info.pinned_blocks)
+                           held_blocks=info.pinned_blocks,
+                           longest=lambda n: info.longest_in(n, cache.block_size, chunk))
     except PoolTooSmall as e:
         raise EngineBuildError(f"page pool too small: {e}") from e
-    return PoolPlan(sizing, max_len)
+    return PoolPlan(sizing, max_len, per_seq)
 
 
 def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
@@ -346,7 +330,8 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     t0 = time.monotonic()
     sz = plan.sizing
     # One max_model_len sequence and the pinned prompts' pages, which are held for good.
-    first = min(sz.num_blocks, math.ceil(plan.max_model_len / sz.block_size) + loaded.info.pinned_blocks)
+    first = min(sz.num_blocks, loaded.info.pinned_blocks + loaded.info.blocks_for(
+        plan.max_model_len, sz.block_size, settings.scheduler.max_num_batched_tokens))
     kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, loaded.info.kv_format,
                                     resident_blocks=first)
     backing = None
@@ -377,7 +362,9 @@ def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftPropo
     """The draft's pool, resident now: disable_by_batch_size sequences (the most it ever proposes for)
     of max_model_len, or of the draft's own limit when shorter."""
     blocks, length = _draft_blocks(settings, draft.info, max_len)
-    kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format)
+    # One group whatever the draft's layers: the proposer keeps one block table per sequence.
+    kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format,
+                                   layout=KVLayout.single(draft.info.num_layers))
     log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks", draft.info.path,
              draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks)
     return DraftProposer(draft.model, kv, length, settings.scheduler.max_num_batched_tokens)

@@ -48,7 +48,7 @@ class LLMEngine:
         self.activations = matmul.set_activations(settings.model.activations)   # the kernels' variant
         self.backing = backing   # the thread backing the rest of kv_cache's blocks (None: all are resident)
         bm = BlockManager(kv_cache.num_blocks, kv_cache.block_size, settings.cache.enable_prefix_caching,
-                          None if backing is None else backing.backed)
+                          None if backing is None else backing.backed, kv_cache.layout.windows)
         self.block_manager = bm
         self.speculator = Speculator(settings.speculative, max_model_len)
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
@@ -214,6 +214,7 @@ class LLMEngine:
             if before < seq.num_prompt_tokens:
                 self.num_prompt_tokens_computed += min(seq.num_prompt_tokens, seq.num_computed_tokens) - before
             self.block_manager.mark_computed(seq, before)
+            self.block_manager.release_behind_window(seq)
         row = generated = 0
         while row < len(sampled):
             assert result is not None     # _run samples whenever a sequence is due a token
@@ -256,7 +257,10 @@ class LLMEngine:
         A sequence with proposed tokens is one decode row per token it verifies, sharing its table."""
         bs = self.kv_cache.block_size
         ids: list = []
-        pos, slots, tables = [], [], []
+        G = self.kv_cache.layout.num_groups
+        pos: list[np.ndarray] = []
+        slots: list[list[np.ndarray]] = [[] for _ in range(G)]
+        tables: list[list[np.ndarray]] = [[] for _ in range(G)]
         qlens: list[int] = []
         clens: list[int] = []
         logit_rows: list[int] = []
@@ -265,15 +269,17 @@ class LLMEngine:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
             p = np.arange(start, start + n)                                  # [n]
-            table = np.asarray(seq.block_table, dtype=np.int64)
+            seq_tables = [np.asarray(tb, dtype=np.int64) for tb in seq.block_tables]
             drafts = seq.draft_tokens
-            slots.append(table[p // bs] * bs + p % bs)
+            for g, table in enumerate(seq_tables):
+                slots[g].append(table[p // bs] * bs + p % bs)
             pos.append(p)
             if drafts:
                 ids.append([seq.token_ids[-1], *drafts])
                 qlens.extend([1] * n)
                 clens.extend(range(start + 1, start + n + 1))
-                tables.extend([table] * n)
+                for g, table in enumerate(seq_tables):
+                    tables[g].extend([table] * n)
                 logit_rows.extend(range(t, t + n))
                 rows.extend((seq, drafts[:j]) for j in range(n))
                 t += n
@@ -281,19 +287,21 @@ class LLMEngine:
             ids.append(seq.token_ids[start:start + n])
             qlens.append(n)
             clens.append(start + n)
-            tables.append(table)
+            for g, table in enumerate(seq_tables):
+                tables[g].append(table)
             t += n
             if start + n == seq.num_tokens:   # the whole sequence is computed: sample its next token
                 logit_rows.append(t - 1)
                 rows.append((seq, []))
-        width = max(len(tb) for tb in tables)
-        block_tables = np.zeros((len(tables), width), dtype=np.int32)       # [S, max_blocks]
-        for r, tb in enumerate(tables):
-            block_tables[r, :len(tb)] = tb
+        width = max(len(tb) for tb in tables[0])
+        block_tables = [np.zeros((len(tables[0]), width), dtype=np.int32) for _ in range(G)]   # [S, max_blocks]
+        for group, rows_of in zip(block_tables, tables):
+            for r, tb in enumerate(rows_of):
+                group[r, :len(tb)] = tb
         i64 = lambda vals: np.asarray(vals, dtype=np.int64)  # noqa: E731
         fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
-                                np.concatenate(pos), np.concatenate(slots), i64(qlens), i64(clens), block_tables,
-                                i64(logit_rows))
+                                np.concatenate(pos), [np.concatenate(s) for s in slots], i64(qlens), i64(clens),
+                                block_tables, i64(logit_rows))
         constrained = [r for r, (s, _) in enumerate(rows) if s.structured is not None]
         # Each constrained sequence once, with its proposals: a mask for each of its rows.
         items = [(s.structured, s.draft_tokens) for s, ahead in rows if s.structured is not None and not ahead]

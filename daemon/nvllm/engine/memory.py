@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,7 +208,7 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
               reserve_bytes: int, max_pool_bytes: int, num_blocks_override: int | None,
               min_blocks_needed: int, *, block_size: int, source: str = "",
               max_model_len: int | None = None, max_num_seqs: int | None = None,
-              held_blocks: int = 0) -> PoolSizing:
+              held_blocks: int = 0, longest: Callable[[int], int] | None = None) -> PoolSizing:
     """Pages for the KV pool from one memory reading.
 
     min_blocks_needed: what one max_model_len sequence needs, ceil(max_model_len / block_size).
@@ -215,6 +216,8 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
     max_num_seqs: when given, the pool never exceeds what the settings can use at once,
     max_num_seqs x min_blocks_needed blocks (num_blocks_override still wins over everything).
     held_blocks: pages held for good (cache.pinned_prompts), on top of the demand and of what must fit.
+    longest: the longest sequence so many pages hold, for the error message (None: pages x block_size;
+    a pool of groups of layers differs, engine/factory.py's ModelInfo.longest_in).
     Raises PoolTooSmall, naming the settings to change and the figures, when the pool is smaller.
     """
     if bytes_per_block <= 0 or block_size <= 0:
@@ -238,19 +241,21 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
         overridden=overridden, demand_blocks=demand, max_num_seqs=max_num_seqs or 0)
     if num_blocks < min_blocks_needed + held_blocks:
         raise PoolTooSmall(_too_small_message(sizing, min_blocks_needed,
-                                              max_model_len or min_blocks_needed * block_size, held_blocks))
+                                              max_model_len or min_blocks_needed * block_size, held_blocks,
+                                              longest or (lambda n: n * block_size)))
     return sizing
 
 
-def _too_small_message(s: PoolSizing, min_blocks: int, max_model_len: int, held: int = 0) -> str:
+def _too_small_message(s: PoolSizing, min_blocks: int, max_model_len: int, held: int,
+                       longest: Callable[[int], int]) -> str:
     need = (min_blocks + held) * s.bytes_per_block
     pinned = f" besides the {held} the pinned prompts hold (cache.pinned_prompts)" if held else ""
-    head = (f"the KV page pool holds {s.num_blocks} blocks ({s.num_tokens} tokens), but one "
+    head = (f"the KV page pool holds {s.num_blocks} blocks ({longest(s.num_blocks)} tokens of one sequence), but one "
             f"sequence of scheduler.max_model_len={max_model_len} needs {min_blocks} blocks of "
             f"{s.block_size} tokens{pinned} ({format_bytes(need)} at {s.bytes_per_block} bytes per block)")
     min_blocks += held
     fixes = []
-    room = s.num_tokens - held * s.block_size   # what a sequence may use beside the pinned pages
+    room = longest(s.num_blocks - held)   # what a sequence may use beside the pinned pages
     if room >= 2:  # the smallest max_model_len the settings accept
         fixes.append(f"lower scheduler.max_model_len to {room} or less")
     if s.overridden:

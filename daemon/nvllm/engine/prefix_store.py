@@ -141,7 +141,7 @@ def _check_header(header: Any, identity: dict[str, Any], layout: dict[str, Any],
         raise StoreMismatch("malformed header (blocks, num_pinned)")
     for entry in blocks:
         ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and \
-            len(entry[0]) == 32 and _is_hex(entry[0]) and isinstance(entry[1], list) and len(entry[1]) == bs and \
+            len(entry[0]) in (32, 36) and _is_hex(entry[0]) and isinstance(entry[1], list) and len(entry[1]) == bs and \
             all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in entry[1])
         if not ok:
             raise StoreMismatch("malformed header (a block's hash or tokens)")

@@ -83,7 +83,7 @@ class Scheduler:
             total = seq.num_computed_tokens + own + len(drafts)
             # A page for every running sequence's own next token is left free, so that no proposal takes
             # the page another sequence needs.
-            if bm.num_new_blocks(seq, total) + len(self.running) > bm.num_free_blocks or \
+            if bm.num_new_blocks(seq, total) + len(self.running) * bm.num_groups > bm.num_free_blocks or \
                     not bm.ensure_slots(seq, total):
                 drafts.clear()
         return own + len(drafts)
@@ -161,7 +161,7 @@ class Scheduler:
                 continue
             # Hits may include blocks that sequences scheduled earlier in this step compute now.
             hits = bm.lookup(seq)
-            cached = len(hits) * bm.block_size
+            cached = len(hits[0]) * bm.block_size
             n = min(seq.num_tokens - cached, budget)
             if not bm.admit(seq, hits, cached + n, record=not seq.admitted_once):
                 if not outranks:

@@ -75,7 +75,7 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.generator = np.random.default_rng(seed)
         self.status = SequenceStatus.WAITING
-        self.block_table: list[int] = []
+        self.block_tables: list[list[int]] = []   # per group of the pool's layout (model/kv_layout.py)
         self.block_hashes: list[bytes] = []   # prefix-cache hash of each full block, computed once
         self.num_computed_tokens = 0      # tokens whose K/V are in the pool
         self.num_cached_tokens = 0        # prompt tokens served by the prefix cache at first admission

@@ -47,7 +47,7 @@ class Hold:
     def __init__(self, prompt: PinnedPrompt, token_ids: list[int]) -> None:
         self.prompt = prompt
         self.token_ids = token_ids
-        self.block_table: list[int] = []
+        self.block_tables: list[list[int]] = []
         self.block_hashes: list[bytes] = []
         self.num_computed_tokens = 0
 
@@ -76,7 +76,7 @@ class Warmup:
 
     @property
     def pinned_pages(self) -> list[int]:
-        return [b for h in self.holds for b in h.block_table]
+        return [b for h in self.holds for t in h.block_tables for b in t if b != self.bm.null]
 
     def advance(self) -> None:
         """One share of the start-up work; before the step schedules."""
@@ -124,14 +124,16 @@ class Warmup:
         # The prompt and one token more: lookup then finds every full page (it leaves one token to compute).
         hold = Hold(p, [*p.token_ids, 0])
         hits = self.bm.lookup(hold)
-        if len(hits) * bs < len(p.token_ids) and not (partial and hits):
+        found_tokens = len(hits[0]) * bs
+        if found_tokens < len(p.token_ids) and not (partial and found_tokens):
             return False
-        ok = self.bm.admit(hold, hits, len(hits) * bs, record=False)
+        ok = self.bm.admit(hold, hits, found_tokens, record=False)
         assert ok, "cached pages are always admissible"
         self.holds.append(hold)
         found = "all from the persisted cache" if cached == 0 and not partial else f"{cached} tokens found cached"
-        log.info("pinned prompt %s: %d tokens, %d pages held (%s)", p.path, p.num_prompt_tokens, len(hits), found)
-        return len(hits) * bs == len(p.token_ids)
+        pages = sum(b != self.bm.null for run in hits for b in run)
+        log.info("pinned prompt %s: %d tokens, %d pages held (%s)", p.path, p.num_prompt_tokens, pages, found)
+        return found_tokens == len(p.token_ids)
 
     def save(self) -> None:
         """Write the pinned and the hottest cached pages to persist_dir (after the engine stopped); a

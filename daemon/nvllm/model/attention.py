@@ -4,7 +4,8 @@ Tokens of one sequence are contiguous in the packed batch. New keys and values a
 by slot mapping first, so every query then reads its whole context (cached and new) through its block
 table alone: causal within a chunk, full attention to what was cached before. A sliding-window layer
 (Gemma 3's) masks too: a query at position p sees keys p - window + 1 .. p, as transformers' sliding mask
-does; the pages stay, so the prefix cache and preemption need nothing of their own.
+does. Where its group gave back the pages before the window (model/kv_layout.py), their table entries
+point at the zeroed null page: skipped or masked, never weighted.
 """
 
 from __future__ import annotations

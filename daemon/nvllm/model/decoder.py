@@ -9,7 +9,8 @@ sliding-window layers with a rope of their own beside its global ones.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from nvllm.model.config import ModelConfig, layer_rope, rope_inv_freq
 from nvllm.model.kernels import matmul, ops, threads
 from nvllm.model.kernels.step import DecodeLayers, LayerSpec
 from nvllm.model.kv_cache import KVCache
+from nvllm.model.kv_layout import KVLayout
 from nvllm.model.matrix.weight import DECODE_ROWS
 from nvllm.model.quant.kv_format import F32, KVFormat
 from nvllm.model.weights.folder import load_weights
@@ -40,23 +42,31 @@ class NonFiniteLogits(RuntimeError):
 class ForwardBatch:
     token_ids: np.ndarray       # [T] int64, sequences contiguous
     positions: np.ndarray       # [T] int64
-    attn: AttentionMetadata
+    attn: AttentionMetadata     # group 0's (kv_layout.py); the only one for most models
     logits_indices: np.ndarray  # [R] int64: rows of T whose logits are wanted
+    groups: list[AttentionMetadata] = field(default_factory=list)   # every group's, attn first
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            self.groups = [self.attn]
 
     @classmethod
-    def build(cls, token_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
-              query_lens: np.ndarray, context_lens: np.ndarray, block_tables: np.ndarray,
+    def build(cls, token_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray | Sequence[np.ndarray],
+              query_lens: np.ndarray, context_lens: np.ndarray, block_tables: np.ndarray | Sequence[np.ndarray],
               logits_indices: np.ndarray) -> ForwardBatch:
+        """slot_mapping and block_tables: one array, or one per group of the pool's layout (kv_layout.py)."""
         positions = np.asarray(positions, dtype=np.int64)
-        meta = AttentionMetadata(
-            slot_mapping=np.asarray(slot_mapping, dtype=np.int64),
-            query_lens=np.asarray(query_lens, dtype=np.int64),
-            context_lens=np.asarray(context_lens, dtype=np.int64),
-            block_tables=np.asarray(block_tables, dtype=np.int32),
-            positions=positions,
-        )
-        return cls(np.asarray(token_ids, dtype=np.int64), positions, meta,
-                   np.asarray(logits_indices, dtype=np.int64))
+        qlens, clens = np.asarray(query_lens, dtype=np.int64), np.asarray(context_lens, dtype=np.int64)
+        slots = [slot_mapping] if isinstance(slot_mapping, np.ndarray) else list(slot_mapping)
+        tables = [block_tables] if isinstance(block_tables, np.ndarray) else list(block_tables)
+        if len(slots) != len(tables):
+            raise ValueError(f"slot_mapping, block_tables: need one of each per group, got {len(slots)} and "
+                             f"{len(tables)}")
+        groups = [AttentionMetadata(slot_mapping=np.asarray(sm, dtype=np.int64), query_lens=qlens, context_lens=clens,
+                                    block_tables=np.asarray(bt, dtype=np.int32), positions=positions)
+                  for sm, bt in zip(slots, tables)]
+        return cls(np.asarray(token_ids, dtype=np.int64), positions, groups[0],
+                   np.asarray(logits_indices, dtype=np.int64), groups)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -116,6 +126,8 @@ class Model:
         # Sliding layers with a rope of their own (Gemma 3): its frequencies, else None (one rope for all).
         self.local_inv_freq = (rope_inv_freq(layer_rope(c, True))
                                if any(c.sliding_layers) and c.rope_local_theta is not None else None)
+        # Which pages each layer's keys and values go in (one group, or Gemma 3's sliding and global groups).
+        self.kv_layout = KVLayout.of(c)
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
@@ -136,11 +148,12 @@ class Model:
         return cls(config, weights)
 
     def make_kv_cache(self, num_blocks: int, block_size: int = 16, fmt: KVFormat = F32,
-                      resident_blocks: int | None = None) -> KVCache:
-        """resident_blocks: back only the first so many blocks now (KVCache.back_blocks the rest)."""
+                      resident_blocks: int | None = None, layout: KVLayout | None = None) -> KVCache:
+        """resident_blocks: back only the first so many blocks now (KVCache.back_blocks the rest).
+        layout: the layers' groups (None: the model's, kv_layout)."""
         c = self.config
         return KVCache(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, fmt,
-                       resident_blocks=resident_blocks)
+                       resident_blocks=resident_blocks, layout=layout or self.kv_layout)
 
     def _rope_tables(self, positions: np.ndarray, inv_freq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         if inv_freq is None:
@@ -203,7 +216,8 @@ class Model:
             else:
                 plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
                                     c.intermediate_size, c.rms_norm_eps, gelu=c.hidden_act != "silu",
-                                    qk_order=self.rope_perm)
+                                    qk_order=self.rope_perm, layer_slots=kv_cache.layout.layer_slot,
+                                    layer_groups=kv_cache.layout.layer_group)
             self._steps[key] = (kv_cache.pool, plan)
         return plan
 
@@ -221,25 +235,38 @@ class Model:
             rest = (T, (hd - cos.shape[1] * 2) // 2)
             c_cos, c_sin = (np.concatenate([cos, np.ones(rest, np.float32)], axis=1),
                             np.concatenate([sin, np.zeros(rest, np.float32)], axis=1))
-        rope_write = (ops.RopeWriteKV(c_cos, c_sin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
-                      if ops.lib is not None else None)
-        # SmolLM3's NoPE layers: the rotation by angle 0 (cos 1, sin 0) leaves q and k exactly as they are.
-        nope_tables = (np.ones_like(cos), np.zeros_like(sin)) if c.nope_layers else (cos, sin)
-        nope_write = (ops.RopeWriteKV(np.ones_like(c_cos), np.zeros_like(c_sin), batch.attn.slot_mapping, nh, nkv,
-                                      hd, self.scale) if rope_write is not None and c.nope_layers else rope_write)
+        # Rope tables by layer kind: the global (or only) rope, SmolLM3's NoPE (angle 0: q and k stay as they
+        # are) and Gemma 3's sliding layers' own; the C tables have partial rotary's passed-through dims.
+        c_tables = {"global": (c_cos, c_sin)}
+        np_tables = {"global": (cos, sin)}
+        if c.nope_layers:
+            c_tables["nope"] = (np.ones_like(c_cos), np.zeros_like(c_sin))
+            np_tables["nope"] = (np.ones_like(cos), np.zeros_like(sin))
+        if self.local_inv_freq is not None:
+            c_tables["local"] = np_tables["local"] = self._rope_tables(batch.positions, self.local_inv_freq)
+        writers: dict[tuple[str, int], ops.RopeWriteKV] = {}
+
+        def writer(kind: str, group: int) -> ops.RopeWriteKV:
+            """Rope and the KV write for a kind of layer into a group's slots, set up once per step."""
+            if (kind, group) not in writers:
+                writers[kind, group] = ops.RopeWriteKV(*c_tables[kind], batch.groups[group].slot_mapping, nh, nkv,
+                                                       hd, self.scale)
+            return writers[kind, group]
+
+        layout = kv_cache.layout
+        if len(batch.groups) != layout.num_groups:
+            raise ValueError(f"batch: need slots and block tables for each of the pool's {layout.num_groups} groups "
+                             f"of layers (kv_layout.py), got {len(batch.groups)}")
         x = w.embed.rows(batch.token_ids)                                       # [T, H]
         if c.embed_scale != 1.0:
             x = x * np.float32(c.embed_scale)
-        ropes = [(cos, sin, rope_write)]   # by layer kind: the global (or only) rope, then a sliding one
-        if self.local_inv_freq is not None:
-            lcos, lsin = self._rope_tables(batch.positions, self.local_inv_freq)
-            ropes.append((lcos, lsin, ops.RopeWriteKV(lcos, lsin, batch.attn.slot_mapping, nh, nkv, hd, self.scale)
-                          if ops.lib is not None else None))
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
-            assert rope_write is not None and batch.attn.paged_decode is not None  # ops.lib is loaded
             x = np.array(x, dtype=np.float32, order="C")                        # written in place
-            in_c(x, rope_write, batch.attn.paged_decode, threads.count, ropes[-1][2])
+            decodes = [m.paged_decode for m in batch.groups]
+            assert all(d is not None for d in decodes)   # ops.lib is loaded
+            in_c(x, [writer("global", g) for g in range(layout.num_groups)], decodes,  # type: ignore[arg-type]
+                 threads.count, writer("local", 0) if "local" in c_tables else None)
         for i, layer in enumerate(w.layers if in_c is None else ()):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv.apply(h)                                            # [T, (nh+2nkv)*hd]
@@ -249,20 +276,20 @@ class Model:
                 assert layer.k_norm is not None  # laid out together (weights/layout.py)
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
             sliding = bool(c.sliding_layers) and c.sliding_layers[i]
-            cos, sin, rope_write = ropes[1 if sliding and len(ropes) > 1 else 0]
-            kv_pool = kv_cache.pool[i]                                          # [2, NB, bs, nkv, hd]
+            kind = "nope" if i in c.nope_layers else "local" if sliding and "local" in c_tables else "global"
+            meta = batch.groups[layout.layer_group[i]]
+            kv_pool = kv_cache.layer(i)                                         # [2, NB, bs, nkv, hd]
             v = qkv[:, qk_size:].reshape(T, nkv, hd)
-            nope = i in c.nope_layers
-            if rope_write is not None:
+            if ops.lib is not None:
                 if self.rope_perm is not None:
                     qkv[:, :qk_size] = qkv[:, self.rope_perm]
-                (nope_write if nope and nope_write is not None else rope_write)(qkv, kv_pool)   # q, k in place
+                writer(kind, layout.layer_group[i])(qkv, kv_pool)                # q, k in place
                 q, k = qkv[:, :self.q_size].reshape(T, nh, hd), qkv[:, self.q_size:qk_size].reshape(T, nkv, hd)
             else:
-                q, k = self._rotate(qkv, *(nope_tables if nope else (cos, sin)))   # [T, nh, hd], [T, nkv, hd]
-                write_kv(kv_pool[0], kv_pool[1], k, v, batch.attn.slot_mapping)
+                q, k = self._rotate(qkv, *np_tables[kind])                      # [T, nh, hd], [T, nkv, hd]
+                write_kv(kv_pool[0], kv_pool[1], k, v, meta.slot_mapping)
             window = (c.sliding_window or 0) if sliding else 0
-            attn = paged_attention(q, k, v, kv_pool, batch.attn, window, c.attn_logit_softcapping)  # [T, nh, hd]
+            attn = paged_attention(q, k, v, kv_pool, meta, window, c.attn_logit_softcapping)   # [T, nh, hd]
             out = layer.o.apply(attn.reshape(T, nh * hd))                       # [T, H]
             if layer.attn_out_norm is not None:                                 # Gemma 3's norm of it
                 out = rms_norm(out, layer.attn_out_norm, c.rms_norm_eps)

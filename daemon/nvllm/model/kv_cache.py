@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from nvllm.model.kv_layout import KVLayout
 from nvllm.model.quant.kv_format import F32, KVFormat
 
 # Linux mmap flags; Python's mmap module lacks them on other systems (MAP_POPULATE: Linux only).
@@ -142,20 +143,26 @@ def back_range(array: np.ndarray, axis: int, start: int, stop: int) -> None:
 
 
 class KVCache:
-    """Every layer's pages [L, 2 (K, V), num_blocks, block_size, nkv, hd / per element], in one KV
-    format (quant/kv_format.py: f32, f16, bf16 or q8_0)."""
+    """Every layer's pages [slots, 2 (K, V), num_blocks, block_size, nkv, hd / per element], in one KV
+    format (quant/kv_format.py: f32, f16, bf16 or q8_0); slots is the number of layers (or, for a model
+    of sliding and global layers, the layers of one group: kv_layout.py)."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, fmt: KVFormat = F32, resident_blocks: int | None = None) -> None:
-        """resident_blocks: back only the first so many blocks now, the rest by back_blocks (None: all)."""
+                 head_dim: int, fmt: KVFormat = F32, resident_blocks: int | None = None,
+                 layout: KVLayout | None = None) -> None:
+        """resident_blocks: back only the first so many blocks now, the rest by back_blocks (None: all).
+        layout: the layers' groups (None: one group of every layer)."""
         fmt.check_head_dim(head_dim)
+        self.layout = KVLayout.single(num_layers) if layout is None else layout
+        if len(self.layout.layer_slot) != num_layers:
+            raise ValueError(f"layout: need {num_layers} layers, got {len(self.layout.layer_slot)}")
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.format = fmt
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim // fmt.per_element)
+        shape = (self.layout.slots, 2, num_blocks, block_size, num_kv_heads, head_dim // fmt.per_element)
         if resident_blocks is None or resident_blocks >= num_blocks:
             # Allocated and made resident once, now, so the resident set does not grow later under load.
             self.pool, self.populated_by = resident_zeros(shape, fmt.dtype)
@@ -168,6 +175,10 @@ class KVCache:
         """Make blocks [start, stop) resident in every layer's keys and values (MemoryError when memory
         runs out; the blocks before start stay as they are, so it may be called while they are in use)."""
         back_range(self.pool, 2, start, stop)
+
+    def layer(self, layer: int) -> np.ndarray:
+        """Layer's keys and values [2, num_blocks, block_size, nkv, hd / per element]."""
+        return self.pool[self.layout.layer_slot[layer]]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,

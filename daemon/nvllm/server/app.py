@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import signal
 import sys
@@ -98,7 +97,6 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return EXIT_CONFIG
     sz, max_len = plan.sizing, plan.max_model_len
-    per_seq = math.ceil(max_len / sz.block_size)
     resident = info.weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
     print(f"model: {served_name(settings)} ({info.path}), {info.architecture}, "
           f"{info.num_layers} layers, {info.num_params / 1e6:.1f} M parameters")
@@ -112,7 +110,7 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
           f"{sz.block_size} tokens, keys and values in {info.kv_format.name} ({info.bytes_per_token} bytes "
           f"per token, cache.dtype={settings.cache.dtype})")
     print(f"context: {sz.num_tokens} tokens fit; max_model_len {max_len} -> "
-          f"{sz.num_blocks // per_seq} sequences of full length at once")
+          f"{plan.full_length_seqs} sequences of full length at once")
     print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
           f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
     print(f"per KV format: a row each from the same reading (cache.dtype={settings.cache.dtype} gives "
@@ -140,7 +138,7 @@ def format_rows(plans: dict[str, factory.PoolPlan | str], weight_bytes: int, max
         sz = plan.sizing
         resident = weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
         rows.append(f"{name:5} {per_value}: {sz.num_blocks} blocks of {sz.bytes_per_block} bytes = "
-                    f"{format_bytes(sz.pool_bytes)}, {sz.num_blocks // math.ceil(max_len / sz.block_size)} "
+                    f"{format_bytes(sz.pool_bytes)}, {plan.full_length_seqs} "
                     f"sequences of {max_len} tokens, resident at most {format_bytes(resident)}; "
                     f"{sz.decided_by()}")
     return rows

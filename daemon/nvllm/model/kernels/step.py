@@ -63,14 +63,14 @@ class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("q_norm", _P), ("k_norm", _P),
                 ("qkv", _Matrix), ("o", _Matrix), ("gate_up", _Matrix), ("down", _Matrix),
                 ("k_pool", _P), ("v_pool", _P), ("attn_out_norm", _P), ("ffn_out_norm", _P), ("window", _I64),
-                ("local", _I64), ("nope", _I64)]
+                ("local", _I64), ("nope", _I64), ("group", _I64)]
 
 
 class _Step(ctypes.Structure):
     _fields_ = [("layers", _P), ("num_layers", _I64), ("T", _I64), ("H", _I64), ("nq", _I64), ("nkv", _I64),
                 ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
                 ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
-                ("slots", _P), ("block_tables", _P), ("table_stride", _I64), ("context_lens", _P),
+                ("slots", _P), ("block_tables", _P), ("table_stride", _P), ("context_lens", _P),
                 ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64), ("cos_local", _P),
                 ("sin_local", _P), ("gelu", _I64), ("nope_cos", _P), ("nope_sin", _P), ("qk_order", _P),
                 ("qk_scratch", _P)]
@@ -92,9 +92,12 @@ class DecodeLayers:
 
     def __init__(self, layers: Sequence[LayerSpec], pool: np.ndarray, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, eps: float, gelu: bool = False,
-                 qk_order: np.ndarray | None = None) -> None:
+                 qk_order: np.ndarray | None = None, layer_slots: Sequence[int] | None = None,
+                 layer_groups: Sequence[int] | None = None) -> None:
         """gelu: the MLP is GeGLU (Gemma's), else SwiGLU. qk_order: partial rotary's order of the q|k columns
-        (decoder.rope_order), applied before rope."""
+        (decoder.rope_order), applied before rope. layer_slots, layer_groups: which slot of the pool and
+        which group's slots and block tables each layer uses (model/kv_layout.py; None: one group, layer i
+        in slot i)."""
         if matmul.lib is None:
             raise RuntimeError(f"the C step needs the matmul library: {matmul.describe()}")
         nq, nkv, hd, inter = int(num_q_heads), int(num_kv_heads), int(head_dim), int(intermediate_size)
@@ -102,10 +105,16 @@ class DecodeLayers:
             raise ValueError("layers: need at least one")
         H = int(layers[0].input_norm.shape[0])
         fmt = of_pool(pool) if isinstance(pool, np.ndarray) else F32
+        slot_of = list(range(len(layers))) if layer_slots is None else [int(s) for s in layer_slots]
+        group_of = [0] * len(layers) if layer_groups is None else [int(g) for g in layer_groups]
+        if len(slot_of) != len(layers) or len(group_of) != len(layers) or min(slot_of + group_of) < 0:
+            raise ValueError(f"layer_slots, layer_groups: need {len(layers)} of each, none negative")
+        self.num_groups = max(group_of) + 1
+        num_slots = max(slot_of) + 1
         if (not isinstance(pool, np.ndarray) or not pool.flags.c_contiguous or not pool.flags.writeable
-                or pool.ndim != 6 or pool.shape[0] != len(layers) or pool.shape[1] != 2
+                or pool.ndim != 6 or pool.shape[0] != num_slots or pool.shape[1] != 2
                 or pool.shape[4:] != (nkv, hd // fmt.per_element) or hd % fmt.per_element):
-            raise ValueError(f"pool: need a writable contiguous [{len(layers)}, 2, blocks, block size, {nkv}, "
+            raise ValueError(f"pool: need a writable contiguous [{num_slots}, 2, blocks, block size, {nkv}, "
                              f"{hd} values] in a KV format, got {getattr(pool, 'dtype', '')} "
                              f"{list(getattr(pool, 'shape', []))}")
         self.kv_format = fmt
@@ -134,8 +143,9 @@ class DecodeLayers:
             for name, parts, n_in, n_out in (("qkv", spec.qkv, H, width), ("o", spec.o, nq * hd, H),
                                              ("gate_up", spec.gate_up, H, 2 * inter), ("down", spec.down, inter, H)):
                 setattr(c, name, self._matrix(parts, n_in, n_out, f"layers[{i}].{name}"))
-            c.k_pool = pool[i, 0].ctypes.data
-            c.v_pool = pool[i, 1].ctypes.data
+            c.k_pool = pool[slot_of[i], 0].ctypes.data
+            c.v_pool = pool[slot_of[i], 1].ctypes.data
+            c.group = group_of[i]
             if (spec.attn_out_norm is None) != (spec.ffn_out_norm is None):
                 raise ValueError(f"layers[{i}]: attn_out_norm and ffn_out_norm come together")
             c.attn_out_norm = _vector(spec.attn_out_norm, H, f"layers[{i}].attn_out_norm")
@@ -160,32 +170,41 @@ class DecodeLayers:
         self._keep.append(row)
         return _Matrix(ctypes.addressof(row), len(parts))
 
-    def __call__(self, x: np.ndarray, rope: RopeWriteKV, attention: PagedDecode, threads: int,
+    def __call__(self, x: np.ndarray, ropes: Sequence[RopeWriteKV], attentions: Sequence[PagedDecode], threads: int,
                  rope_local: RopeWriteKV | None = None) -> None:
         """x [T, H] float32, contiguous: the embeddings of T sequences' one new token each, in place ->
-        the residual stream after the last layer. rope holds the step's rope tables and slots, attention
-        its block tables and context lengths (one sequence per row of x); threads as the kernels take it;
-        rope_local the local layers' tables (same slots), needed where a layer is local."""
+        the residual stream after the last layer. ropes hold the step's rope tables and, per group of the
+        layout, its slots; attentions each group's block tables and the context lengths (one sequence per
+        row of x); threads as the kernels take it; rope_local the local layers' tables, needed where a
+        layer is local."""
         H, nq, nkv, hd, inter = self.dims
         if (not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != H
                 or not x.flags.c_contiguous or not x.flags.writeable):
             raise ValueError(f"x: need a writable contiguous float32 [T, {H}], got {getattr(x, 'dtype', '')} "
                              f"{list(getattr(x, 'shape', []))}")
-        T = x.shape[0]
-        if rope.heads[:3] != (nq, nkv, hd) or attention.num_seqs != T:
-            raise ValueError(f"rope, attention: need {nq} q heads, {nkv} KV heads of {hd} and {T} sequences, "
-                             f"got {rope.heads[:3]} and {attention.num_seqs}")
+        T, G = x.shape[0], self.num_groups
+        if len(ropes) != G or len(attentions) != G:
+            raise ValueError(f"ropes, attentions: need one per group ({G}), got {len(ropes)} and {len(attentions)}")
+        rope, attention = ropes[0], attentions[0]
+        for r, a in zip(ropes, attentions):
+            if r.heads[:3] != (nq, nkv, hd) or a.num_seqs != T:
+                raise ValueError(f"ropes, attentions: need {nq} q heads, {nkv} KV heads of {hd} and {T} sequences, "
+                                 f"got {r.heads[:3]} and {a.num_seqs}")
+            if not np.array_equal(a._keep[1], attention._keep[1]):
+                raise ValueError("attentions: need the same context lengths in every group")
         matmul.check_threads(threads)
         _, _, nb, bs, _, _ = self.pool.shape
-        cos, sin, slots = rope.addresses(nb * bs)   # raises for a slot outside the pool
+        cos, sin, _ = rope.addresses(nb * bs)
+        slots = (ctypes.c_void_p * G)(*(r.addresses(nb * bs)[2] for r in ropes))   # raises for a slot outside
         cos_local = sin_local = 0
         if self._local:
             if rope_local is None or rope_local.heads != rope.heads:
                 raise ValueError("rope_local: need the local layers' rope for the same heads")
             cos_local, sin_local, _ = rope_local.addresses(nb * bs)
-            if not np.array_equal(rope_local._keep[2], rope._keep[2]):
-                raise ValueError("rope_local: need the same slots as rope")
-        tables, stride, ctx = attention.addresses(nb, bs)
+        addresses = [a.addresses(nb, bs) for a in attentions]
+        tables = (ctypes.c_void_p * G)(*(t for t, _, _ in addresses))
+        strides = np.array([s for _, s, _ in addresses], np.int64)
+        ctx = addresses[0][2]
         parts = min(int(threads), T)
         bounds = attention.bounds(parts) if parts > 1 else None
         width = (nq + 2 * nkv) * hd
@@ -197,7 +216,8 @@ class DecodeLayers:
         qk_scratch = np.empty((nq + nkv) * hd, np.float32) if order is not None else None
         scratch += extra
         step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
-                     rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, slots, tables, stride, ctx,
+                     rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, ctypes.addressof(slots),
+                     ctypes.addressof(tables), strides.ctypes.data, ctx,
                      bounds.ctypes.data if bounds is not None else 0, parts, int(threads), self.kv_format.code,
                      cos_local, sin_local, self._gelu, nope_cos, nope_sin,
                      order.ctypes.data if order is not None else 0,

@@ -50,9 +50,10 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 13; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+int matmul_abi(void) { return 14; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
-                                         13: the step's NoPE layers and partial rotary order */
+                                         13: the step's NoPE layers and partial rotary order;
+                                         14: its slots and block tables per group of layers */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */

@@ -40,6 +40,7 @@ typedef struct {
     int64_t window;                 /* > 0: a sliding-window layer's keys */
     int64_t local;                  /* 1: rope from cos_local, sin_local (a sliding layer's own base) */
     int64_t nope;                   /* SmolLM3: 1 where the layer takes no rope (the step's nope tables) */
+    int64_t group;                  /* its group of the pool's layout (kv_layout.py): whose slots and tables */
 } step_layer_t;
 
 typedef struct {
@@ -50,9 +51,9 @@ typedef struct {
     float *x;                       /* [T, H]: the residual stream, in and out */
     float *h, *qkv, *attn, *gu, *act;   /* scratch: [T, H], [T, (nq + 2 nkv) hd], [T, nq hd], [T, 2I], [T, I] */
     const float *cos, *sin;         /* [T, hd/2] */
-    const int64_t *slots;           /* [T] */
-    const int32_t *block_tables;    /* [T, table_stride]: one sequence per row */
-    int64_t table_stride;
+    const int64_t *const *slots;          /* per group: [T] */
+    const int32_t *const *block_tables;   /* per group: [T, table_stride[group]], one sequence per row */
+    const int64_t *table_stride;          /* per group */
     const int64_t *context_lens;    /* [T] */
     const int64_t *bounds;          /* [attn_parts + 1]: the sequences each thread attends for */
     int64_t attn_parts, threads;
@@ -111,13 +112,15 @@ int decode_layers(const step_t *s) {
         rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd,
                       L->nope ? s->nope_cos : L->local ? s->cos_local : s->cos,
                       L->nope ? s->nope_sin : L->local ? s->sin_local : s->sin,
-                      s->q_scale, s->slots, L->k_pool, L->v_pool, (int)s->kv_fmt);
+                      s->q_scale, s->slots[L->group], L->k_pool, L->v_pool, (int)s->kv_fmt);
+        const int32_t *tables = s->block_tables[L->group];
+        const int64_t stride = s->table_stride[L->group];
         if (s->attn_parts < 2) {
-            rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
+            rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, tables, stride,
                                         s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt,
                                         L->window);
         } else {
-            decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, s->block_tables, s->table_stride,
+            decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, tables, stride,
                                 s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt,
                                 L->window};
             matmul_pool_run(paged_decode_part, &job, (int)s->attn_parts);
