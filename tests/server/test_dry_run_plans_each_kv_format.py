@@ -39,6 +39,25 @@ def test_a_row_per_format_for_a_board(model, capsys) -> None:
     assert got["f16"][2] * 2 == got["f32"][2] and got["q8_0"][2] * 32 == got["f32"][2] // 4 * 34
 
 
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_a_model_of_sliding_layers_counts_its_groups_pages(tiny_models, capsys, hybrid) -> None:
+    """tiny-gemma3 (window 8, one global and five sliding layers): given back, a 128-token sequence holds
+    8 global pages and at most 8 of each sliding group, and the null page (ModelInfo.blocks_for); kept, 8
+    pages of all six layers."""
+    settings = load_settings(overrides={"model": {"path": str(tiny_models["tiny-gemma3"])},
+                                        "cache": {"hybrid_kv_cache": hybrid, "dtype": "f32"},
+                                        "scheduler": {"max_model_len": 128, "max_num_seqs": 4}})
+    assert app.dry_run(settings, 8.0) == 0
+    out = capsys.readouterr().out
+    blocks, per_block, seqs = rows(out)["f32"][1:4]
+    layers = 1 if hybrid else 6
+    assert (blocks, seqs) == ((4 * (8 * 6 + 1), 4) if hybrid else (4 * 8, 4))
+    assert per_block == layers * 2 * 16 * 2 * 32 * 4   # layers x K,V x 16 tokens x 2 KV heads x 32 dims x f32
+    assert ("pages: 6 groups of 1 layers" in out) == hybrid
+    longest = 4 * 128 if not hybrid else factory.read_model_info(settings).longest_in(blocks, 16, 512)
+    assert f"context: {longest} tokens fit in one sequence" in out
+
+
 def test_where_memory_decides_the_smaller_formats_hold_more(model, capsys) -> None:
     settings = load_settings(overrides={"model": {"path": str(model)}, "cache": {"max_pool_mb": 1},
                                         "scheduler": {"max_model_len": 128, "max_num_seqs": 4096}})

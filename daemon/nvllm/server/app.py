@@ -109,7 +109,11 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
     print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
           f"{sz.block_size} tokens, keys and values in {info.kv_format.name} ({info.bytes_per_token} bytes "
           f"per token, cache.dtype={settings.cache.dtype})")
-    print(f"context: {sz.num_tokens} tokens fit; max_model_len {max_len} -> "
+    if info.kv_groups > 1:
+        print(f"pages: {info.kv_groups} groups of {info.kv_slots} layers, one of each per block of a sequence; "
+              f"the sliding ones give back the pages behind their window (cache.hybrid_kv_cache)")
+    longest = info.longest_in(sz.num_blocks, sz.block_size, settings.scheduler.max_num_batched_tokens)
+    print(f"context: {longest} tokens fit in one sequence; max_model_len {max_len} -> "
           f"{plan.full_length_seqs} sequences of full length at once")
     print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
           f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
