@@ -149,20 +149,25 @@ class BlockManager:
             return [[] for _ in range(G)]
         n = (len(seq.token_ids) - 1) // self.block_size
         self._hashes(seq, n)
-        for g, w in enumerate(self.windows):   # a global group: the leading run
+        found: list[list[int]] = [[] for _ in range(G)]
+        for g, w in enumerate(self.windows):   # a global group: its leading run
             if not w:
-                n = next((i for i in range(n) if self._cached(seq, g, i) is None), n)
+                while len(found[g]) < n and (b := self._cached(seq, g, len(found[g]))) is not None:
+                    found[g].append(b)
+                n = len(found[g])
         sliding = [g for g, w in enumerate(self.windows) if w]
-        if sliding:
-            # run[i]: blocks cached in every sliding group in a row, ending with block i - 1
-            run = [0] * (n + 1)
-            for i in range(n):
-                run[i + 1] = run[i] + 1 if all(self._cached(seq, g, i) is not None for g in sliding) else 0
-            n = next((m for m in range(n, 0, -1)
-                      if all(run[m] >= m - self.first_kept(m * self.block_size, g) for g in sliding)), 0)
-        return [[self.null] * (first := self.first_kept(n * self.block_size, g))
-                + [self._cached(seq, g, i) for i in range(first, n)]  # type: ignore[misc]  # found above
-                for g in range(G)]
+        if not sliding:
+            return [run[:n] for run in found]
+        # run[i]: blocks cached in every sliding group in a row, ending with block i - 1
+        run = [0] * (n + 1)
+        for i in range(n):
+            run[i + 1] = run[i] + 1 if all(self._cached(seq, g, i) is not None for g in sliding) else 0
+        n = next((m for m in range(n, 0, -1)
+                  if all(run[m] >= m - self.first_kept(m * self.block_size, g) for g in sliding)), 0)
+        for g in sliding:
+            first = self.first_kept(n * self.block_size, g)
+            found[g] = [self.null] * first + [self._cached(seq, g, i) for i in range(first, n)]  # type: ignore[misc]
+        return [r[:n] for r in found]
 
     def _register(self, seq: SeqBlocks, num_tokens: int) -> None:
         """Make findable the blocks that are full once the sequence's first num_tokens are computed."""
