@@ -284,8 +284,10 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "nvllm:kv_cache_pool_pages", "KV-cache pool size in pages: total, and backed (resident, the only "
                                          "ones handed out; below total while the pool is backed after "
                                          "start-up).", m + ["size"]),
-        (g, "nvllm:kv_cache_page_bytes", "Bytes of one KV-cache page: every layer's keys and values of "
-                                         "block_size tokens, in the cache's dtype.", m),
+        (g, "nvllm:kv_cache_page_bytes", "Bytes of one KV-cache page: the keys and values of block_size "
+                                         "tokens of every layer (of one group of layers, where sliding "
+                                         "and global layers have pages of their own), in the cache's "
+                                         "dtype.", m),
         (g, "vllm:cache_config_info", "The KV cache's configuration, in labels (always 1).",
          m + ["block_size", "cache_dtype", "num_gpu_blocks"]),
         (c, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m),
