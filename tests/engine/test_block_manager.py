@@ -405,3 +405,13 @@ def test_admission_counts_cached_hits_against_the_free_pages():
     t = Seq(list(range(8)) + [90])      # hits 2 blocks, needs 1 more page
     assert admit(bm, t) == 8
     bm.check_integrity([t])
+
+
+class SlidingOnlyBlockManagerMachine(BlockManagerMachine):
+    """One group, every layer sliding (Phi-3's window shorter than the context): it gives back too."""
+    windows = (6,)
+    num_blocks = 14
+
+
+TestSlidingOnlyBlockManagerMachine = SlidingOnlyBlockManagerMachine.TestCase
+TestSlidingOnlyBlockManagerMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
