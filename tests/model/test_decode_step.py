@@ -6,6 +6,7 @@ many, one thread and two. And what it refuses."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +149,9 @@ def test_the_plan_refuses_what_does_not_fit(q8_model: Model) -> None:
         plan(np.zeros((1, c.hidden_size), np.float32), [rope] * 2, [batch.attn.paged_decode] * 2, 1)
     with pytest.raises(ValueError, match="threads: need an integer"):
         plan(np.zeros((1, c.hidden_size), np.float32), [rope], [batch.attn.paged_decode], 0)
+    local = step.DecodeLayers([dataclasses.replace(spec, local=True)], cache.pool[:1], *args)
+    half = (2, c.head_dim // 2)
+    two_tokens = ops.RopeWriteKV(np.ones(half, np.float32), np.zeros(half, np.float32), np.array([3, 4]),
+                                 c.num_heads, c.num_kv_heads, c.head_dim, 1.0)
+    with pytest.raises(ValueError, match="rope_local: need the local layers' rope for the same heads and tokens"):
+        local(np.zeros((1, c.hidden_size), np.float32), [rope], [batch.attn.paged_decode], 1, two_tokens)

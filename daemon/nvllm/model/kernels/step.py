@@ -198,8 +198,9 @@ class DecodeLayers:
         slots = (ctypes.c_void_p * G)(*(r.addresses(nb * bs)[2] for r in ropes))   # raises for a slot outside
         cos_local = sin_local = 0
         if self._local:
-            if rope_local is None or rope_local.heads != rope.heads:
-                raise ValueError("rope_local: need the local layers' rope for the same heads")
+            if (rope_local is None or rope_local.heads != rope.heads
+                    or rope_local._keep[0].shape != rope._keep[0].shape):
+                raise ValueError("rope_local: need the local layers' rope for the same heads and tokens")
             cos_local, sin_local, _ = rope_local.addresses(nb * bs)
         addresses = [a.addresses(nb, bs) for a in attentions]
         tables = (ctypes.c_void_p * G)(*(t for t, _, _ in addresses))
