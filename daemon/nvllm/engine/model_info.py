@@ -26,7 +26,7 @@ class ModelInfo:
     hidden_size: int
     max_position_embeddings: int
     weight_bytes: int
-    bytes_per_token: int          # KV pool bytes per token of context, in kv_format
+    bytes_per_token: int          # KV pool bytes per token of a page (one group's layers), in kv_format
     weight_format: str = "float32"   # how the weights are held, in words: "float32", "q8_0 (model.quantization)"
     # The most the weights take while loading: a folder's matrices converted at load (quantized, or kept
     # in 16 bits) are each read as float32 first, one at a time.
