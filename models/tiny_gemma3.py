@@ -1,14 +1,16 @@
-"""tiny-gemma3 for make_test_models.py (which is at the size limit): Gemma3ForCausalLM as transformers
+"""tiny-gemma3 for make_test_models.py: Gemma3ForCausalLM as transformers
 writes its config (layer_types, rope_parameters per layer type), six layers of which the sixth is global
 (llama.cpp's fixed pattern, so the GGUF form agrees), a sliding window of 8 so the 64-token golden
-prompts run far past it, linear rope scaling on the global layer (the 4B's factor 8), bfloat16, tied.
-`make` takes make_test_models' globals for its writers."""
+prompts run far past it, linear rope scaling on the global layer (the 4B's factor 8), bfloat16, tied; its
+writers are tiny_kit.py's."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import tiny_kit as kit
 
 CONFIG: dict[str, Any] = {
     "architectures": ["Gemma3ForCausalLM"],
@@ -61,12 +63,11 @@ def tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     return t
 
 
-def make(out: Path, tok: Any, kit: dict[str, Any]) -> None:
-    cfg = {**CONFIG, "vocab_size": tok.get_vocab_size(), "bos_token_id": kit["IM_START_ID"],
-           "eos_token_id": kit["IM_END_ID"], "pad_token_id": kit["ENDOFTEXT_ID"]}
-    kit["_write_json"](out / "config.json", cfg)
-    kit["_write_json"](out / "generation_config.json",
-                       {"bos_token_id": kit["IM_START_ID"], "eos_token_id": kit["IM_END_ID"],
-                        "pad_token_id": kit["ENDOFTEXT_ID"]})
-    kit["write_tokenizer"](out, tok, bos_token="<|im_start|>")
-    kit["save_tensors"](dict(sorted(tensors(cfg, seed=6).items())), out / "model.safetensors", "bfloat16")
+def make(out: Path, tok: Any) -> None:
+    cfg = {**CONFIG, "vocab_size": tok.get_vocab_size(), "bos_token_id": kit.IM_START_ID,
+           "eos_token_id": kit.IM_END_ID, "pad_token_id": kit.ENDOFTEXT_ID}
+    kit.write_json(out / "config.json", cfg)
+    kit.write_json(out / "generation_config.json",
+                   {"bos_token_id": kit.IM_START_ID, "eos_token_id": kit.IM_END_ID, "pad_token_id": kit.ENDOFTEXT_ID})
+    kit.write_tokenizer(out, tok, bos_token="<|im_start|>")
+    kit.save_tensors(dict(sorted(tensors(cfg, seed=6).items())), out / "model.safetensors", "bfloat16")

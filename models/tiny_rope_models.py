@@ -1,5 +1,5 @@
 """The tiny random Phi-3 and SmolLM3 folders, whose difference from Llama is where rope goes; make_test_models.py
-(beside this file) lists them with the others and lends its weights, tokenizer and writers.
+(beside this file) lists them with the others; tiny_kit.py lends the weights, tokenizer and writers.
 
   tiny-phi3     Phi3ForCausalLM as Phi-4-mini lays it out: fused qkv_proj and gate_up_proj, partial rotary
                 (0.75 of each head), longrope ("su" in older configs) with original context 40, so the
@@ -13,16 +13,12 @@ from typing import Any
 
 import numpy as np
 
-
-def _base() -> Any:
-    import make_test_models  # imported when called: that module imports this one
-    return make_test_models
+import tiny_kit as b
 
 
 def _generation(out: Path) -> None:
-    b = _base()
-    b._write_json(out / "generation_config.json",
-                  {"bos_token_id": b.ENDOFTEXT_ID, "eos_token_id": [b.IM_END_ID, b.ENDOFTEXT_ID],
+    b.write_json(out / "generation_config.json",
+                 {"bos_token_id": b.ENDOFTEXT_ID, "eos_token_id": [b.IM_END_ID, b.ENDOFTEXT_ID],
                    "pad_token_id": b.ENDOFTEXT_ID})
 
 
@@ -62,9 +58,8 @@ def phi3_config(vocab: int) -> dict:
 
 
 def make_tiny_phi3(out: Path, tok: Any) -> None:
-    b = _base()
     cfg = phi3_config(tok.get_vocab_size())
-    b._write_json(out / "config.json", cfg)
+    b.write_json(out / "config.json", cfg)
     _generation(out)
     b.write_tokenizer(out, tok, bos_token=None)
     tensors: dict[str, np.ndarray] = {}
@@ -82,14 +77,13 @@ def make_tiny_phi3(out: Path, tok: Any) -> None:
 
 
 def make_tiny_smollm3(out: Path, tok: Any) -> None:
-    b = _base()
-    cfg = b._llama_config(tok.get_vocab_size(), "float32", tied=True)
+    cfg = b.llama_config(tok.get_vocab_size(), "float32", tied=True)
     cfg.update({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "num_hidden_layers": 4,
                 "rope_theta": 5000.0, "no_rope_layers": [1, 1, 1, 0], "no_rope_layer_interval": 4,
                 "use_sliding_window": False, "sliding_window": None, "bos_token_id": None,
                 "eos_token_id": 2, "pad_token_id": 0})
     del cfg["head_dim"]
-    b._write_json(out / "config.json", cfg)
+    b.write_json(out / "config.json", cfg)
     _generation(out)
     b.write_tokenizer(out, tok, bos_token=None)
     b.write_weights(out, cfg, "float32", seed=12, bias=False, std=0.08, embed_std=0.15)

@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "daemon"))
 
 from nvllm.config import load_settings  # noqa: E402
-from nvllm.engine.factory import load_model  # noqa: E402
+from nvllm.engine.build.factory import load_model  # noqa: E402
 from nvllm.model.decoder import ForwardBatch, Model  # noqa: E402
 from nvllm.model.quant.dequantize import dequantize  # noqa: E402
 from nvllm.model.quant.quantize import KINDS, choose_format, quantize  # noqa: E402

@@ -137,10 +137,10 @@ class CacheSettings:
     # llama.cpp) and the weights' own float type for a folder; q8_0 is 34 bytes per 32 values.
     dtype: str = field(default="auto", metadata=one_of("auto", "f32", "f16", "bf16", "q8_0"))
     # JSON files, each one prompt ({"prompt": ...}, {"prompt_token_ids": [...]} or {"messages": [...]}),
-    # whose full pages are computed at start and never evicted (engine/warmup.py).
+    # whose full pages are computed at start and never evicted (engine/warm/warmup.py).
     pinned_prompts: list[str] = field(default_factory=list)
     # A directory the pinned and the hottest cached pages are written to at drain and read back at
-    # start (engine/prefix_store.py); empty: off.
+    # start (engine/warm/prefix_store.py); empty: off.
     persist_dir: str = ""
     # The file in persist_dir holds every pinned page, then the most recently used cached ones while it
     # stays within this many MB.

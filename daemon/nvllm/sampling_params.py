@@ -99,7 +99,7 @@ def _flag(name: str, v: Any) -> None:
 
 @dataclass(frozen=True)
 class StructuredSpec:
-    """A constraint on the output, compiled by the engine (engine/structured.py, through llguidance).
+    """A constraint on the output, compiled by the engine (engine/structured/compiler.py, through llguidance).
 
     kind: "json_schema" (value: the schema as JSON text, or a dict, kept as compact JSON text),
     "json_object" (any JSON object; value unused), "regex" (value: the regex the whole output matches),

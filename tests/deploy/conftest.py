@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers.smollm2_pull import NAME
-from nvllm import registry
+from nvllm.model_files import registry
 
 
 @pytest.fixture(scope="module")

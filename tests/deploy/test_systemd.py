@@ -388,7 +388,7 @@ class TestLogs:
         with open(path, "wb") as raw:
             out = EveryWriteApart(raw, encoding="utf-8")
             logs.setup_logging("info", stream=out)
-            log = logging.getLogger("nvllm.engine.prefix_store")
+            log = logging.getLogger("nvllm.engine.warm.prefix_store")
 
             def warn() -> None:
                 for i in range(300):
@@ -401,5 +401,5 @@ class TestLogs:
             logger.join()
             out.flush()
         got = lines(path)
-        assert sorted(got) == sorted([f"WARNING nvllm.engine.prefix_store: damaged {i}" for i in range(300)]
+        assert sorted(got) == sorted([f"WARNING nvllm.engine.warm.prefix_store: damaged {i}" for i in range(300)]
                                      + [f"nvllm serving m on 127.0.0.1:{i}" for i in range(300)])

@@ -42,7 +42,7 @@ def run(coro_fn, engine: LLMEngine, heartbeat_s: float = 1.0):
 
 
 async def outputs_of(ae: AsyncEngine, rid: str, prompt, **params):
-    seq = ae.make_sequence(rid, prompt, SamplingParams(**params))
+    seq = ae.prepare(rid, prompt, SamplingParams(**params))
     return [out async for out in ae.generate(seq)]
 
 
@@ -110,7 +110,7 @@ class TestStreams:
 
     def test_a_consumer_that_stops_early_aborts_and_frees_pages(self, engine: LLMEngine) -> None:
         async def go(ae: AsyncEngine):
-            seq = ae.make_sequence("early", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
+            seq = ae.prepare("early", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
             async for _out in ae.generate(seq):
                 assert ae.stats()["pages_free"] + ae.stats()["pages_cached"] < NUM_BLOCKS
                 break
@@ -128,7 +128,7 @@ class TestStreams:
             first = asyncio.Event()
 
             async def consume():
-                seq = ae.make_sequence("c", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
+                seq = ae.prepare("c", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
                 async for _ in ae.generate(seq):
                     first.set()
             task = asyncio.create_task(consume())
@@ -144,9 +144,9 @@ class TestStreams:
 
     def test_a_request_id_in_flight_is_refused(self, engine: LLMEngine) -> None:
         async def go(ae: AsyncEngine):
-            s1 = ae.add(ae.make_sequence("dup", [1, 2], SamplingParams(max_tokens=50)))
+            s1 = ae.add(ae.prepare("dup", [1, 2], SamplingParams(max_tokens=50)))
             with pytest.raises(InvalidParameter) as e:
-                ae.add(ae.make_sequence("dup", [1, 2], SamplingParams(max_tokens=5)))
+                ae.add(ae.prepare("dup", [1, 2], SamplingParams(max_tokens=5)))
             s1.close()
             return e.value
 
@@ -157,7 +157,7 @@ class TestStreams:
             hold = Hold(engine)
             try:
                 await hold.wait_held()
-                streams = [ae.add(ae.make_sequence(f"w{i}", [1, 2], SamplingParams(max_tokens=2)))
+                streams = [ae.add(ae.prepare(f"w{i}", [1, 2], SamplingParams(max_tokens=2)))
                            for i in range(3)]
                 waiting = ae.stats()["waiting"]
             finally:
@@ -250,12 +250,12 @@ class TestLoop:
         async def go():
             ae = AsyncEngine(engine)
             ae.start()
-            stream = ae.add(ae.make_sequence("s", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True)))
+            stream = ae.add(ae.prepare("s", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True)))
             first = await stream.__anext__()
             ae.shutdown()
             rest = [o async for o in stream]
             with pytest.raises(EngineDead):
-                ae.add(ae.make_sequence("t", [1], SamplingParams(max_tokens=2)))
+                ae.add(ae.prepare("t", [1], SamplingParams(max_tokens=2)))
             return first, rest
 
         first, rest = asyncio.run(go())

@@ -1,4 +1,4 @@
-"""Draft-model speculation (engine/draft_proposer.py): a model sharing the target's tokenizer proposes
+"""Draft-model speculation (engine/speculation/draft_proposer.py): a model sharing the target's tokenizer proposes
 greedily, the target verifies as for n-gram proposals, and the output is unchanged (greedy, seeded
 sampling with penalties, logprobs and stop strings, structured output, preemption); the draft's own
 pool gives every page back; a draft with another tokenizer, or none at all, is refused at build; a
@@ -12,7 +12,7 @@ import pytest
 from helpers.speculation import PROMPTS, run, tokens
 from nvllm import SamplingParams
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.factory import EngineBuildError, build_engine
+from nvllm.engine.build.factory import EngineBuildError, build_engine
 from nvllm.engine.llm_engine import LLMEngine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -151,8 +151,8 @@ def test_proposals_stop_at_max_model_len(tiny):
 
 
 def test_the_drafts_pool_is_taken_off_the_memory_the_targets_pool_is_sized_from(tiny):
-    from nvllm.engine.factory import load_model, plan_pool
-    from nvllm.engine.memory import MemoryReading
+    from nvllm.engine.build.factory import load_model, plan_pool
+    from nvllm.engine.build.memory import MemoryReading
     settings = load_settings(overrides={"model": {"path": str(tiny)}, "scheduler": {"max_model_len": 256},
                                         "cache": {"max_pool_mb": 0},
                                         "speculative": {"method": "draft", "draft_model": str(tiny)}})

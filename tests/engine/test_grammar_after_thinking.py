@@ -1,5 +1,5 @@
 """With a reasoning parser set, a constrained answer's grammar starts after the model writes </think>
-(engine/thinking.py): the thinking is not masked, the answer is; a prompt that already closed the thinking
+(engine/structured/thinking.py): the thinking is not masked, the answer is; a prompt that already closed the thinking
 (Qwen3's enable_thinking false) and an engine without a parser mask from the first token; speculation never
 proposes past the end of thinking while the grammar waits."""
 
@@ -14,9 +14,9 @@ import pytest
 from helpers.thinking_template import EMPTY_THINK, USER, make_think_tokens
 from nvllm import LLM
 from nvllm.config import load_settings
-from nvllm.engine.factory import build_engine
-from nvllm.engine.speculation import Speculator
-from nvllm.engine.thinking import prompt_ends_thinking, think_token_ids
+from nvllm.engine.build.factory import build_engine
+from nvllm.engine.speculation.speculator import Speculator
+from nvllm.engine.structured.thinking import prompt_ends_thinking, think_token_ids
 from nvllm.sampling_params import SamplingParams, StructuredSpec
 
 DIGITS = StructuredSpec("regex", "[0-9]{3}")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from helpers.drone_command import DRONE_COMMAND
-from nvllm.engine.digit_budget import DigitBudget, budget_for
-from nvllm.engine.matcher_pair import MatcherPair
-from nvllm.engine.structured import StructuredCompiler
+from nvllm.engine.structured.compiler import StructuredCompiler
+from nvllm.engine.structured.digit_budget import DigitBudget, budget_for
+from nvllm.engine.structured.matcher_pair import MatcherPair
 from nvllm.sampling_params import InvalidParameter, StructuredSpec
 from nvllm.text.tokenizer import Tokenizer
 

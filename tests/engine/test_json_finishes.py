@@ -1,7 +1,7 @@
 """A drone command under its JSON Schema finishes within 160 tokens on the default model at temperature 1
 (issue 25, part 4), through the offline LLM; a cut answer still says so.
 
-Before the digit budget (engine/digit_budget.py) 2 of these 12 seeds ran out of tokens inside a number.
+Before the digit budget (engine/structured/digit_budget.py) 2 of these 12 seeds ran out of tokens inside a number.
 """
 
 from __future__ import annotations

@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from nvllm.engine.memory import GiB, MemoryReading, MiB, PoolTooSmall, available_memory, cgroup_headroom, size_pool
+from nvllm.engine.build.memory import (
+    GiB,
+    MemoryReading,
+    MiB,
+    PoolTooSmall,
+    available_memory,
+    cgroup_headroom,
+    size_pool,
+)
 from nvllm.model.kv_cache import KVCache
 from nvllm.server.watchdog import MemoryWatchdog
 

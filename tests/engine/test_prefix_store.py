@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from helpers.warm_cache import GREEDY, assert_clean_but_pinned, engine_llm, finish_warmup, pinned_pages, write_prompt
-from nvllm.engine import prefix_store
-from nvllm.engine.prefix_store import FILE_NAME, MAGIC
+from nvllm.engine.warm import prefix_store
+from nvllm.engine.warm.prefix_store import FILE_NAME, MAGIC
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -179,7 +179,7 @@ def test_a_file_for_another_model_or_format_is_ignored(model, tmp_path, caplog, 
         if change == "activations":
             from nvllm import LLM
             from nvllm.config import load_settings
-            from nvllm.engine.factory import build_engine
+            from nvllm.engine.build.factory import build_engine
             overrides = {"model": {"path": str(model), "activations": "float"},
                          "cache": {"num_blocks": 64, "pinned_prompts": [pinned],
                                    "persist_dir": str(tmp_path / "store")}}

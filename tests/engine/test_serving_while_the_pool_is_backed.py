@@ -1,4 +1,4 @@
-"""The engine serves while the rest of its pool is backed in the background (engine/pool_backing.py): it
+"""The engine serves while the rest of its pool is backed in the background (engine/build/pool_backing.py): it
 hands out only backed pages, behaves as with a smaller pool meanwhile, and keeps serving with what is
 backed when backing runs out of memory. Backing is held or failed through create_engine's `back`."""
 
@@ -12,11 +12,11 @@ import pytest
 
 from nvllm import LLM, SamplingParams
 from nvllm.config import load_settings
-from nvllm.engine import factory
 from nvllm.engine.async_engine import AsyncEngine
+from nvllm.engine.build import factory
+from nvllm.engine.build.memory import MemoryReading
+from nvllm.engine.build.pool_backing import PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.engine.memory import MemoryReading
-from nvllm.engine.pool_backing import PoolBacking
 from nvllm.model.kv_cache import KVCache
 
 TOTAL, MAX_LEN, BS = 32, 64, 16
@@ -73,18 +73,20 @@ def test_requests_are_served_from_the_backed_blocks_while_the_rest_is_held(tiny,
     held = Held()
     engine = build(tiny, held)
     try:
-        assert engine.kv_cache.num_blocks == TOTAL and engine.backing is not None and engine.backing.in_progress
+        assert engine.kv_cache.num_blocks == TOTAL
+        assert isinstance(engine.backing, PoolBacking) and engine.backing.in_progress
         s = engine.stats()
         assert (s["pages_total"], s["pages_backed"], s["pages_free"]) == (TOTAL, FIRST, FIRST)
         for i, p in enumerate(PROMPTS):   # together they need more pages than are backed: they take turns
             engine.add_request(f"r{i}", p, GREEDY)
         tokens = run_checking_pages(engine, FIRST)
         assert [tokens[f"r{i}"] for i in range(len(PROMPTS))] == reference, "as with the whole pool"
-        assert engine.backing is not None and engine.backing.in_progress and engine.stats()["pages_backed"] == FIRST
+        assert isinstance(engine.backing, PoolBacking) and engine.backing.in_progress
+        assert engine.stats()["pages_backed"] == FIRST
         assert engine.stats()["preemptions"] > 0, "four requests in four pages had to take turns"
     finally:
         held.released.set()
-    assert engine.backing is not None and engine.backing.wait(30)
+    assert isinstance(engine.backing, PoolBacking) and engine.backing.wait(30)
     assert held.calls and held.calls[0][0] == FIRST and held.calls[-1][1] == TOTAL
     engine.add_request("after", PROMPTS[0], GREEDY)
     s = engine.stats()
@@ -100,7 +102,7 @@ def test_a_failed_backing_leaves_a_working_smaller_pool(tiny, reference, caplog)
         raise MemoryError("cannot back the KV page pool: Cannot allocate memory")
 
     engine = build(tiny, out_of_memory)
-    assert engine.backing is not None and engine.backing.wait(30)
+    assert isinstance(engine.backing, PoolBacking) and engine.backing.wait(30)
     for i, p in enumerate(PROMPTS):
         engine.add_request(f"r{i}", p, GREEDY)
     tokens = run_checking_pages(engine, FIRST)
@@ -134,8 +136,8 @@ def test_the_engine_thread_serves_while_backing_is_held(tiny) -> None:
         ae = AsyncEngine(engine)
         ae.start()
         try:
-            long = ae.make_sequence("long", list(range(3, 40)), SamplingParams(max_tokens=24, ignore_eos=True))
-            short = ae.make_sequence("short", list(range(50, 80)), SamplingParams(max_tokens=4, ignore_eos=True))
+            long = ae.prepare("long", list(range(3, 40)), SamplingParams(max_tokens=24, ignore_eos=True))
+            short = ae.prepare("short", list(range(50, 80)), SamplingParams(max_tokens=4, ignore_eos=True))
 
             async def drain(seq) -> str:
                 async for out in ae.generate(seq):

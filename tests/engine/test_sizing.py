@@ -14,8 +14,8 @@ import pytest
 
 from helpers.paths import ROOT
 from nvllm.config import load_settings
-from nvllm.engine import factory
-from nvllm.engine.memory import GiB, MiB
+from nvllm.engine.build import factory
+from nvllm.engine.build.memory import GiB, MiB
 from nvllm.model.config import ModelConfig, load_config
 from nvllm.model.decoder import Model
 from nvllm.model.weights.conversion import quantized_weight_bytes
@@ -37,7 +37,7 @@ def q4k_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Llama whose rows split into Q4_K's 256-value blocks (the tiny models' 64 do not)."""
     sys.path.insert(0, str(ROOT / "models"))
     try:
-        import make_test_models as mk
+        import tiny_kit as mk
     finally:
         sys.path.pop(0)
     out = tmp_path_factory.mktemp("q4k")

@@ -1,4 +1,4 @@
-"""Speculative decoding through the engine (engine/speculation.py, engine/ngram.py): proposals from the
+"""Speculative decoding through the engine (engine/speculation/: speculator.py, ngram.py): proposals from the
 sequence's own tokens verified as decode rows in one pass, output unchanged (greedy, seeded sampling
 with every sampling parameter, structured output, logprobs, stop strings, length limits), pages given
 back and the books true through preemption and the prefix cache, the distribution unchanged when
@@ -14,9 +14,9 @@ import pytest
 from helpers.speculation import PROMPTS, run, tokens
 from nvllm import SamplingParams
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine import ngram
-from nvllm.engine.factory import build_engine
+from nvllm.engine.build.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.engine.speculation import ngram
 from nvllm.llm import LLM
 
 
@@ -98,7 +98,7 @@ def test_structured_output_masks_every_proposed_position(tiny):
 
 def test_a_json_schema_with_its_digit_budget_masks_every_proposed_position(tiny):
     """The schema's matcher and the digit budget's both advance through the proposals
-    (engine/matcher_pair.py): every verified row gets the mask it would get one token at a time."""
+    (engine/structured/matcher_pair.py): every verified row gets the mask it would get one token at a time."""
     schema = ('{"type":"object","properties":{"a":{"type":"number"},"b":{"type":"array","items":'
               '{"type":"integer"},"maxItems":30}},"required":["a","b"],"additionalProperties":false}')
     params = [SamplingParams(temperature=t, seed=s, max_tokens=120, structured={"json_schema": schema})
@@ -199,7 +199,7 @@ def test_ngram_proposals(tokens_, k, lo, hi, want):
 
 
 def test_step_costs_average_each_row_count_and_price_unseen_ones_to_be_tried():
-    from nvllm.engine.step_costs import StepCosts
+    from nvllm.engine.speculation.step_costs import StepCosts
     costs = StepCosts(8)
     assert costs.estimate(1) is None                   # nothing measured: no price
     costs.observe(1, 0.010)
@@ -224,7 +224,7 @@ def test_adaptive_speculation_verifies_what_pays_at_the_measured_costs(tiny):
     are always accepted verifies 3 of 4; one whose proposals are seldom accepted verifies none, but is
     probed after a while; a second sequence's rows are priced on top of the first's."""
     from nvllm.config import SpeculativeSettings
-    from nvllm.engine.speculation import PROBE_EVERY, Speculator
+    from nvllm.engine.speculation.speculator import PROBE_EVERY, Speculator
     spec = Speculator(SpeculativeSettings(method="ngram", num_tokens=4), max_model_len=256)
     eng = engine(tiny)
     for rows, s in {1: 10, 2: 12, 3: 19, 4: 20, 5: 40, 6: 42, 7: 43, 8: 44, 9: 60, 10: 80}.items():

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from helpers.daemon_util import DaemonProcess, joined, request, run_bounded
-from nvllm.engine.structured import StructuredCompiler
+from nvllm.engine.structured.compiler import StructuredCompiler
 from nvllm.llm import LLM
 from nvllm.model.sampling import mask
 from nvllm.model.sampling.batch import SamplingBatch

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.cli import build_parser
-from nvllm.engine.memory import MemoryReading
+from nvllm.engine.build.memory import MemoryReading
 from nvllm.server import app
 from nvllm.server.app import Daemon
 

@@ -20,7 +20,7 @@ import gguf
 from gguf import GGMLQuantizationType as T
 
 from helpers.gguf_util import write_random_gguf
-from nvllm.model.synthetic.requantize import requantize
+from nvllm.model_files.synthetic.requantize import requantize
 
 FILE_TYPES = ("Q5_0", "IQ4_NL", "Q3_K_M", "Q2_K", "IQ4_XS")
 TINY256: dict[str, Any] = {"hidden": 256, "intermediate": 512, "heads": 4, "kv_heads": 2, "layers": 2,

@@ -17,8 +17,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from nvllm.model.synthetic.writer import llama3_rope_divisors
 from nvllm.model.weights.folder import _safetensors_files, _Tensors
+from nvllm.model_files.synthetic.writer import llama3_rope_divisors
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
         "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3", "Gemma3ForCausalLM": "gemma3"}

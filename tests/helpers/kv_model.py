@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvllm.model.synthetic.shapes import Shape
-from nvllm.model.synthetic.writer import synthesize
+from nvllm.model_files.synthetic.shapes import Shape
+from nvllm.model_files.synthetic.writer import synthesize
 
 
 def hd64_gguf(folder: Path) -> Path:

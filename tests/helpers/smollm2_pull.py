@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvllm.registry import KNOWN_MODELS
+from nvllm.model_files.registry import KNOWN_MODELS
 
 NAME = "smollm2-135m-instruct"
 SRC = KNOWN_MODELS[NAME]

@@ -13,9 +13,9 @@ from helpers.schedule import run_schedule
 from nvllm import LLM, SamplingParams
 from nvllm.model.config import ModelConfig, ModelLoadError, layer_rope, rope_inv_freq
 from nvllm.model.decoder import Model
-from nvllm.model.synthetic.shapes import SHAPES
-from nvllm.model.synthetic.writer import synthesize
 from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model_files.synthetic.shapes import SHAPES
+from nvllm.model_files.synthetic.writer import synthesize
 
 BASE = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128, "num_hidden_layers": 7,

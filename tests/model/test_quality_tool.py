@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from helpers.paths import ROOT
-from nvllm.model.synthetic.shapes import Shape
-from nvllm.model.synthetic.writer import synthesize
+from nvllm.model_files.synthetic.shapes import Shape
+from nvllm.model_files.synthetic.writer import synthesize
 
 
 @pytest.fixture()

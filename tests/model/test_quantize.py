@@ -296,9 +296,9 @@ def test_serve_flag_reaches_the_settings():
 
 
 def test_generate_and_bench_pass_the_flag_on(monkeypatch):
-    import nvllm.bench
+    import nvllm.bench.throughput
     import nvllm.llm
-    from nvllm.engine.factory import EngineBuildError
+    from nvllm.engine.build.factory import EngineBuildError
 
     seen = {}
 
@@ -311,7 +311,7 @@ def test_generate_and_bench_pass_the_flag_on(monkeypatch):
         seen["bench"] = args[8] if len(args) > 8 else kwargs.get("quantization")
 
     monkeypatch.setattr(nvllm.llm, "LLM", FakeLLM)
-    monkeypatch.setattr(nvllm.bench, "run", fake_run)
+    monkeypatch.setattr(nvllm.bench.throughput, "run", fake_run)
     assert cli.main(["generate", "hi", "--quantization", "q4_0"]) == 2
     assert cli.main(["bench", "--quantization", "bf16"]) == 0
     assert seen == {"generate": "q4_0", "bench": "bf16"}

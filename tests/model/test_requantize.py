@@ -1,4 +1,4 @@
-"""nvllm.model.synthetic.requantize (`nvllm models quantize`): a GGUF written again in another file type
+"""nvllm.model_files.synthetic.requantize (`nvllm models quantize`): a GGUF written again in another file type
 as llama-quantize writes it: its tensor order, each tensor's type, each tensor's bytes, the metadata
 copied with its own value types; and clear refusals."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from helpers.paths import ROOT
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import FORMATS
 from nvllm.model.quant.quantize import quantize
-from nvllm.model.synthetic.requantize import quantize_order, requantize
 from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model_files.synthetic.requantize import quantize_order, requantize
 
 BY_NAME = {f.name: f for f in FORMATS.values()}
 # What llama-cpp-python 0.3.36's llama-quantize wrote from the same tiny256 F32 file (every tensor's
@@ -105,7 +105,7 @@ def test_cli_writes_the_file_and_refuses_clearly(source, tmp_path):
 
 def test_the_help_names_every_file_type() -> None:
     """The CLI's help is written out (building it must not import NumPy); it lists what requantize takes."""
-    from nvllm.model.synthetic.mixture import FILE_TYPES
+    from nvllm.model_files.synthetic.mixture import FILE_TYPES
 
     for action in ("quantize", "synthesize"):
         r = subprocess.run([sys.executable, "-m", "nvllm.cli", "models", action, "--help"],

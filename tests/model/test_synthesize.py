@@ -16,11 +16,11 @@ import pytest
 from nvllm import LLM, SamplingParams, cli
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.quantize import quantize
-from nvllm.model.synthetic.mixture import tensor_types
-from nvllm.model.synthetic.shapes import SHAPES, Shape
-from nvllm.model.synthetic.vocab import bpe_vocabulary
-from nvllm.model.synthetic.writer import iter_types, synthesize, tensor_specs
 from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model_files.synthetic.mixture import tensor_types
+from nvllm.model_files.synthetic.shapes import SHAPES, Shape
+from nvllm.model_files.synthetic.vocab import bpe_vocabulary
+from nvllm.model_files.synthetic.writer import iter_types, synthesize, tensor_specs
 from nvllm.text.tokenizer import Tokenizer
 
 # a Qwen2.5-like shape small enough to write in a second: rows of 256 take Q4_K and Q6_K, rows of 64 fall back
@@ -176,7 +176,7 @@ def test_low_bit_files_are_the_f16_file_quantized_and_load_in_place(tiny_files, 
 
 
 def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
-    import nvllm.model.synthetic.writer as writer
+    import nvllm.model_files.synthetic.writer as writer
 
     def broken(*args):
         raise OSError(28, "No space left on device")

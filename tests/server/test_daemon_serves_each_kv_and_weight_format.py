@@ -11,8 +11,8 @@ import pytest
 
 from helpers.daemon_util import NUM_BLOCKS, DaemonProcess, health
 from nvllm import LLM, SamplingParams
-from nvllm.model.synthetic.shapes import Shape
-from nvllm.model.synthetic.writer import synthesize
+from nvllm.model_files.synthetic.shapes import Shape
+from nvllm.model_files.synthetic.writer import synthesize
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 

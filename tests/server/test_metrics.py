@@ -71,7 +71,7 @@ def new_state(name: str = MODEL) -> DaemonState:
 
 async def run_requests(ae: AsyncEngine, batch: list, params: SamplingParams) -> list:
     """Every prompt through the async engine at once."""
-    streams = [ae.add(ae.make_sequence(f"r{i}", p, params)) for i, p in enumerate(batch)]
+    streams = [ae.add(ae.prepare(f"r{i}", p, params)) for i, p in enumerate(batch)]
 
     async def drain(stream):
         return [out async for out in stream]
@@ -164,11 +164,9 @@ class TestEngineMetrics:
             ae.start()
             await state.set_ready(ae, None)
             # Two seats for six long requests: four wait (the snapshot counts adds not yet taken, too).
-            # a {"prompt_token_ids": ...} prompt, which the engine takes (AsyncEngine.make_sequence's
-            # annotation leaves it out)
-            seqs = [ae.make_sequence(f"w{i}", p, SamplingParams(max_tokens=200, ignore_eos=True))  # type: ignore[arg-type]
-                    for i, p in enumerate(prompts(6, 8))]
-            streams = [ae.add(seq) for seq in seqs]
+            pending = [ae.prepare(f"w{i}", p, SamplingParams(max_tokens=200, ignore_eos=True))
+                       for i, p in enumerate(prompts(6, 8))]
+            streams = [ae.add(p) for p in pending]
             seen.append(value(local(state.metrics), "vllm:num_requests_waiting"))
             for s in streams:
                 s.close()    # aborts them

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from nvllm.engine.sequence import RequestOutput
+from nvllm.engine.async_engine import PendingRequest
+from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import SamplingParams, StructuredSpec
 from nvllm.server.http.openai_request import parse_chat
 from nvllm.server.http.openai_response import ResponseBuilder
-from nvllm.server.reasoning import ReasoningStream, answer_thinks, split_reasoning, thinking_requested
-from nvllm.server.service import GeneratorService
+from nvllm.server.reasoning import ReasoningStream, split_reasoning, thinking_requested
+from nvllm.server.service import GeneratorService, chat_reasoning
 
 CASES = [
     # (text, reasoning, content) for deepseek_r1 and qwen3 with thinking on
@@ -108,8 +109,10 @@ def test_stream_deltas_carry_reasoning_content_apart():
 
 
 def seq(params: SamplingParams, waits: bool = False) -> Any:
-    """What answer_parser reads of a Sequence: its params, and whether its grammar waits for the thinking."""
-    return SimpleNamespace(params=params, structured_after_thinking=(1, object()) if waits else None)
+    """What PendingRequest reads of a Sequence: its id, prompt, params, and whether its grammar waits for the
+    thinking."""
+    return SimpleNamespace(request_id="r", num_prompt_tokens=3, params=params,
+                           structured_after_thinking=(1, object()) if waits else None)
 
 
 def test_without_a_parser_nothing_changes():
@@ -128,28 +131,25 @@ def test_grpc_responses_carry_reasoning_text_apart():
     from nvllm.server.state import DaemonState
 
     state = DaemonState("m", HealthServicer(), 8, 8, 1 << 20)
-    state.reasoning_parser = "deepseek_r1"
     service = GeneratorService(state)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    stream = service._reasoning("chat", chat, seq(SamplingParams()))
+    stream = chat_reasoning("deepseek_r1", "chat", chat, thinks=True)
     assert stream is not None
     rs = [service._response("r", out(p, finished=i == len(PIECES) - 1), 0.0, None, stream)
           for i, p in enumerate(PIECES)]
     assert "".join(r.reasoning_text for r in rs) == "Hmm." and "".join(r.text for r in rs) == "\n\nBlue."
-    assert service._reasoning("prompt", "hi", seq(SamplingParams())) is None
-    state.reasoning_parser = ""
-    assert service._reasoning("chat", chat, seq(SamplingParams())) is None
+    assert chat_reasoning("deepseek_r1", "prompt", "hi", thinks=True) is None
+    assert chat_reasoning("", "chat", chat, thinks=True) is None
 
 
 def test_a_constrained_answer_thinks_only_when_its_grammar_waits_for_the_thinking():
     constrained = SamplingParams(structured=StructuredSpec("json_object"))
-    assert not answer_thinks(seq(constrained))          # masked from the first token: all content
-    assert answer_thinks(seq(constrained, waits=True)) and answer_thinks(seq(SamplingParams()))
+    assert not PendingRequest(seq(constrained)).thinks          # masked from the first token: all content
+    assert PendingRequest(seq(constrained, waits=True)).thinks and PendingRequest(seq(SamplingParams())).thinks
     b = builder("qwen3", thinks=False)
     b.add(0, out("{}", finished=True))
     assert b.response()["choices"][0]["message"] == {"role": "assistant", "content": "{}", "reasoning_content": None}
-    state = SimpleNamespace(reasoning_parser="deepseek_r1")
-    stream = GeneratorService(state)._reasoning("chat", {"messages": []}, seq(constrained))   # type: ignore[arg-type]
+    stream = chat_reasoning("deepseek_r1", "chat", {"messages": []}, thinks=False)
     assert stream is not None and stream.feed("{}", final=True) == ("", "{}")
 
 

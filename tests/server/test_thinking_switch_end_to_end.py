@@ -20,7 +20,7 @@ from helpers.thinking_template import EMPTY_THINK, USER, make_think_tokens, make
 from nvllm import LLM
 from nvllm.config import load_settings
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.engine.factory import build_engine
+from nvllm.engine.build.factory import build_engine
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.service import GeneratorService, add_generator_to_server
 from nvllm.server.state import DaemonState

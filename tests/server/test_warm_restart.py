@@ -14,8 +14,8 @@ import pytest
 
 from helpers.daemon_util import BASE_CONFIG, DaemonProcess, config_with, health, wait_for
 from helpers.warm_cache import SYSTEM, write_prompt
-from nvllm.engine.pinned_prompts import read_pinned_prompts
-from nvllm.engine.prefix_store import FILE_NAME
+from nvllm.engine.warm.pinned_prompts import read_pinned_prompts
+from nvllm.engine.warm.prefix_store import FILE_NAME
 from nvllm.text.tokenizer import Tokenizer
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc

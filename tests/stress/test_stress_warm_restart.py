@@ -19,7 +19,7 @@ import pytest
 from helpers.daemon_util import BASE_CONFIG, DaemonProcess, config_with, health, joined, request, run_bounded, wait_for
 from helpers.warm_cache import SYSTEM, write_prompt
 from nvllm import SamplingParams
-from nvllm.engine.pinned_prompts import read_pinned_prompts
+from nvllm.engine.warm.pinned_prompts import read_pinned_prompts
 from nvllm.text.tokenizer import Tokenizer
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc

@@ -1,6 +1,7 @@
-"""The layers import one way: server -> engine -> model -> text, never up and never past the layer below;
-inside model/, each room imports only the rooms below it; and no module imports itself back through
-others.
+"""The layers import one way: server -> engine -> model -> text, never up and never past the layer below; the
+rooms beside them (the benchmarks, the model-file commands, the command line, the offline API) only what
+their table names; inside model/ and engine/, each room imports only the rooms its table lists; and no
+module imports itself back through others, in the package, models/ or tools/.
 
 Every import statement of every module is read (function-local ones and those under TYPE_CHECKING too), so
 a lazy import cannot slip past. docs/DESIGN.md draws the layers and the rooms; the shared bottom
@@ -20,12 +21,17 @@ PACKAGE = ROOT / "daemon" / "nvllm"
 SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.v1", "nvllm.cgroup"}
 TEXT = "nvllm.text"
 
-# layer -> the nvllm packages (by prefix) it may import besides itself and the shared bottom
+# layer or room of the package root -> the nvllm packages (by prefix) it may import besides itself and the
+# shared bottom. Every folder and module of daemon/nvllm is one of these or the shared bottom.
 ALLOWED = {
     "server": {"nvllm.engine"},
     "engine": {"nvllm.model", TEXT},
     "model": {TEXT},
     "text": set(),
+    "llm": {"nvllm.engine"},                                    # the offline API (LLM)
+    "bench": {"nvllm.engine", "nvllm.model"},                   # the benchmarks
+    "model_files": {"nvllm.model"},                             # pull, list, synthesize, quantize
+    "cli": {"nvllm.server", "nvllm.engine", "nvllm.llm", "nvllm.bench", "nvllm.model_files"},
 }
 
 # model/'s rooms, bottom first -> the other rooms of model/ each may import. The forward pass's layers
@@ -38,8 +44,36 @@ ROOMS = {
     "kernels": {M + "quant"},                                    # C and its wrappers and twins
     "matrix": {M + "kernels", M + "quant"},                      # a weight that multiplies itself
     "weights": {M + "config", M + "matrix", M + "kernels", M + "quant"},   # weight files -> weights
-    "synthetic": {M + "quant", M + "weights"},                   # GGUFs as llama.cpp's tools write them
 }
+
+# engine/'s rooms, bottom first -> the other rooms of engine/ each may import. The step loop stays directly in
+# engine/: the modules a request's state lives in at the bottom, the concerns on them, the step over them
+# all; build/ puts an engine together.
+E = "nvllm.engine."
+_BOOKS = {E + "outputs", E + "sequence", E + "block_manager", E + "prompt"}
+ENGINE_ROOMS = {
+    "outputs": set(),                                            # what a request's steps hand back
+    "sequence": {E + "outputs"},                                 # one request's state
+    "block_manager": set(),                                      # the page books
+    "prompt": set(),                                             # a request's prompt -> token ids
+    "structured": set(),                                         # constraints -> matchers and masks
+    "speculation": {E + "sequence"},                             # proposals, verified
+    "warm": _BOOKS,                                              # pinned prompts, the persisted cache
+    "scheduler": {E + "sequence", E + "block_manager"},          # who runs next
+    "sampling_rows": {E + "sequence"},                           # the sampler's rows of a step
+    "packing": {E + "scheduler", E + "sampling_rows"},           # a step's tokens -> the model's batch
+    "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "structured", "speculation",
+                                            "warm")},            # the step
+    "async_engine": _BOOKS | {E + "llm_engine"},                 # the engine thread, and its asyncio side
+    "build": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
+                              "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine")},
+}
+
+# What server/ may know of the engine: its asyncio side and what it hands back, the prompt's type, the factory
+# and the memory reading an engine is built from, the thinking tags. Never a request's state (sequence.py)
+# nor the step: a front door is a translation of its wire format (DaemonState.submit is the one way in).
+SERVER_SEES = {E + m for m in ("async_engine", "outputs", "prompt", "build.factory", "build.memory",
+                               "structured.thinking")}
 
 
 def nvllm_imports(path: Path, package: Path | None = None) -> list[tuple[int, str]]:
@@ -68,24 +102,29 @@ def _shared(module: str) -> bool:
     return module == "nvllm" or any(is_under(module, p) for p in SHARED - {"nvllm"})
 
 
+def _paths(here: Path) -> list[Path]:
+    """A package's modules, or the one module `here` names without its .py."""
+    return sorted(here.rglob("*.py")) if here.is_dir() else [here.with_suffix(".py")]
+
+
 def violations(layer: str) -> list[str]:
     ok = ALLOWED[layer] | {f"nvllm.{layer}"}
     bad = []
-    for path in sorted((PACKAGE / layer).rglob("*.py")):
+    for path in _paths(PACKAGE / layer):
         for line, module in nvllm_imports(path):
             if not _shared(module) and not any(is_under(module, p) for p in ok):
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
     return bad
 
 
-def room_violations(room: str) -> list[str]:
-    here = PACKAGE / "model" / room
-    paths = sorted(here.rglob("*.py")) if here.is_dir() else [here.with_suffix(".py")]
-    ok = ROOMS[room] | {M + room}
+def room_violations(room: str, layer: str = "model") -> list[str]:
+    """Imports of `layer`'s other rooms by `room` that its table (ROOMS, ENGINE_ROOMS) does not list."""
+    table, prefix = (ROOMS, M) if layer == "model" else (ENGINE_ROOMS, E)
+    ok = table[room] | {prefix + room}
     bad = []
-    for path in paths:
+    for path in _paths(PACKAGE / layer / room):
         for line, module in nvllm_imports(path):
-            if is_under(module, "nvllm.model") and not any(is_under(module, p) for p in ok):
+            if is_under(module, f"nvllm.{layer}") and not any(is_under(module, p) for p in ok):
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
     return bad
 
@@ -96,11 +135,36 @@ def module_name(path: Path, package: Path) -> str:
 
 
 def import_cycles(package: Path) -> list[list[str]]:
-    """The import graph's strongly connected components of more than one module (or a module importing
-    itself), each sorted: every cycle, by Tarjan's algorithm."""
+    """Every cycle of the package's imports (see cycles)."""
     graph: dict[str, set[str]] = {}
     for path in sorted(package.rglob("*.py")):
         graph[module_name(path, package)] = {m for _, m in nvllm_imports(path, package)}
+    return cycles(graph)
+
+
+def script_cycles(folder: Path) -> list[list[str]]:
+    """Every cycle among the scripts of a folder (models/, tools/), which import each other by name:
+    `import x`, `from x import y`, `__import__("x")`."""
+    paths = sorted(folder.glob("*.py"))
+    names = {p.stem for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__" \
+                    and node.args and isinstance(node.args[0], ast.Constant):
+                found.add(str(node.args[0].value))
+        graph[path.stem] = found & names
+    return cycles(graph)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (or a module importing itself),
+    each sorted: every cycle, by Tarjan's algorithm."""
     for deps in graph.values():
         deps &= graph.keys()
     index: dict[str, int] = {}
@@ -146,6 +210,35 @@ def test_a_room_of_model_imports_only_the_rooms_below_it(room: str) -> None:
     assert room_violations(room) == []
 
 
+@pytest.mark.parametrize("room", sorted(ENGINE_ROOMS))
+def test_a_room_of_engine_imports_only_the_rooms_its_table_lists(room: str) -> None:
+    assert room_violations(room, "engine") == []
+
+
+def test_the_server_sees_only_the_engines_public_side() -> None:
+    bad = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+           for path in _paths(PACKAGE / "server") for line, module in nvllm_imports(path)
+           if is_under(module, "nvllm.engine") and module not in SERVER_SEES]
+    assert bad == []
+
+
+def _members(folder: Path) -> set[str]:
+    """The modules (stems) and packages directly in folder."""
+    return ({p.stem for p in folder.glob("*.py")} - {"__init__"}) | \
+        {p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+
+
+def test_every_folder_and_module_of_the_package_is_a_layer_a_room_or_the_shared_bottom() -> None:
+    shared = {m.split(".", 1)[1] for m in SHARED if "." in m}
+    assert _members(PACKAGE) == set(ALLOWED) | shared
+
+
+def test_every_module_of_engine_is_in_a_room() -> None:
+    assert _members(PACKAGE / "engine") == set(ENGINE_ROOMS)
+    for room in ENGINE_ROOMS:
+        assert (PACKAGE / "engine" / room).is_dir() or (PACKAGE / "engine" / f"{room}.py").is_file(), room
+
+
 def test_every_module_of_model_is_in_a_room_or_is_a_layer_of_the_forward_pass() -> None:
     loose = {p.stem for p in (PACKAGE / "model").glob("*.py")} - {"__init__", "config"}
     rooms = {p.name for p in (PACKAGE / "model").iterdir() if p.is_dir() and p.name != "__pycache__"}
@@ -157,13 +250,25 @@ def test_no_module_imports_itself_back() -> None:
     assert import_cycles(PACKAGE) == []
 
 
+@pytest.mark.parametrize("folder", ["models", "tools"])
+def test_no_script_imports_itself_back(folder: str) -> None:
+    assert script_cycles(ROOT / folder) == []
+
+
+def test_the_check_sees_scripts_importing_each_other(tmp_path: Path) -> None:
+    (tmp_path / "maker.py").write_text("import json\nBUILDERS = __import__('extra').BUILDERS\n")
+    (tmp_path / "extra.py").write_text("def f():\n    import maker\n")
+    (tmp_path / "alone.py").write_text("from maker import x\n")
+    assert script_cycles(tmp_path) == [["extra", "maker"]]
+
+
 def test_the_check_sees_a_reach_down_past_the_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "nvllm"
     (fake / "server").mkdir(parents=True)
     (fake / "model").mkdir()
     (fake / "text").mkdir()
     (fake / "server" / "x.py").write_text(
-        "from nvllm.engine import factory\n"
+        "from nvllm.engine.build import factory\n"
         "def f():\n    from nvllm.model.decoder import Model\n    import nvllm.text.tokenizer\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert violations("server") == ["nvllm/server/x.py:3 imports nvllm.model.decoder",

@@ -18,8 +18,8 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import pre_tokenizers
 
 from helpers.paths import ROOT as REPO
-from nvllm import registry
 from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model_files import registry
 from nvllm.text.gguf_vocab import GGUF_CONTROL, GGUF_USER_DEFINED
 from nvllm.text.tokenizer import Tokenizer
 

@@ -1,4 +1,4 @@
-"""nvllm bench: throughput and latency beside this machine's own floors (nvllm/bench.py measures)."""
+"""nvllm bench: throughput and latency beside this machine's own floors (the bench/ package measures)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from nvllm import bench
+    from nvllm.bench import throughput
     from nvllm.config import ConfigError
-    from nvllm.engine.factory import EngineBuildError
+    from nvllm.engine.build.factory import EngineBuildError
 
     def numbers(text: str, flag: str) -> list[int]:
         try:
@@ -60,7 +60,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("nvllm bench: --draft-model goes with --speculation", file=sys.stderr)
         return 2
     try:
-        bench.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
+        throughput.run(None if args.target else Path(args.model), numbers(args.concurrency, "--concurrency"),
                   args.prompt_len, args.gen_len, args.target, args.json,
                   numbers(args.prefill_len, "--prefill-len"), args.threads, args.quantization,
                   args.activations, args.kv_cache_dtype)
@@ -73,7 +73,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _query(args: argparse.Namespace) -> int:
     import json
 
-    from nvllm.bench_query import QueryError, drone_query, format_query
+    from nvllm.bench.query import QueryError, drone_query, format_query
 
     if args.repeats < 1:
         print(f"nvllm bench: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
@@ -94,9 +94,9 @@ def _query(args: argparse.Namespace) -> int:
 def _speculation(args: argparse.Namespace) -> int:
     import json
 
-    from nvllm.bench_speculation import bench_speculation, format_speculation
+    from nvllm.bench.speculation import bench_speculation, format_speculation
     from nvllm.config import ConfigError
-    from nvllm.engine.factory import EngineBuildError
+    from nvllm.engine.build.factory import EngineBuildError
 
     try:
         result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads,

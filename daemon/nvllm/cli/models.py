@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _shape_names() -> list[str]:
-    from nvllm.model.synthetic.shapes import SHAPES
+    from nvllm.model_files.synthetic.shapes import SHAPES
 
     return list(SHAPES)
 
@@ -55,8 +55,8 @@ def _shape_names() -> list[str]:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from nvllm.model.synthetic.mixture import FILE_TYPES
-    from nvllm.model.synthetic.requantize import requantize
+    from nvllm.model_files.synthetic.mixture import FILE_TYPES
+    from nvllm.model_files.synthetic.requantize import requantize
 
     if args.type not in FILE_TYPES:
         print(f"nvllm models quantize: --type must be one of {', '.join(FILE_TYPES)}, got {args.type!r}",
@@ -80,9 +80,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def cmd_synthesize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from nvllm.model.synthetic.mixture import FILE_TYPES
-    from nvllm.model.synthetic.shapes import SHAPES
-    from nvllm.model.synthetic.writer import synthesize
+    from nvllm.model_files.synthetic.mixture import FILE_TYPES
+    from nvllm.model_files.synthetic.shapes import SHAPES
+    from nvllm.model_files.synthetic.writer import synthesize
 
     if args.shape not in SHAPES:
         print(f"nvllm models synthesize: unknown shape {args.shape!r}; known: {', '.join(SHAPES)}", file=sys.stderr)
@@ -101,7 +101,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from nvllm import registry
+    from nvllm.model_files import listing, registry
 
     if args.action == "synthesize":
         return cmd_synthesize(args)
@@ -115,7 +115,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             return 1
         print(path)
         return 0
-    models = registry.list_models(args.dir)
+    models = listing.list_models(args.dir)
     if args.json:
         print(json.dumps(models, indent=2, default=str))
         return 0

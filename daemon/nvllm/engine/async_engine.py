@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.engine.sequence import RequestOutput, Sequence
-from nvllm.sampling_params import InvalidParameter
+from nvllm.engine.outputs import RequestOutput
+from nvllm.engine.prompt import Prompt
+from nvllm.engine.sequence import Sequence
+from nvllm.sampling_params import InvalidParameter, SamplingParams
 
 log = logging.getLogger("nvllm.engine.async")
 
@@ -87,6 +89,20 @@ class RequestStream:
 
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
+
+
+class PendingRequest:
+    """A request checked and tokenized (`AsyncEngine.prepare`), not yet queued: what a front door may know of
+    it before `AsyncEngine.add` takes it. The sequence inside is the engine's alone."""
+
+    def __init__(self, seq: Sequence) -> None:
+        self._seq = seq
+        self.request_id = seq.request_id
+        self.prompt_tokens = seq.num_prompt_tokens
+        self.max_tokens: int = seq.params.max_tokens or 0    # resolved: never None once prepared
+        # Whether the answer may think (a reasoning parser then splits its text): not a constrained one
+        # whose grammar masks from its first token (no thinking tokens, or a prompt that closed the thinking).
+        self.thinks = seq.params.structured is None or seq.structured_after_thinking is not None
 
 
 def _failed_output(request_id: str, error: str | None) -> RequestOutput:
@@ -167,7 +183,7 @@ class AsyncEngine:
 
     def save_cache(self) -> None:
         """After stop_thread (the engine is no one's then): write the prefix cache to cache.persist_dir,
-        when set (engine/warmup.py). Blocks for the write; failures are logged, never raised."""
+        when set (engine/warm/warmup.py). Blocks for the write; failures are logged, never raised."""
         if self._thread is not None:
             raise RuntimeError("save_cache runs once the engine thread has stopped")
         if self._stuck:
@@ -199,19 +215,21 @@ class AsyncEngine:
             snap["waiting"] = snap.get("waiting", 0) + self._pending_adds
         return snap
 
-    def make_sequence(self, request_id: str, prompt: str | list[int], params: Any = None,
-                      priority: int = 0) -> Sequence:
-        """Validate and tokenize (InvalidParameter on a bad request); safe off the engine thread."""
-        return self.engine.make_sequence(request_id, prompt, params, priority)
+    def prepare(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                priority: int = 0) -> PendingRequest:
+        """Validate, render and tokenize, compile a constraint (InvalidParameter on a bad request); safe off
+        the engine thread, and meant for a pool of its own: a long prompt or a grammar takes a while."""
+        return PendingRequest(self.engine.make_sequence(request_id, prompt, params, priority))
 
-    def add(self, seq: Sequence) -> RequestStream:
-        """Queue `seq` now and return its stream of outputs (iterate it with `async for`).
+    def add(self, request: PendingRequest) -> RequestStream:
+        """Queue the request now and return its stream of outputs (iterate it with `async for`).
 
         Closing the stream before its final output (leaving its `with` block, cancellation, a
         deadline) aborts the request; its pages are freed at once.
         """
         if not self.is_running:
             raise EngineDead("the engine is not running")
+        seq = request._seq
         rid = seq.request_id
         if rid in self._streams:
             raise InvalidParameter("request_id", rid, "unique among the requests in flight (it is in use)")
@@ -222,9 +240,9 @@ class AsyncEngine:
         self._send(_Command("add", seq))
         return RequestStream(self, rid, stream)
 
-    async def generate(self, seq: Sequence) -> AsyncIterator[RequestOutput]:
-        """Queue `seq` and yield its outputs until the final one; stopping early aborts it."""
-        with self.add(seq) as stream:
+    async def generate(self, request: PendingRequest) -> AsyncIterator[RequestOutput]:
+        """Queue the request and yield its outputs until the final one; stopping early aborts it."""
+        with self.add(request) as stream:
             async for out in stream:
                 yield out
 

@@ -5,7 +5,7 @@ but holding a full block whose hash is known, so a later prompt with the same pr
 evicted least-recently-used when free pages run out) or owned (ref_count > 0). The pool arrays
 themselves live in model/kv_cache.py.
 
-The pool's memory may be backed after start-up, from its first block on (engine/pool_backing.py): only
+The pool's memory may be backed after start-up, from its first block on (engine/build/pool_backing.py): only
 the first num_backed_blocks pages are ever in the books, and add_backed() brings in more as they are
 backed, so a page past them is never handed out and the rest of the manager sees a smaller pool.
 
@@ -128,7 +128,7 @@ class BlockManager:
 
     def _key(self, group: int, h: bytes) -> bytes:
         """A block's key in the hash table: group 0's is its hash (16 bytes), another group's names the group
-        in two bytes more (engine/prefix_store.py reads both lengths)."""
+        in two bytes more (engine/warm/prefix_store.py reads both lengths)."""
         return h if group == 0 else h + group.to_bytes(2, "little")
 
     def _cached(self, seq: SeqBlocks, group: int, i: int) -> int | None:
@@ -332,7 +332,7 @@ class BlockManager:
         child.num_computed_tokens = full * bs
 
     def add_cached(self, h: bytes, tokens: tuple[int, ...], write: Callable[[int], None]) -> int | None:
-        """Put a block computed elsewhere (the persisted cache, engine/prefix_store.py) in a free page:
+        """Put a block computed elsewhere (the persisted cache, engine/warm/prefix_store.py) in a free page:
         write(page) fills its K/V, then it is cached, findable by h. None, and nothing changed, when the
         block is cached already or no page is free (none is evicted for it)."""
         if not self.enable_prefix_caching or h in self.hash_to_block or not self.free_ids:

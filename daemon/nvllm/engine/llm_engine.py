@@ -8,22 +8,23 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from nvllm.config import Settings
 from nvllm.engine.block_manager import BlockManager
-from nvllm.engine.pool_backing import PoolBacking
+from nvllm.engine.outputs import RequestOutput, TokenLogprob, TopLogprob
+from nvllm.engine.packing import pack
 from nvllm.engine.prompt import Prompt, prompt_ids
 from nvllm.engine.sampling_rows import Row, sampling_batch
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
-from nvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus, TokenLogprob, TopLogprob, check_priority
-from nvllm.engine.speculation import Speculator
-from nvllm.engine.structured import StructuredCompiler
-from nvllm.engine.thinking import prompt_ends_thinking, think_token_ids
-from nvllm.engine.warmup import Warmup
-from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.engine.sequence import Sequence, SequenceStatus, check_priority
+from nvllm.engine.speculation.speculator import Speculator
+from nvllm.engine.structured.compiler import StructuredCompiler
+from nvllm.engine.structured.thinking import prompt_ends_thinking
+from nvllm.engine.warm.warmup import Warmup
+from nvllm.model.decoder import Model
 from nvllm.model.kernels import matmul, threads
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.sampling.sampler import SamplerOutput, sample
@@ -33,12 +34,27 @@ from nvllm.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nvllm.engine")
 
+
+class Backing(Protocol):
+    """What the step reads of the thread backing the pool after start-up (engine/build/pool_backing.py)."""
+
+    @property
+    def backed(self) -> int: ...      # the first pages, resident and usable
+
+    @property
+    def error(self) -> str | None: ...  # why the backing stopped short, once it has
+
+
 class LLMEngine:
-    """Built by engine/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
+    """Built by engine/build/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
 
     def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
-                 max_model_len: int, generation_defaults: Mapping[str, Any] | None = None,
-                 eos_token_ids: Iterable[int] = (), backing: PoolBacking | None = None) -> None:
+                 max_model_len: int, speculator: Speculator, structured: StructuredCompiler,
+                 generation_defaults: Mapping[str, Any] | None = None, eos_token_ids: Iterable[int] = (),
+                 backing: Backing | None = None, think_tokens: tuple[int, int] | None = None) -> None:
+        """The concerns come built (engine/build/factory.py): speculation (speculator), structured output
+        (structured, and think_tokens where a grammar waits for the end of the thinking), the pool's
+        backing; the warm cache (`warmup`) is attached once the engine exists, since it feeds it requests."""
         self.model = model
         self.tokenizer = tokenizer
         self.kv_cache = kv_cache
@@ -50,7 +66,7 @@ class LLMEngine:
         bm = BlockManager(kv_cache.num_blocks, kv_cache.block_size, settings.cache.enable_prefix_caching,
                           None if backing is None else backing.backed, kv_cache.layout.windows)
         self.block_manager = bm
-        self.speculator = Speculator(settings.speculative, max_model_len)
+        self.speculator = speculator
         self.scheduler = Scheduler(self.block_manager, settings.scheduler.max_num_seqs,
                                    settings.scheduler.max_num_batched_tokens,
                                    settings.scheduler.priority_aging_steps, self.speculator.release)
@@ -68,14 +84,14 @@ class LLMEngine:
         self.last_step_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) for tokens/s
         # Structured output: compiles constraints (in the tokenize pool) and fills each step's bitmask.
-        self.structured = StructuredCompiler(tokenizer, model.config.vocab_size, self.eos_token_ids)
+        self.structured = structured
         # Fill the bitmask on a thread of its own while the model runs (llguidance and BLAS both let go
         # of the GIL); False fills it after the forward pass, on the engine thread.
         self.structured_overlap = True
-        # With a reasoning parser, a grammar waits for the end of the thinking (engine/thinking.py).
-        self.think_tokens = think_token_ids(tokenizer) if settings.server.reasoning_parser else None
+        # (start, end) thinking tokens: a grammar then waits for the end of the thinking (structured/thinking.py).
+        self.think_tokens = think_tokens
         self._mask_pool: ThreadPoolExecutor | None = None
-        # Pinned prompts and the persisted prefix cache (engine/warmup.py), set by the factory when asked.
+        # Pinned prompts and the persisted prefix cache (engine/warm/warmup.py), set by the factory when asked.
         self.warmup: Warmup | None = None
 
     @property
@@ -253,55 +269,9 @@ class LLMEngine:
                 self.tokenizer.decode([token_id], skip_special_tokens=False))
 
     def _run(self, batch: ScheduledBatch) -> tuple[list[Row], SamplerOutput | None]:
-        """Pack the batch, run the model, sample the rows of sequences whose last token was computed.
-        A sequence with proposed tokens is one decode row per token it verifies, sharing its table."""
-        bs = self.kv_cache.block_size
-        ids: list = []
-        G = self.kv_cache.layout.num_groups
-        pos: list[np.ndarray] = []
-        slots: list[list[np.ndarray]] = [[] for _ in range(G)]
-        tables: list[list[np.ndarray]] = [[] for _ in range(G)]
-        qlens: list[int] = []
-        clens: list[int] = []
-        logit_rows: list[int] = []
-        rows: list[Row] = []
-        t = 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens
-            p = np.arange(start, start + n)                                  # [n]
-            seq_tables = [np.asarray(tb, dtype=np.int64) for tb in seq.block_tables]
-            drafts = seq.draft_tokens
-            for g, table in enumerate(seq_tables):
-                slots[g].append(table[p // bs] * bs + p % bs)
-            pos.append(p)
-            if drafts:
-                ids.append([seq.token_ids[-1], *drafts])
-                qlens.extend([1] * n)
-                clens.extend(range(start + 1, start + n + 1))
-                for g, table in enumerate(seq_tables):
-                    tables[g].extend([table] * n)
-                logit_rows.extend(range(t, t + n))
-                rows.extend((seq, drafts[:j]) for j in range(n))
-                t += n
-                continue
-            ids.append(seq.token_ids[start:start + n])
-            qlens.append(n)
-            clens.append(start + n)
-            for g, table in enumerate(seq_tables):
-                tables[g].append(table)
-            t += n
-            if start + n == seq.num_tokens:   # the whole sequence is computed: sample its next token
-                logit_rows.append(t - 1)
-                rows.append((seq, []))
-        width = max(len(tb) for tb in tables[0])
-        block_tables = [np.zeros((len(tables[0]), width), dtype=np.int32) for _ in range(G)]   # [S, max_blocks]
-        for group, rows_of in zip(block_tables, tables):
-            for r, tb in enumerate(rows_of):
-                group[r, :len(tb)] = tb
-        i64 = lambda vals: np.asarray(vals, dtype=np.int64)  # noqa: E731
-        fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
-                                np.concatenate(pos), [np.concatenate(s) for s in slots], i64(qlens), i64(clens),
-                                block_tables, i64(logit_rows))
+        """Pack the batch (packing.py), run the model, sample the rows of sequences whose last token was
+        computed, each constrained row under its matcher's mask."""
+        fb, rows = pack(batch, self.kv_cache.block_size, self.kv_cache.layout.num_groups)
         constrained = [r for r, (s, _) in enumerate(rows) if s.structured is not None]
         # Each constrained sequence once, with its proposals: a mask for each of its rows.
         items = [(s.structured, s.draft_tokens) for s, ahead in rows if s.structured is not None and not ahead]

@@ -22,7 +22,7 @@ def sampling_batch(rows: list[Row], constrained: list[int] | None = None,
     banned = []
     for s, ahead in rows:
         # Under a constraint, the grammar's end wins over min_tokens: EOS stays allowed once it accepts.
-        # (No sequence under both has proposals before min_tokens: engine/speculation.py.)
+        # (No sequence under both has proposals before min_tokens: engine/speculation/speculator.py.)
         if s.num_output_tokens + len(ahead) < s.params.min_tokens and \
                 (s.structured is None or not s.structured.is_accepting()):
             stop_ids = set(s.params.stop_token_ids or ())

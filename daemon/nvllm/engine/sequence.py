@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from nvllm.engine.outputs import TokenLogprob
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
 
@@ -28,38 +28,6 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class TopLogprob(NamedTuple):
-    token_id: int
-    logprob: float
-    token: str                     # the vocabulary entry, as the tokenizer spells it
-    text: str = ""                 # the token decoded alone, as a client prints it (the HTTP API's "token")
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[TopLogprob] = field(default_factory=list)
-    token: str = ""                # the chosen token's vocabulary entry and decoded text, as in TopLogprob
-    text: str = ""
-
-
-@dataclass
-class RequestOutput:
-    """What one step added to one request; the last one has `finished` and the usage counts."""
-    request_id: str
-    text: str                      # new text since the previous output
-    token_ids: list[int]           # new tokens since the previous output
-    logprobs: list[TokenLogprob] | None
-    finished: bool
-    finish_reason: str | None      # "stop", "length" or "abort" once finished
-    stop_reason: str | int | None  # the stop string or token id that matched
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    error: str | None = None       # set when the request failed inside the engine
 
 
 class Sequence:
@@ -89,15 +57,15 @@ class Sequence:
         self.prompt_array = np.asarray(prompt_token_ids, dtype=np.int64)
         self._array = np.zeros(max(64, 2 * len(prompt_token_ids)), dtype=np.int64)   # token_ids, as filled
         self._array_len = 0
-        # Tokens proposed for this step (engine/speculation.py), verified with its last token; not yet its own.
+        # Tokens proposed for this step (engine/speculation/), verified with its last token; not yet its own.
         self.draft_tokens: list[int] = []
         self.draft_acceptance = PRIOR_ACCEPTANCE   # its proposals' share accepted, per position, lately
         self.draft_idle_steps = 0                  # steps since its last verified proposal
-        # Structured output: the request's llguidance matcher (engine/structured.py), which has consumed
+        # Structured output: the request's llguidance matcher (engine/structured/compiler.py), which has consumed
         # exactly the output tokens so far (preemption by recompute keeps them, so it keeps its state).
         self.structured: Any = None
         # (end-of-thinking token id, matcher): a grammar that starts once the model ends its thinking
-        # (engine/thinking.py); meanwhile structured is None and nothing is masked.
+        # (engine/structured/thinking.py); meanwhile structured is None and nothing is masked.
         self.structured_after_thinking: tuple[int, Any] | None = None
         self.error: str | None = None     # why the engine failed the request, when it did
         # The scheduler's bookkeeping: arrival order, the step it last began waiting, and while it

@@ -3,8 +3,8 @@ systemd notifications and the graceful drain, wired together.
 
 Start-up order: bind the listener first (a taken port fails in a second, not after the model
 load; Health answers STARTING meanwhile), load the weights, size the page pool from the memory
-then available (engine/factory.py, engine/memory.py), allocate and touch it, start the engine thread and the memory
-watchdog, then READY=1 and the line "nvllm serving MODEL on ADDR" on stdout.
+then available (engine/build/factory.py, engine/build/memory.py), allocate and touch it, start the
+engine thread and the memory watchdog, then READY=1 and the line "nvllm serving MODEL on ADDR" on stdout.
 
 Shutdown: the first SIGTERM/SIGINT stops admission at once (readiness NOT_SERVING, new calls
 UNAVAILABLE "draining"), lets running requests finish for up to server.drain_grace_s, ends the rest
@@ -43,9 +43,9 @@ from grpc_reflection.v1alpha import reflection
 
 from nvllm.cgroup import usable_cpus
 from nvllm.config import ConfigError, Settings, load_settings
-from nvllm.engine import factory
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.engine.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
+from nvllm.engine.build import factory
+from nvllm.engine.build.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind

@@ -53,7 +53,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
-from nvllm.engine.sequence import RequestOutput
+from nvllm.engine.outputs import RequestOutput
 
 APIS = ("grpc", "http")
 REFUSALS = ("invalid", "busy", "unavailable")

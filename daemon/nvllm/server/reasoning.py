@@ -18,19 +18,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nvllm.engine.sequence import Sequence
+from nvllm.engine.structured.thinking import THINK_CLOSE, THINK_OPEN
 
 PARSERS = ("qwen3", "deepseek_r1")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 _START, _REASONING, _CONTENT = "start", "reasoning", "content"
 
 
-def answer_thinks(seq: Sequence) -> bool:
-    """Whether seq's answer may think: not a constrained one whose grammar masks from its first token (no
-    reasoning token ids, or a prompt that closed the thinking); its text is all content. Read before the
-    engine takes seq (its grammar starts on the engine thread)."""
-    return seq.params.structured is None or seq.structured_after_thinking is not None
+def reasoning_stream(parser: str, thinks: bool, template_kwargs: Mapping[str, Any] | None) -> ReasoningStream | None:
+    """A chat answer's reader (None without a parser): thinks is the engine's word on whether the answer may
+    think at all (a constrained one whose grammar masks from its first token may not: its text is all content)."""
+    if not parser:
+        return None
+    return ReasoningStream(parser, thinks and thinking_requested(parser, template_kwargs))
 
 
 def thinking_requested(parser: str, template_kwargs: Mapping[str, Any] | None) -> bool:

@@ -1,5 +1,5 @@
-"""The daemon's state: what Health reports and what admission reads, shared by every front door (the
-gRPC service in service.py, the HTTP API in http/app.py). It lives on the event loop's thread.
+"""The daemon's state: what Health reports, what admission reads, and the one way in (`submit`) shared by every
+front door (the gRPC service in service.py, the HTTP API in http/app.py). It lives on the event loop's thread.
 
 Streams per client are counted by the peer's address: the IP without the port for TCP (one host is
 one client, however many connections it opens); every unix-socket peer shares the key "unix" (gRPC
@@ -11,10 +11,13 @@ Nothing here touches an array: numbers come from the engine's stats snapshot.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import ipaddress
+import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -23,13 +26,20 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from nvllm import __version__
-from nvllm.engine.async_engine import AsyncEngine
+from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, RequestStream
+from nvllm.engine.prompt import Prompt
+from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.metrics import Metrics
+from nvllm.server.submission import Submission
 from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.v1 import nvllm_pb2 as pb
 
+log = logging.getLogger("nvllm.server.state")
+
 SERVICE_NAME = "nvllm.v1.Generator"   # readiness is reported under it, liveness under ""
 LIVENESS = ""
+API_NAMES = {"grpc": "gRPC", "http": "HTTP"}   # the metrics' api label -> how the log says it
+TOKENIZE_THREADS = 2    # prompts rendered and tokenized, constraints compiled, off the event loop
 
 
 class Phase(enum.Enum):
@@ -91,6 +101,8 @@ class DaemonState:
         self._tasks: set[asyncio.Task] = set()
         self.startup_s = 0.0
         self.metrics = Metrics(model_name, self)   # every front door reports its requests here
+        self.tokenize_pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS,
+                                                                   thread_name_prefix="nvllm-tokenize")
 
     # -- transitions (event loop thread) ----------------------------------------------------
     async def set_ready(self, engine: AsyncEngine, watchdog: MemoryWatchdog | None) -> None:
@@ -173,6 +185,47 @@ class DaemonState:
         free_seats = max(0, self.max_num_seqs - stats.get("running", 0))
         return max(0, stats.get("waiting", 0) - free_seats)
 
+    # -- the one way in ------------------------------------------------------------------------
+    async def submit(self, api: str, client: str, request_id: str, choices: Sequence[tuple[Prompt, SamplingParams]],
+                     priority: int = 0, arrival: float | None = None, note: str = "") -> Submission:
+        """Hand a front door's request to the engine: one engine request per (prompt, params) choice, ids
+        request_id or request_id-<i>. In order: the serving check, the client's stream count, rendering,
+        tokenizing and compiling any constraint (off the event loop), admission, and the hand-over with no
+        await after admission. Raises Refused, InvalidParameter (the engine's checks; the front door names
+        its own field) or EngineDead, each refusal counted in the metrics and logged here (what a front door
+        refuses itself, its wire format, it counts itself). `note` ends the admission's log line."""
+        arrival = time.monotonic() if arrival is None else arrival
+        opened = False
+        try:
+            self.check_serving()
+            self.open_stream(client)
+            opened = True
+            assert self.engine is not None     # check_serving passed, and the engine is never unset
+            ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
+            pending = await asyncio.get_running_loop().run_in_executor(
+                self.tokenize_pool, _prepare, self.engine, ids, choices, priority)
+            self.check_admission()
+            streams = _hand_over(self.engine, pending)
+        except (Refused, InvalidParameter, EngineDead) as e:
+            if opened:
+                self.close_stream(client)
+            log.info("refused: %s", e)
+            busy = isinstance(e, Refused) and e.busy
+            self.metrics.request(api, arrival).refused(
+                "busy" if busy else "invalid" if isinstance(e, InvalidParameter) else "unavailable")
+            raise
+        except BaseException:      # cancelled while tokenizing: nothing reached the engine
+            if opened:
+                self.close_stream(client)
+            raise
+        trackers = [self.metrics.request(api, arrival) for _ in pending]
+        for t, p in zip(trackers, pending):
+            t.admitted(p.prompt_tokens)
+        log.info("admitted over %s: %d choice%s, %d prompt tokens, max_tokens %d%s", API_NAMES.get(api, api),
+                 len(pending), "" if len(pending) == 1 else "s", pending[0].prompt_tokens, pending[0].max_tokens, note)
+        return Submission(request_id, streams, trackers, [p.prompt_tokens for p in pending],
+                          [p.max_tokens for p in pending], pending[0].thinks, lambda: self.close_stream(client))
+
     def health_response(self) -> pb.HealthResponse:
         state = self.state()
         r = pb.HealthResponse(state=state, model=self.model_name, version=__version__,
@@ -192,6 +245,25 @@ class DaemonState:
             if reading is not None:
                 r.available_memory_bytes = max(0, int(reading.available_bytes))
         return r
+
+
+def _prepare(engine: AsyncEngine, ids: list[str], choices: Sequence[tuple[Prompt, SamplingParams]],
+             priority: int) -> list[PendingRequest]:
+    """Each choice checked and tokenized (in the tokenize pool)."""
+    return [engine.prepare(rid, prompt, params, priority) for rid, (prompt, params) in zip(ids, choices)]
+
+
+def _hand_over(engine: AsyncEngine, pending: list[PendingRequest]) -> list[RequestStream]:
+    """Every choice to the engine, or none: one refused closes (aborts) those already taken."""
+    streams: list[RequestStream] = []
+    try:
+        for p in pending:
+            streams.append(engine.add(p))
+    except BaseException:
+        for s in streams:
+            s.close()
+        raise
+    return streams
 
 
 def client_key(peer: str) -> str:

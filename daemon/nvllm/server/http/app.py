@@ -2,24 +2,23 @@
 
 POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
 
-A generation request goes the gRPC API's way: the key (401), the body's size (413), its JSON and
-parameters (400 naming the parameter), starting or draining (503), the client's stream cap (429),
-tokenizing off the loop, then admission (429 for a full queue or memory pressure) with no await before
-the engine takes it. n choices are n engine requests on the same prompt (the prefix cache shares its
-full pages). A client that closes the connection, mid-stream or while a whole response is computed,
-aborts its requests: their pages come back at once.
+A generation request is read here, then goes in as the gRPC API's do, through `DaemonState.submit`: the
+key (401), the body's size (413), its JSON and parameters (400 naming the parameter), then starting or
+draining (503), the client's stream cap (429), tokenizing off the loop, admission (429 for a full queue or
+memory pressure). n choices are n engine requests on the same prompt (the prefix cache shares its full
+pages). A client that closes the connection, mid-stream or while a whole response is computed, aborts its
+requests: their pages come back at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
@@ -29,17 +28,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from nvllm.engine.async_engine import AsyncEngine, EngineDead, RequestStream
-from nvllm.engine.sequence import RequestOutput, Sequence
+from nvllm.engine.async_engine import EngineDead
+from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import ParsedRequest, invalid, parse_chat, parse_completion, parse_json
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.logs import request_context
-from nvllm.server.metrics import Metrics, RequestTracker
-from nvllm.server.reasoning import answer_thinks
+from nvllm.server.metrics import Metrics
 from nvllm.server.state import DaemonState, Phase, Refused, host_key
+from nvllm.server.submission import Submission
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -60,12 +59,11 @@ def refusal(e: Refused) -> ApiError:
 
 class OpenAIApi:
     def __init__(self, state: DaemonState, api_key: bytes | None = None, max_body_bytes: int = 1 << 20,
-                 executor: concurrent.futures.Executor | None = None, metrics: Metrics | None = None) -> None:
-        """metrics: the daemon's Metrics (server/metrics.py), served at /metrics and fed per request."""
+                 metrics: Metrics | None = None) -> None:
+        """metrics: the daemon's Metrics (server/metrics.py), served at /metrics (None: no such page)."""
         self.state = state
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
-        self.executor = executor or concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="nvllm-http-tokenize")
         self.metrics = metrics
 
     def app(self) -> Starlette:
@@ -124,62 +122,33 @@ class OpenAIApi:
         return await self._generate(request, parse_completion)
 
     async def _generate(self, request: Request, parse: Callable[..., ParsedRequest]) -> Response:
+        """The body read as OpenAI's, handed in through DaemonState.submit, the answer built from its outputs."""
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
-        trackers: list[RequestTracker] = []      # one per choice once admitted (metrics)
-        try:
-            return await self._serve(request, parse, rid, t0, trackers)
-        except ApiError as e:
-            if self.metrics is not None and not trackers:
-                self.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
-            raise
-
-    async def _serve(self, request: Request, parse: Callable[..., ParsedRequest], rid: str, t0: float,
-                     trackers: list[RequestTracker]) -> Response:
+        st = self.state
         with request_context(rid):
-            check_key(self.api_key, request.headers.get("authorization"))
-            body = await self._read_body(request)
-            st = self.state
             try:
-                st.check_serving()
+                check_key(self.api_key, request.headers.get("authorization"))
+                req = parse(parse_json(await self._read_body(request)), st.model_name, st.max_num_seqs)
+            except ApiError as e:
+                st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
+                raise
+            try:
+                sub = await st.submit("http", http_client_key(request), rid,
+                                      [req.choice(i) for i in range(req.num_choices)], req.priority, t0,
+                                      f", user {req.user!r}" if req.user else "")
             except Refused as e:
                 raise refusal(e) from None
-            req = parse(parse_json(body), st.model_name, st.max_num_seqs)
-            client = http_client_key(request)
-            try:
-                st.open_stream(client)
-            except Refused as e:
-                log.info("refused: %s", e)
-                raise refusal(e) from None
-            handed_over = False
-            try:
-                engine = st.engine
-                assert engine is not None
-                seqs = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self._make_sequences, engine, rid, req)
-                thinks = answer_thinks(seqs[0])   # before the engine takes them
-                streams = self._admit(engine, seqs, req)
-                if self.metrics is not None:
-                    for seq in seqs:
-                        trackers.append(self.metrics.request("http", arrival=t0))
-                        trackers[-1].admitted(seq.num_prompt_tokens)
-                log.info("admitted over HTTP: %d choice(s), %d prompt tokens, max_tokens %d%s",
-                         len(seqs), seqs[0].num_prompt_tokens, seqs[0].params.max_tokens,
-                         f", user {req.user!r}" if req.user else "")
-                builder = ResponseBuilder(req, rid, st.model_name, st.reasoning_parser, thinks)
-                if req.stream:
-                    handed_over = True     # the event stream releases the client's count when it ends
-                    release = _Release(st, client, streams, trackers)
-                    return _EventStream(self._events(req, streams, builder, client, rid, t0, trackers, release),
-                                        release, ping=PING_S, sep="\n", headers={"X-Request-Id": rid})
-                try:
-                    return await self._whole(request, streams, builder, rid, trackers)
-                finally:
-                    for t in trackers:
-                        t.close()
-            finally:
-                if not handed_over:
-                    st.close_stream(client)
+            except InvalidParameter as e:
+                raise invalid(e, req) from None
+            except EngineDead as e:
+                raise ApiError(503, str(e), code="unavailable") from None
+            builder = ResponseBuilder(req, rid, st.model_name, st.reasoning_parser, sub.thinks)
+            if req.stream:    # the event stream gives back what the request holds when it ends
+                return _EventStream(self._events(req, sub, builder, rid, t0), sub, ping=PING_S, sep="\n",
+                                    headers={"X-Request-Id": rid})
+            async with sub:
+                return await self._whole(request, sub, builder, rid)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
@@ -201,41 +170,9 @@ class OpenAIApi:
             raise ApiError(400, "the client closed the connection before sending the whole body") from None
         return b"".join(chunks)
 
-    def _make_sequences(self, engine: AsyncEngine, rid: str, req: ParsedRequest) -> list[Sequence]:
-        """Render, tokenize and validate every choice (in the executor, off the loop)."""
-        seqs = []
-        for i in range(req.num_choices):
-            prompt, params = req.choice(i)
-            try:
-                seqs.append(engine.make_sequence(rid if req.num_choices == 1 else f"{rid}-{i}", prompt, params,
-                                                 req.priority))
-            except InvalidParameter as e:
-                raise invalid(e, req) from None
-        return seqs
-
-    def _admit(self, engine: AsyncEngine, seqs: list[Sequence], req: ParsedRequest) -> list[RequestStream]:
-        """Admission and hand-over with no await in between (as gRPC's)."""
-        try:
-            self.state.check_admission()
-        except Refused as e:
-            log.info("refused: %s", e)
-            raise refusal(e) from None
-        streams: list[RequestStream] = []
-        try:
-            for seq in seqs:
-                streams.append(engine.add(seq))
-        except (InvalidParameter, EngineDead) as e:
-            for s in streams:
-                s.close()
-            if isinstance(e, InvalidParameter):
-                raise invalid(e, req) from None
-            raise ApiError(503, str(e), code="unavailable") from None
-        return streams
-
-    async def _whole(self, request: Request, streams: list[RequestStream], builder: ResponseBuilder,
-                     rid: str, trackers: list[RequestTracker]) -> Response:
+    async def _whole(self, request: Request, sub: Submission, builder: ResponseBuilder, rid: str) -> Response:
         """Collect every choice; a client that disconnects meanwhile aborts them."""
-        collect = asyncio.ensure_future(self._collect(streams, builder, trackers))
+        collect = asyncio.ensure_future(_collect(sub, builder))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -245,8 +182,7 @@ class OpenAIApi:
                 collect.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await collect
-                for s in streams:
-                    s.close()
+                sub.close()
         if collect.cancelled():
             log.info("cancelled (the client went away); request aborted")
             return Response(status_code=499)    # nobody reads it
@@ -256,27 +192,15 @@ class OpenAIApi:
                  usage.completion_tokens)
         return JSONResponse(builder.response(), headers={"X-Request-Id": rid})
 
-    async def _collect(self, streams: list[RequestStream], builder: ResponseBuilder,
-                       trackers: list[RequestTracker]) -> None:
-        async with contextlib.aclosing(_merged(streams)) as outputs:
-            async for index, out in outputs:
-                if trackers:
-                    trackers[index].output(out)
-                _raise_failure(out)
-                builder.add(index, out)
-
-    async def _events(self, req: ParsedRequest, streams: list[RequestStream], builder: ResponseBuilder,
-                      client: str, rid: str, t0: float, trackers: list[RequestTracker],
-                      release: _Release) -> AsyncIterator[dict[str, str]]:
+    async def _events(self, req: ParsedRequest, sub: Submission, builder: ResponseBuilder, rid: str,
+                      t0: float) -> AsyncIterator[dict[str, str]]:
         """The SSE events: chunks as the engine makes them, then usage if asked, then [DONE]. Leaving
         early (the client disconnected, the server stops) aborts whatever is unfinished."""
         extra = {"request_id": rid}
         first: float | None = None
         try:
-            async with contextlib.aclosing(_merged(streams)) as outputs:
+            async with contextlib.aclosing(aiter(sub)) as outputs:
                 async for index, out in outputs:
-                    if trackers:
-                        trackers[index].output(out)
                     try:
                         _raise_failure(out)
                     except ApiError as e:
@@ -296,75 +220,29 @@ class OpenAIApi:
             log.info("cancelled (the client went away); request aborted", extra=extra)
             raise
         finally:
-            release()
-
-
-class _Release:
-    """Gives back what a streamed request holds (its engine requests, metrics, the client's stream count)
-    exactly once, whichever ends first: the event generator, or the response (which may be cancelled by a
-    disconnect before the generator ever started, when its own cleanup would never run)."""
-
-    def __init__(self, state: DaemonState, client: str, streams: list[RequestStream],
-                 trackers: list[RequestTracker]) -> None:
-        self.state, self.client, self.streams, self.trackers = state, client, streams, trackers
-        self.done = False
-
-    def __call__(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        for s in self.streams:
-            s.close()
-        for t in self.trackers:
-            t.close()
-        self.state.close_stream(self.client)
+            sub.close()
 
 
 class _EventStream(EventSourceResponse):
-    def __init__(self, content: AsyncIterator[dict[str, str]], release: _Release, **kw: Any) -> None:
+    """Server-sent events that close their Submission however they end: a disconnect may cancel the response
+    before its generator ever started, when the generator's own cleanup would never run."""
+
+    def __init__(self, content: AsyncIterator[dict[str, str]], sub: Submission, **kw: Any) -> None:
         super().__init__(content, **kw)
-        self.release = release
+        self.sub = sub
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.release()
+            self.sub.close()
 
 
-async def _merged(streams: list[RequestStream]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-    """(choice index, output) from every stream as they come; leaving early closes (aborts) them all."""
-    if len(streams) == 1:
-        try:
-            async for out in streams[0]:
-                yield 0, out
-        finally:
-            streams[0].close()
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, stream: RequestStream) -> None:
-        try:
-            async for out in stream:
-                queue.put_nowait((index, out))
-        except Exception as e:      # noqa: BLE001 - handed to the reader, which raises it
-            queue.put_nowait((index, e))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(streams)
-        while left:
-            index, item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            yield index, item
-            if item.finished:
-                left -= 1
-    finally:
-        for t in tasks:
-            t.cancel()
-        for s in streams:
-            s.close()
+async def _collect(sub: Submission, builder: ResponseBuilder) -> None:
+    async with contextlib.aclosing(aiter(sub)) as outputs:
+        async for index, out in outputs:
+            _raise_failure(out)
+            builder.add(index, out)
 
 
 def _raise_failure(out: RequestOutput) -> None:

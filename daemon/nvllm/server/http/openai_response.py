@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvllm.engine.sequence import RequestOutput, TokenLogprob
+from nvllm.engine.outputs import RequestOutput, TokenLogprob
 from nvllm.server.http.openai_request import CHAT, ParsedRequest
 from nvllm.server.http.tool_calls import ToolCallStream, finish_reason, read_tool_calls
-from nvllm.server.reasoning import ReasoningStream, thinking_requested
+from nvllm.server.reasoning import reasoning_stream
 
 MIN_LOGPROB = -9999.0                  # JSON has no -inf; vLLM sends this floor too
 
@@ -65,7 +65,7 @@ class ResponseBuilder:
     def __init__(self, req: ParsedRequest, request_id: str, model_name: str, reasoning_parser: str = "",
                  thinks: bool = True) -> None:
         """reasoning_parser (server.reasoning_parser): chat answers' thinking goes to reasoning_content;
-        thinks: whether the answers may think at all (reasoning.answer_thinks)."""
+        thinks: whether the answers may think at all (the engine's word: Submission.thinks)."""
         self.req = req
         self.chat = req.kind == CHAT
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
@@ -83,9 +83,9 @@ class ResponseBuilder:
         # With tools, each choice's text is read as content and tool calls (tool_calls.py).
         self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
                              if plan is not None and plan.style is not None else None)
-        thinking = thinks and thinking_requested(reasoning_parser, req.template_kwargs)
-        self.reasoning = ([ReasoningStream(reasoning_parser, thinking) for _ in range(n)]
-                          if reasoning_parser and self.chat else None)
+        # With a reasoning parser, each chat choice's text is read as reasoning and content (reasoning.py).
+        streams = [reasoning_stream(reasoning_parser, thinks, req.template_kwargs) for _ in range(n)]
+        self.reasoning = [r for r in streams if r is not None] if reasoning_parser and self.chat else None
         if req.echo:
             for i in range(n):
                 self.offsets[i] = len(req.prompts[i // req.n])

@@ -1,4 +1,4 @@
-"""A JSON constraint's matcher with its digit budget beside it (engine/digit_budget.py).
+"""A JSON constraint's matcher with its digit budget beside it (engine/structured/digit_budget.py).
 
 The schema's matcher is the constraint: it says what the answer is, when it is complete, what went
 wrong. The budget's matcher only narrows the mask: a row's allowed tokens are those both allow, or the

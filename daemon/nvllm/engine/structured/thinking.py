@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from nvllm.text.tokenizer import Tokenizer
 
+# The tags a thinking model wraps its thoughts in; the server's reasoning parser reads answers by them too.
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 

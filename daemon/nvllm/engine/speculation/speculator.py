@@ -1,5 +1,5 @@
 """Speculative decoding: which sequences get proposed tokens this step (from their own tokens,
-engine/ngram.py, or by a draft model, engine/draft_proposer.py), how many the target model's
+engine/speculation/ngram.py, or by a draft model, engine/speculation/draft_proposer.py), how many the target model's
 verification accepts, and the counts the metrics report.
 
 A proposal is checked by the target model itself: the step computes the sequence's last token and each
@@ -13,7 +13,7 @@ decoding without speculation. A seeded request even draws the same numbers: its 
 one draw per token kept, so its output is the same with and without speculation.
 
 Where it pays: one decode step reads every weight for one row, and a few more rows cost less than
-their share, but not by the same amount for every count (engine/step_costs.py). With `adaptive`, each
+their share, but not by the same amount for every count (engine/speculation/step_costs.py). With `adaptive`, each
 step verifies, of each sequence's proposal, the prefix that maximises the tokens expected per second:
 the expected tokens from the sequence's own acceptance so far (each proposed position accepted with
 probability a, the k-th therefore with a^k), the seconds from the measured cost of the step's rows.
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from nvllm.config import SpeculativeSettings
-from nvllm.engine import ngram
-from nvllm.engine.draft_proposer import DraftProposer
 from nvllm.engine.sequence import Sequence
-from nvllm.engine.step_costs import StepCosts
+from nvllm.engine.speculation import ngram
+from nvllm.engine.speculation.draft_proposer import DraftProposer
+from nvllm.engine.speculation.step_costs import StepCosts
 from nvllm.model.sampling.sampler import GREEDY_EPS
 
 ACCEPTANCE_ALPHA = 0.2   # weight of each verified position in it

@@ -36,7 +36,7 @@ import numpy as np
 from nvllm.engine.block_manager import BlockManager
 from nvllm.model.kv_cache import KVCache
 
-log = logging.getLogger("nvllm.engine.prefix_store")
+log = logging.getLogger("nvllm.engine.warm.prefix_store")
 
 FILE_NAME = "prefix-cache.nvkv"
 MAGIC = b"NVKVPC1\n"

@@ -5,7 +5,7 @@ llguidance holds a number to its schema (range, multipleOf, integer or not) but 
 budget here is what a double holds: 17 significant digits, 8 after the point, 3 in the exponent, more
 where the schema's own numbers need them (multipleOf 1e-10: 10 after the point; an integer bound of 19
 digits: 19). It is one budget for the whole answer (the largest any number of the schema needs), held by
-a second matcher beside the schema's (engine/matcher_pair.py).
+a second matcher beside the schema's (engine/structured/matcher_pair.py).
 
 The regex reads JSON as a lexer would: strings (whose digits are text, not numbers) pass whole, a number
 is bounded and must be followed by a character that cannot continue it, anything else passes.

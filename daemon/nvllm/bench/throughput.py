@@ -1,15 +1,12 @@
 """Throughput and latency, each figure beside floors measured in the same run with the same BLAS
-(bench_floors.py says what each floor is). Every figure is also given as a fraction of its floor (1.0 =
-at the floor); bench_report.py lays the result out as a table.
-
-`python -m nvllm.bench sampler` times sample() alone, on random logits, for a few parameter mixes.
+(bench/floors.py says what each floor is). Every figure is also given as a fraction of its floor (1.0 =
+at the floor); bench/report.py lays the result out as a table.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from nvllm.bench_floors import (
+from nvllm.bench.floors import (
     Floors,
     floor_pass,
     machine_info,
@@ -29,42 +26,15 @@ from nvllm.bench_floors import (
     weight_formats,
     weight_matmul_params,
 )
-from nvllm.bench_report import format_table
+from nvllm.bench.progress import Progress
+from nvllm.bench.report import format_table, pct
+from nvllm.bench.target import bench_target
 from nvllm.config import load_settings
-from nvllm.engine.factory import build_engine, read_model_info
+from nvllm.engine.build.factory import build_engine, read_model_info
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.kernels import matmul, ops
 from nvllm.model.kernels import threads as kernel_threads
-from nvllm.model.sampling.batch import SamplingBatch
-from nvllm.model.sampling.sampler import make_generator, sample
 from nvllm.sampling_params import SamplingParams
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return float(np.percentile(np.asarray(values), q))
-
-
-class Progress:
-    """One status line on a terminal, rewritten in place; elsewhere only the phases, one per line."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.tty = enabled and sys.stderr.isatty()
-        self.quiet = not enabled
-
-    def __call__(self, msg: str, tick: bool = False) -> None:
-        if self.quiet or (tick and not self.tty):
-            return
-        if self.tty:
-            sys.stderr.write("\r\033[K" + msg)
-            sys.stderr.flush()
-        else:
-            print(msg, file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        if self.tty:
-            sys.stderr.write("\r\033[K")
 
 
 def random_prompt(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
@@ -238,58 +208,13 @@ def _decode_at(engine: LLMEngine, floors: Floors, prompts: list[list[int]], gen_
         "itl_ms_p50": round(1000 * pct(itl, 50), 2), "itl_ms_p99": round(1000 * pct(itl, 99), 2)}
 
 
-async def _bench_target(target: str, concurrency: list[int], prompt_len: int, gen_len: int,
-                        progress: Progress) -> dict[str, Any]:
-    import grpc
-
-    from nvllm.v1 import nvllm_pb2, nvllm_pb2_grpc
-
-    result: dict[str, Any] = {"machine": machine_info(), "target": target, "decode": []}
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = nvllm_pb2_grpc.GeneratorStub(channel)
-        health = await stub.Health(nvllm_pb2.HealthRequest(), timeout=10)
-        result["model"] = {"name": health.model}
-        rng = np.random.default_rng(0)
-
-        async def one(ids: list[int], times: dict[str, Any]) -> int:
-            req = nvllm_pb2.GenerateRequest(
-                prompt_token_ids=nvllm_pb2.TokenIds(ids=ids),
-                sampling_params=nvllm_pb2.SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True))
-            start = time.perf_counter()
-            stamps = []
-            n = 0
-            async for resp in stub.Generate(req):
-                if resp.token_ids:
-                    stamps.append(time.perf_counter())
-                    n += len(resp.token_ids)
-            times["ttft"].append(stamps[0] - start)
-            times["itl"].extend(b - a for a, b in zip(stamps, stamps[1:]))
-            return n
-
-        for c in concurrency:
-            progress(f"decode at concurrency {c} through {target}")
-            times: dict[str, list[float]] = {"ttft": [], "itl": []}
-            t = time.perf_counter()
-            counts = await asyncio.gather(*(one(rng.integers(100, 30000, prompt_len).tolist(), times)
-                                            for _ in range(c)))
-            wall = time.perf_counter() - t
-            result["decode"].append({
-                "concurrency": c, "tokens_per_s": round(sum(counts) / wall, 1),
-                "ttft_ms_p50": round(1000 * pct(times["ttft"], 50), 1),
-                "ttft_ms_p99": round(1000 * pct(times["ttft"], 99), 1),
-                "itl_ms_p50": round(1000 * pct(times["itl"], 50), 2),
-                "itl_ms_p99": round(1000 * pct(times["itl"], 99), 2)})
-    progress.done()
-    return result
-
-
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
         target: str | None, as_json: bool, prefill_lens: list[int] | None = None,
         threads: int = 0, quantization: str | None = None, activations: str | None = None,
         kv_cache_dtype: str | None = None) -> dict[str, Any]:
     progress = Progress(enabled=True)
     if target:
-        result = asyncio.run(_bench_target(target, concurrency, prompt_len, gen_len, progress))
+        result = asyncio.run(bench_target(target, concurrency, prompt_len, gen_len, progress))
     else:
         assert model_dir is not None
         result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
@@ -298,69 +223,3 @@ def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len
     return result
 
 
-# ---------------------------------------------------------------- sampler micro-benchmark
-
-_PENALTIES: dict[str, Any] = dict(repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5, ban=True)
-SAMPLER_CASES: dict[str, dict[str, Any]] = {
-    "all methods (T=0.8 top_k=50 top_p=0.9 min_p=0.05 penalties bans logprobs=5)":
-        dict(top_k=50, top_p=0.9, min_p=0.05, logprobs=5, **_PENALTIES),
-    "all methods but top_k off (top_p=0.9 min_p=0.05 penalties logprobs=5)":
-        dict(top_p=0.9, min_p=0.05, logprobs=5, **_PENALTIES),
-    "top_p=0.95 only": dict(top_p=0.95),
-    "temperature only (T=0.8)": dict(),
-    "greedy only": dict(temperature=0.0),
-    "greedy + penalties + logprobs=5": dict(temperature=0.0, logprobs=5, **_PENALTIES),
-}
-
-
-def _sampler_batch(n: int, vocab: int, rng: np.random.Generator, **kw: Any) -> SamplingBatch:
-    def full(v: Any, dt: Any) -> np.ndarray:
-        return np.full(n, v, dtype=dt)
-
-    return SamplingBatch(
-        temperature=full(kw.get("temperature", 0.8), np.float32),
-        top_p=full(kw.get("top_p", 1.0), np.float32),
-        top_k=full(kw.get("top_k", 0), np.int32),
-        min_p=full(kw.get("min_p", 0.0), np.float32),
-        presence_penalty=full(kw.get("presence_penalty", 0.0), np.float32),
-        frequency_penalty=full(kw.get("frequency_penalty", 0.0), np.float32),
-        repetition_penalty=full(kw.get("repetition_penalty", 1.0), np.float32),
-        output_token_ids=[rng.integers(0, vocab, 128) for _ in range(n)],
-        prompt_token_ids=[rng.integers(0, vocab, 512) for _ in range(n)],
-        generators=[make_generator(i) for i in range(n)],
-        banned_token_ids=[np.array([0, 2]) if kw.get("ban") else None for _ in range(n)],
-        num_logprobs=full(kw.get("logprobs", -1), np.int32),
-    )
-
-
-def bench_sampler(rows: int = 32, vocab: int = 49152, repeats: int = 30) -> list[dict[str, Any]]:
-    """sample() on [rows, vocab] random logits for each of SAMPLER_CASES: ms per call, median and min."""
-    rng = np.random.default_rng(0)
-    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
-    results = []
-    for name, kw in SAMPLER_CASES.items():
-        batch = _sampler_batch(rows, vocab, rng, **kw)
-        sample(logits, batch)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            sample(logits, batch)
-            times.append(time.perf_counter() - t0)
-        results.append({"case": name, "median_ms": float(np.median(times)) * 1e3, "min_ms": min(times) * 1e3})
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["sampler"]:
-        print("usage: python -m nvllm.bench sampler  (the engine bench is `nvllm bench`)", file=sys.stderr)
-        return 2
-    rows, vocab, repeats = 32, 49152, 30
-    print(f"sample(): N={rows} rows, V={vocab}, numpy {np.__version__}; ms per call, median (min) of {repeats}")
-    for r in bench_sampler(rows, vocab, repeats):
-        print(f"  {r['median_ms']:7.2f} ({r['min_ms']:6.2f})  {r['case']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """The cache's work around the engine's life: at start, the persisted prefix cache read back
-(engine/prefix_store.py) and the pinned prompts computed and held (cache.pinned_prompts); at drain, the
+(engine/warm/prefix_store.py) and the pinned prompts computed and held (cache.pinned_prompts); at drain, the
 pinned and the hottest cached pages written out (cache.persist_dir).
 
 It runs on the engine thread, a bounded share at the top of each step (LLMEngine.step), so readiness
@@ -8,7 +8,7 @@ misses it (or shares the pinned prompt's pages as they are computed). The file's
 first, then the pinned prompts run as internal requests (their outputs are dropped here), so a prompt
 found in the file is not computed again. Each pinned prompt's full pages are then held by a reference
 of the warm-up's own (`holds`, as a sequence would hold them): no eviction takes them, and the pool's
-sizing counts them (engine/factory.py).
+sizing counts them (engine/build/factory.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nvllm.engine.block_manager import BlockManager
-from nvllm.engine.pinned_prompts import PinnedPrompt
-from nvllm.engine.prefix_store import FILE_NAME, StoreLoad, page_bytes, select_pages, write_store
-from nvllm.engine.sequence import PRIORITY_MIN, RequestOutput, Sequence
+from nvllm.engine.outputs import RequestOutput
+from nvllm.engine.sequence import PRIORITY_MIN, Sequence
+from nvllm.engine.warm.pinned_prompts import PinnedPrompt
+from nvllm.engine.warm.prefix_store import FILE_NAME, StoreLoad, page_bytes, select_pages, write_store
 from nvllm.model.kv_cache import KVCache
 from nvllm.sampling_params import SamplingParams
 
-log = logging.getLogger("nvllm.engine.warmup")
+log = logging.getLogger("nvllm.engine.warm.warmup")
 
 ID_PREFIX = "nvllm-pinned-"      # the internal requests' ids; a client's id may not clash while they run
 

@@ -1,8 +1,18 @@
-"""nvllm bench's result as a table for a terminal (--json prints the result itself)."""
+"""nvllm bench's result as a table for a terminal (--json prints the result itself), and the percentiles its
+latencies are summed up by."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile of values; NaN for none."""
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values), q))
 
 
 def format_table(r: dict[str, Any]) -> str:

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nvllm.bench_floors import machine_info, measure_bandwidth_gbs
+from nvllm.bench.floors import machine_info, measure_bandwidth_gbs
 from nvllm.config import load_settings
-from nvllm.engine.factory import build_engine
+from nvllm.engine.build.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.kernels import threads as kernel_threads
 from nvllm.sampling_params import InvalidParameter, SamplingParams

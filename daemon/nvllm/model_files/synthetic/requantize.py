@@ -19,9 +19,9 @@ import numpy as np
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import BlockFormat
 from nvllm.model.quant.quantize import quantize
-from nvllm.model.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
-from nvllm.model.synthetic.writer import BY_NAME, write_header
 from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model_files.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
+from nvllm.model_files.synthetic.writer import BY_NAME, write_header
 
 _ROWS_VALUES = 1 << 22  # values read back and quantized at a time
 _LAYER = re.compile(r"blk\.(\d+)\.")

@@ -21,9 +21,9 @@ import numpy as np
 
 from nvllm.model.quant.formats import FORMATS
 from nvllm.model.quant.quantize import quantize
-from nvllm.model.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
-from nvllm.model.synthetic.shapes import Shape
-from nvllm.model.synthetic.vocab import vocabulary
+from nvllm.model_files.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
+from nvllm.model_files.synthetic.shapes import Shape
+from nvllm.model_files.synthetic.vocab import vocabulary
 
 BY_NAME = {f.name: f for f in FORMATS.values()}
 _ROWS_VALUES = 1 << 22  # values drawn and quantized at a time

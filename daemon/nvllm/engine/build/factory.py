@@ -25,14 +25,25 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
-from nvllm.engine.draft_proposer import DraftProposer
+from nvllm.engine.build.memory import (
+    GiB,
+    MemoryReading,
+    PoolSizing,
+    PoolTooSmall,
+    available_memory,
+    format_bytes,
+    size_pool,
+)
+from nvllm.engine.build.model_info import ModelInfo
+from nvllm.engine.build.pool_backing import PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.engine.memory import GiB, MemoryReading, PoolSizing, PoolTooSmall, available_memory, format_bytes, size_pool
-from nvllm.engine.model_info import ModelInfo
-from nvllm.engine.pinned_prompts import PinnedPrompt, PinnedPromptError, read_pinned_prompts
-from nvllm.engine.pool_backing import PoolBacking
-from nvllm.engine.prefix_store import model_identity
-from nvllm.engine.warmup import Warmup
+from nvllm.engine.speculation.draft_proposer import DraftProposer
+from nvllm.engine.speculation.speculator import Speculator
+from nvllm.engine.structured.compiler import StructuredCompiler
+from nvllm.engine.structured.thinking import think_token_ids
+from nvllm.engine.warm.pinned_prompts import PinnedPrompt, PinnedPromptError, read_pinned_prompts
+from nvllm.engine.warm.prefix_store import model_identity
+from nvllm.engine.warm.warmup import Warmup
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import ops
@@ -47,7 +58,7 @@ from nvllm.model.weights.gguf_file import read_gguf
 from nvllm.model.weights.gguf_weights import load_gguf_weights, resident_weight_bytes
 from nvllm.text.tokenizer import Tokenizer
 
-log = logging.getLogger("nvllm.engine.factory")
+log = logging.getLogger("nvllm.engine.build.factory")
 
 
 class EngineBuildError(Exception):
@@ -322,7 +333,7 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
 def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
                   back: Callable[[KVCache, int, int], None] = KVCache.back_blocks) -> LLMEngine:
     """Map the pool and back the blocks of one max_model_len sequence now, the rest on a thread of its
-    own (engine/pool_backing.py) whose blocks the engine hands out only once backed; then the engine.
+    own (engine/build/pool_backing.py) whose blocks the engine hands out only once backed; then the engine.
 
     back(kv, start, stop) backs blocks [start, stop) in the background (KVCache.back_blocks; tests slow
     it or make it fail).
@@ -343,11 +354,15 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
     loaded.model.set_context(plan.max_model_len)   # longrope's factors follow the longest sequence served
-    engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len,
-                       loaded.generation_defaults, loaded.eos_token_ids, backing)
+    speculator = Speculator(settings.speculative, plan.max_model_len)
     if loaded.draft is not None:
         loaded.draft.model.set_context(plan.max_model_len)
-        engine.speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
+        speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
+    structured = StructuredCompiler(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
+    # With a reasoning parser, a constrained answer's grammar waits for the end of its thinking.
+    think = think_token_ids(loaded.tokenizer) if settings.server.reasoning_parser else None
+    engine = LLMEngine(loaded.model, loaded.tokenizer, kv, settings, plan.max_model_len, speculator, structured,
+                       loaded.generation_defaults, loaded.eos_token_ids, backing, think)
     cache = settings.cache
     if loaded.pinned or cache.persist_dir:
         ident = identity(settings, loaded.info)
@@ -378,7 +393,7 @@ def _draft_blocks(settings: Settings, draft: ModelInfo, max_len: int) -> tuple[i
 
 def identity(settings: Settings, info: ModelInfo) -> dict[str, Any]:
     """What the persisted prefix cache must match: the model's files, its shape, how its weights are
-    held and multiplied (engine/prefix_store.py)."""
+    held and multiplied (engine/warm/prefix_store.py)."""
     m = settings.model
     return model_identity(info.path, {
         "architecture": info.architecture, "num_layers": info.num_layers, "hidden_size": info.hidden_size,

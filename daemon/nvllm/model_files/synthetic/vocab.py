@@ -13,7 +13,7 @@ import json
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from nvllm.model.synthetic.shapes import Shape
+from nvllm.model_files.synthetic.shapes import Shape
 
 _TEXT = """\
 The drone holds its position above the field while the operator asks how much battery is left.

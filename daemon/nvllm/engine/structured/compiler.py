@@ -15,8 +15,8 @@ branches; tools/bench_structured.py measures it). What this module adds:
   sequence gets a cheap copy of the cached matcher, advanced by every token it appends.
 - JSON is compact (no whitespace between tokens), so a constrained answer cannot loop on whitespace; a
   schema's own "x-guidance" options still win (llguidance applies them over these defaults).
-- JSON's numbers carry at most the digits a double holds (engine/digit_budget.py), so one cannot run on
-  until max_tokens: a JSON constraint's matcher is a MatcherPair (engine/matcher_pair.py), the schema's
+- JSON's numbers carry at most the digits a double holds (engine/structured/digit_budget.py), so one cannot run on
+  until max_tokens: a JSON constraint's matcher is a MatcherPair (engine/structured/matcher_pair.py), the schema's
   matcher with the budget's beside it, whose masks `fill` intersects. Regex, choice and grammars are
   left as they are written.
 - The bitmask covers the model's whole vocabulary: ids the tokenizer does not have (a padded embedding)
@@ -42,8 +42,8 @@ import llguidance
 import numpy as np
 from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
-from nvllm.engine.digit_budget import budget_for
-from nvllm.engine.matcher_pair import MatcherPair
+from nvllm.engine.structured.digit_budget import budget_for
+from nvllm.engine.structured.matcher_pair import MatcherPair
 from nvllm.sampling_params import InvalidParameter, StructuredSpec
 from nvllm.text.tokenizer import Tokenizer
 
@@ -172,7 +172,7 @@ class StructuredCompiler:
 
     def fill_ahead(self, items: Seq[tuple[LLMatcher | MatcherPair, list[int]]]) -> np.ndarray:
         """As fill, for matchers with proposed tokens too: a row for the next token, then one after each
-        proposal (which the matcher must allow: engine/speculation.py cuts proposals to what it takes);
+        proposal (which the matcher must allow: engine/speculation/speculator.py cuts proposals to what it takes);
         the matchers end as they began."""
         out = self._masks([(m.schema if isinstance(m, MatcherPair) else m, drafts) for m, drafts in items])
         budgeted: list[int] = []   # rows under a digit budget, and the budgets' matchers

@@ -1,5 +1,5 @@
 """cache.pinned_prompts: each JSON file read, checked and turned into the tokens of its full pages, which
-the engine computes at start and holds for good (engine/warmup.py).
+the engine computes at start and holds for good (engine/warm/warmup.py).
 
 A file holds one prompt as a request gives it: {"prompt": text}, {"prompt_token_ids": [...]} or
 {"messages": [...]}. Messages are rendered as a chat request would be and cut where two requests that

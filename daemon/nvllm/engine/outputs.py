@@ -1,0 +1,39 @@
+"""What the engine hands back: each step's new text and tokens of a request, with their logprobs, and at the end
+why it finished and what it used. Front doors read these; nothing else of the engine's request state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class TopLogprob(NamedTuple):
+    token_id: int
+    logprob: float
+    token: str                     # the vocabulary entry, as the tokenizer spells it
+    text: str = ""                 # the token decoded alone, as a client prints it (the HTTP API's "token")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[TopLogprob] = field(default_factory=list)
+    token: str = ""                # the chosen token's vocabulary entry and decoded text, as in TopLogprob
+    text: str = ""
+
+
+@dataclass
+class RequestOutput:
+    """What one step added to one request; the last one has `finished` and the usage counts."""
+    request_id: str
+    text: str                      # new text since the previous output
+    token_ids: list[int]           # new tokens since the previous output
+    logprobs: list[TokenLogprob] | None
+    finished: bool
+    finish_reason: str | None      # "stop", "length" or "abort" once finished
+    stop_reason: str | int | None  # the stop string or token id that matched
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: str | None = None       # set when the request failed inside the engine

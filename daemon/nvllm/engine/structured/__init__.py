@@ -1,0 +1,1 @@
+"""Structured output: constraints compiled into llguidance matchers, their masks, and where a grammar starts."""
