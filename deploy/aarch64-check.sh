@@ -30,7 +30,7 @@
 #   NVLLM_AARCH64_CPU [cortex-a76]                 the core qemu emulates (QEMU_CPU). A Jetson Orin's
 #                                                  Cortex-A78AE is ARMv8.2 with dot product and FP16, as
 #                                                  the A76 is; "max" adds SVE and SME, for which OpenBLAS
-#                                                  picks other kernels (see the README's aarch64 notes).
+#                                                  picks other kernels (see docs/testing.md, "aarch64").
 #   NVLLM_AARCH64_NO_APT=1                         never apt-get install the host tools (fail with 77)
 # shellcheck disable=SC2317  # functions run from main and the EXIT trap, which shellcheck cannot follow
 set -euo pipefail

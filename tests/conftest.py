@@ -82,7 +82,7 @@ def smollm2() -> Path:
 # -- reliability figures ----------------------------------------------------------------------------
 # The stress tests (tests/stress/test_stress_*.py) record their figures here; they are printed in the terminal
 # summary and written to reliability.json in pytest's base temp dir (or to $NVLLM_RELIABILITY_JSON).
-# RELIABILITY.md quotes them.
+# docs/reliability.md quotes them.
 _FIGURES = pytest.StashKey[dict]()
 _FIGURES_PATH = pytest.StashKey[Path]()
 

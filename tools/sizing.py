@@ -1,5 +1,6 @@
-"""The README's sizing table: weights, page pool and full-length sequences at once, per weight format, for
-the default model and two larger Llama/Qwen shapes, on boards with 8, 16 and 64 GiB available.
+"""The sizing table of docs/configuration.md ("Sizing for a board"): weights, page pool and full-length
+sequences at once, per weight format, for the default model and two larger Llama/Qwen shapes, on boards
+with 8, 16 and 64 GiB available.
 
 Every cell is what `nvllm serve --dry-run --memory-gb N --model M [--quantization Q]` prints for that
 model, format and board: both go through engine/factory.plan_for_board, from config.json alone. The

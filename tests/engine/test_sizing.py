@@ -1,6 +1,6 @@
 """Planning a model's memory per weight format: `nvllm serve --dry-run` shows the bytes the weights will
 hold in the format they are served in (model.quantization included, from config.json alone with
---memory-gb), and tools/sizing.py prints the README's table through the same planning."""
+--memory-gb), and tools/sizing.py prints docs/configuration.md's table through the same planning."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ real daemon on loopback, each served or refused naming the parameter.
 
 The same rules as the gRPC stress tests (test_stress_fuzz.py): zero crashes (no 5xx, no ERROR line or
 traceback in the daemon's log); every page free or cached at the end and the reference request answered
-as before. Figures go to the reliability record (RELIABILITY.md quotes them).
+as before. Figures go to the reliability record (docs/reliability.md quotes them).
 """
 
 from __future__ import annotations

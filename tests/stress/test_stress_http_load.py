@@ -4,7 +4,7 @@ client timeouts, killed clients) against leaks, against the real daemon on loopb
 The same rules as the gRPC stress tests (test_stress_load.py): requests are held in flight by holding the
 engine loop still, never by timing; zero crashes (no 5xx, no ERROR line or traceback in the daemon's
 log); every page free or cached at the end and the reference request answered as before. Figures go to
-the reliability record (RELIABILITY.md quotes them).
+the reliability record (docs/reliability.md quotes them).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def resident_zeros(shape: tuple[int, ...], dtype: DTypeLike) -> tuple[np.ndarray
     afterwards costs milliseconds on backed pages and backs any that MAP_POPULATE left out (it fails
     quietly, e.g. short of memory, where a fault now still fails at start-up rather than later).
     MADV_HUGEPAGE comes after populating on purpose: faulting the pool in as huge pages was measured
-    3-5x slower on a VM that hands freed memory back to its host (README, "At rest, start-up and
-    memory: measured"); advised afterwards, khugepaged may merge the backed pages in the background.
+    3-5x slower on a VM that hands freed memory back to its host (docs/operating.md, "At rest,
+    start-up and memory: measured"); advised afterwards, khugepaged may merge the backed pages in the background.
     """
     dtype = np.dtype(dtype)
     count = math.prod(shape)

@@ -26,8 +26,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 # What the daemon holds besides the weights and the page pool once it is ready: the interpreter, NumPy
 # and OpenBLAS, gRPC, the tokenizer and a few step-sized buffers. Measured (RSS after READY less weights
-# and pool): 64 MiB with a tiny model, 95 MiB with SmolLM2-135M on x86_64 (figures and commands in the
-# README, "At rest, start-up and memory: measured"); tests/deploy/test_footprint.py holds the daemon to it.
+# and pool): 64 MiB with a tiny model, 95 MiB with SmolLM2-135M on x86_64 (figures and commands in
+# docs/operating.md, "At rest, start-up and memory: measured"); tests/deploy/test_footprint.py holds the daemon to it.
 RUNTIME_OVERHEAD_BYTES = 160 * MiB
 # cgroup v1 reports "no limit" as a huge page-aligned number (0x7FFFFFFFFFFFF000 on 64-bit).
 _V1_UNLIMITED = 1 << 60
