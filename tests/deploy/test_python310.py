@@ -22,7 +22,7 @@ from helpers.paths import ROOT
 
 SOURCES = ("daemon", "models", "tools", "tests")
 TARGET = "3.10"
-SMOKE = ["tests/model/test_loader.py", "tests/engine/test_sampling_params.py", "tests/engine/test_stops.py",
+SMOKE = ["tests/model/weights/test_loader.py", "tests/engine/test_sampling_params.py", "tests/engine/test_stops.py",
          "tests/text/test_tokenizer.py", "tests/text/test_chat_template.py", "tests/text/test_detokenizer.py",
          "tests/deploy/test_aarch64.py::test_daemon_round_trip_serve_health_and_a_streamed_answer"]
 

@@ -1,4 +1,4 @@
-"""What the GGUF file tests share (tests/model/test_gguf_*.py): the tiny random folders they write GGUFs from,
+"""What the GGUF file tests share (tests/model/weights/test_gguf_*.py): the tiny random folders they write GGUFs from,
 and a small random GGUF written again with metadata keys added or dropped."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the C kernels' tests share (tests/model/test_kernel*.py): the mark that skips where the kernels were not
+"""What the C kernels' tests share (tests/model/kernels/test_kernel*.py): the mark that skips where the kernels were not
 built, the switch to their NumPy twins, and a random paged-decode case with the shapes the models do not have."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Scalar transcriptions of llama.cpp's reference quantizers (ggml-quants.c), float32 operation by float32
-operation, that tests/model/test_quantize.py and test_quantize_k.py hold nvllm's vectorised quantizers to."""
+operation, that tests/model/quant/test_quantize.py and test_quantize_k.py hold nvllm's vectorised quantizers to."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""What the sampler tests share (tests/model/test_sampler_*.py): the batch builder, the reference penalties and
+"""What the sampler tests share (tests/model/sampling/test_sampler_*.py): the batch builder, the reference penalties and
 truncation rules spelled out slowly in float64, the chi-square check that draws fit a distribution, and the
 constants that force the sampler's other code paths (for each file's `paths` fixture).
 

@@ -5,7 +5,7 @@ sliding windows and the local layers' rope too.
 
 Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c calls
 them in the same order, on the same buffers, with the same arguments, so the two give the same bits
-(tests/model/test_decode_step.py). What goes is the ~10 Python calls per layer with their checks and
+(tests/model/kernels/test_decode_step.py). What goes is the ~10 Python calls per layer with their checks and
 temporaries, about a fifth of SmolLM2-135M's decode step on two threads.
 
 `DecodeLayers` is built once per model and pool: it checks every layer's matrices (the BlockMatrix parts

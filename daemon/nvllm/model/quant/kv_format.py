@@ -5,7 +5,7 @@ halve the pool, q8_0 (blocks of 32 int8 values and an fp16 scale, as llama.cpp's
 34 bytes per 32 values. The pool's element type names its format: float32, float16, uint16 (bf16) or
 the Q8_0 block record, one of them per head dimension hd/32. The C kernels (csrc/ops.c) write and read
 each in place; `encode` and `decode` are their NumPy twins, and `encode` gives the same bits as the C
-write (tests/model/test_kv_formats.py).
+write (tests/model/kernels/test_kv_formats.py).
 """
 
 from __future__ import annotations

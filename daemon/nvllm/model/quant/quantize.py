@@ -6,7 +6,7 @@ quantizer (quantize_row_*_ref in ggml-quants.c, the one its tools use without an
 float32 and in the same order of operations, so the blocks are those llama.cpp would write: Q8_0, Q5_0,
 Q5_1, Q4_0, BF16 and F16 bit for bit as `gguf.quants.quantize` writes them; the K-quants, IQ4_NL and
 IQ4_XS, which gguf does not write, bit for bit as plain scalar transcriptions of the reference
-(tests/model/test_quantize.py and test_quantize_k.py hold them).
+(tests/model/quant/test_quantize.py and test_quantize_k.py hold them).
 
 choose_format() picks a matrix's format for model.quantization (model/weights/conversion.py applies it
 as the loader lays the matrices out): a matrix whose row length is not a whole number of the format's

@@ -2,7 +2,7 @@
 
 Both follow llama.cpp's quantize_row_iq4_nl_impl as its quantize tool calls it without an importance
 matrix (quantize_iq4_nl and quantize_iq4_xs: weights x^2, 7 tries each way), in float32 and in the same
-order of operations (tests/model/test_quantize_k.py holds them to a scalar transcription). Each block of
+order of operations (tests/model/quant/test_quantize_k.py holds them to a scalar transcription). Each block of
 32 values gets the scale whose nearest table values (IQ4_VALUES) fit it best in the weighted least-squares
 sense; IQ4_XS then stores its eight scales as 6-bit multiples (less 32) of d = -(the largest-magnitude
 scale) / 32 and picks the quants again against those.

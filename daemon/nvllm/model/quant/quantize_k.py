@@ -2,7 +2,7 @@
 
 Each follows llama.cpp's reference quantizer (quantize_row_q{2,3}_K_ref in ggml-quants.c, the one its
 tools use without an importance matrix) in float32 and in the same order of operations, as quantize.py's
-Q4_K and Q6_K do (tests/model/test_quantize_k.py holds them to scalar transcriptions of the reference).
+Q4_K and Q6_K do (tests/model/quant/test_quantize_k.py holds them to scalar transcriptions of the reference).
 Each takes super-blocks x [m, 256] float32 and returns their bytes [m, block_bytes].
 """
 from __future__ import annotations
