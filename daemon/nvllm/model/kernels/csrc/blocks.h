@@ -9,19 +9,6 @@
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "GGUF blocks are little-endian; these files read them as the host's integers"
-/* Scale k (0..15) of a Q3_K block's 12 scale bytes, less 32: its low four bits are nibble k / 8 of byte k % 8,
- * its top two bits bits 2 (k / 4), 2 (k / 4) + 1 of byte 8 + k % 4. */
-INLINE int scale_q3_k(const uint8_t *s, int k) {
-    return (((s[k % 8] >> (4 * (k / 8))) & 15) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
-}
-
-/* Sub-block scale s (0..7) of an IQ4_XS block b, less 32: nibble s % 2 of scales_l[s / 2], with bits 2s, 2s + 1
- * of the little-endian u16 scales_h above it. */
-INLINE int scale_iq4_xs(const uint8_t *b, int s) {
-    const int h = b[IQ4_XS_SCALES_H] | (b[IQ4_XS_SCALES_H + 1] << 8);
-    return (((b[IQ4_XS_SCALES_L + s / 2] >> (4 * (s % 2))) & 15) | (((h >> (2 * s)) & 3) << 4)) - 32;
-}
-
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
