@@ -9,7 +9,6 @@ the folder tiny-phi3-mini, general.name "Tiny Phi3 Mini". The golden's ids are t
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,6 +59,7 @@ def test_chat_prompt_ids_equal_the_folders(phi3):
     for case in cases:
         assert gguf.render_chat(case["messages"]) == folder.render_chat(case["messages"]) == case["text"]
         assert gguf.encode_chat(case["messages"]) == folder.encode_chat(case["messages"]) == case["ids"], case["text"]
+        assert gguf.decode(case["ids"]) == folder.decode(case["ids"])
 
 
 def test_the_planets_prompt_has_no_space_or_newline_after_a_turn_token(phi3):
@@ -126,7 +126,7 @@ def test_an_lstrip_token_takes_the_space_before_it(phi3):
 
 
 @pytest.mark.parametrize("key", ["general.name", "general.architecture", "tokenizer.ggml.pre"])
-def test_a_name_that_is_not_text_is_refused_naming_the_key(phi3, key: str, tmp_path: Path):
+def test_a_name_that_is_not_text_is_refused_naming_the_key(phi3, key: str):
     _, _, meta = phi3
     with pytest.raises(ValueError, match=f"^bad.gguf: {key} is int, expected a string"):
         Tokenizer.from_gguf_metadata(dict(meta, **{key: 3}), "bad.gguf")
