@@ -24,6 +24,10 @@ ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausa
         "Phi3ForCausalLM": "phi3", "SmolLM3ForCausalLM": "smollm3", "Gemma3ForCausalLM": "gemma3"}
 PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2",   # tokenizer.ggml.pre of the tiny models
        "phi3": "smollm", "smollm3": "smollm", "gemma3": "smollm"}
+# general.name of the tiny GGUFs. tiny-phi3 is laid out as Phi-4-mini (byte-level BPE, no </s>), whose files
+# are named "Phi 4 Mini Instruct": a name holding "phi3" would take llama.cpp's Phi-3 rule (every special
+# token rstrip, text/gguf_strip.py), which llama.cpp could not even apply to a vocabulary without </s>.
+NAMES = {"phi3": "tiny-phi4-mini"}
 PERMUTED = ("llama", "smollm3")   # the archs whose converter is Llama's, Q/K rows permuted
 QUANTIZABLE = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)        # what gguf.quants.quantize writes
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
@@ -106,7 +110,7 @@ def add_hparams(w: gguf.GGUFWriter, cfg: dict, arch: str, qtype: T) -> None:
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)   # gemma3's, per layer type: the file keeps the global layers'
-    w.add_name(f"tiny-{arch}")
+    w.add_name(NAMES.get(arch, f"tiny-{arch}"))
     w.add_file_type(file_type(qtype))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_block_count(cfg["num_hidden_layers"])

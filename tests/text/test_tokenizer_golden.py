@@ -15,9 +15,10 @@ from helpers.paths import ROOT as REPO
 from nvllm.text.tokenizer import Tokenizer
 
 # A golden that carries its GGUF vocabulary ("metadata") is a SentencePiece file's, with no folder:
-# tests/text/test_tokenizer_gguf_spm.py reads those.
+# tests/text/test_tokenizer_gguf_spm.py reads those; one that carries its folder's files ("folder"),
+# tests/text/test_gguf_special_tokens_strip.py.
 GOLDEN_FILES = sorted(p for p in (REPO / "tests" / "golden").glob("tokenizer_*.json")
-                      if "metadata" not in json.loads(p.read_text(encoding="utf-8")))
+                      if not {"metadata", "folder"} & json.loads(p.read_text(encoding="utf-8")).keys())
 NO_GOLDEN = "no tests/golden/tokenizer_*.json yet (written by tests/golden/make_golden.py with transformers)"
 
 

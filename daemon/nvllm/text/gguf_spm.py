@@ -18,6 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer as _Backend
 from tokenizers import decoders, models, normalizers
 
+from nvllm.text.gguf_strip import gguf_strips
 from nvllm.text.gguf_vocab import (
     GGUF_CONTROL,
     GGUF_USER_DEFINED,
@@ -102,8 +103,9 @@ def spm_backend(metadata: Mapping[str, Any], source: str) -> _Backend:
                                          *tail])
     # <unk> is special as in the Hugging Face Llama tokenizers: decode(skip_special_tokens) drops it
     special = {GGUF_CONTROL, GGUF_UNKNOWN}
-    backend.add_special_tokens([added_token(t, True) for t, ty in zip(tokens, types) if ty in special])
-    backend.add_tokens([added_token(t, False) for t, ty in zip(tokens, types) if ty == GGUF_USER_DEFINED])
+    strips = gguf_strips(metadata, source, tokens, types)
+    backend.add_special_tokens([added_token(t, True, strips) for t, ty in zip(tokens, types) if ty in special])
+    backend.add_tokens([added_token(t, False, strips) for t, ty in zip(tokens, types) if ty == GGUF_USER_DEFINED])
     flags = {f"add_{k}_token": gguf_bool(metadata, f"tokenizer.ggml.add_{k}_token", source) for k in ("bos", "eos")}
     special_ids = {k: gguf_token_id(metadata, f"tokenizer.ggml.{k}_token_id", source, len(tokens))
                    for k in ("bos", "eos")}

@@ -15,6 +15,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
+from nvllm.text.gguf_strip import gguf_strips
 from nvllm.text.tokenizer_config import apply_bos_eos_flags
 
 GGUF_CONTROL = 3       # llama.cpp's token_type of special tokens (<|im_end|>, <|eot_id|>)
@@ -82,8 +83,9 @@ def gguf_backend(metadata: Mapping[str, Any], source: str) -> _Backend:
     backend = _Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
                                   ignore_merges=pre.ignore_merges))
     _set_pipeline(backend, pre)
-    backend.add_special_tokens([added_token(t, True) for t, ty in zip(tokens, types) if ty == GGUF_CONTROL])
-    backend.add_tokens([added_token(t, False) for t, ty in zip(tokens, types) if ty == GGUF_USER_DEFINED])
+    strips = gguf_strips(metadata, source, tokens, types)
+    backend.add_special_tokens([added_token(t, True, strips) for t, ty in zip(tokens, types) if ty == GGUF_CONTROL])
+    backend.add_tokens([added_token(t, False, strips) for t, ty in zip(tokens, types) if ty == GGUF_USER_DEFINED])
     flags = {f"add_{k}_token": gguf_bool(metadata, f"tokenizer.ggml.add_{k}_token", source) for k in ("bos", "eos")}
     if any(flags.values()):
         special = gguf_special_tokens(metadata, source)
@@ -109,8 +111,10 @@ def _set_pipeline(backend: _Backend, pre: GGUFPreTokenizer) -> None:
     backend.decoder = decoders.ByteLevel()
 
 
-def added_token(token: str, special: bool) -> AddedToken:
-    return AddedToken(token, special=special, normalized=False, lstrip=False, rstrip=False, single_word=False)
+def added_token(token: str, special: bool, strips: Mapping[str, tuple[bool, bool]]) -> AddedToken:
+    """A GGUF's control or user-defined token as an added token; strips: gguf_strips' flags by token."""
+    lstrip, rstrip = strips.get(token, (False, False))
+    return AddedToken(token, special=special, normalized=False, lstrip=lstrip, rstrip=rstrip, single_word=False)
 
 
 def _gguf_pre_tokenizer(metadata: Mapping[str, Any], source: str) -> GGUFPreTokenizer:
