@@ -5,14 +5,14 @@ puts some back by model when it loads the vocabulary (src/llama-vocab.cpp, llama
 attributes by model/tokenizer/architecture name"), from general.name (its ASCII letters lower-cased),
 tokenizer.ggml.pre and general.architecture, each matched as a substring; the first rule that matches is the
 only one applied. Phi-3-mini's files flag every added token rstrip but <unk>, <s> and <|endoftext|>, so its
-chat template's "<|user|>\\n" is the token alone; without the rule the "\\n" became pieces of its own. A Phi-3
-file whose name holds neither "phi-3" nor "phi3" (today's converter names Phi-3-mini-4k-instruct "Phi 3 Mini
-4k Instruct") gets no rule, here as in llama.cpp.
+chat template's "<|user|>\\n" is the token alone; without the rule the "\\n" became pieces of its own.
 
-Where this differs from llama.cpp: the flags become `tokenizers` AddedToken ones, which strip any Unicode
-whitespace (llama.cpp: ASCII only), as the Hugging Face folder's do; a token a rule names that the
-vocabulary lacks, or has as a normal piece, is left out (llama.cpp refuses to load a Phi-3-named file without
-</s>, <unk>, <s> and <|endoftext|>).
+Where this differs from llama.cpp: the Phi-3 rule also matches "phi 3", since today's converter names
+Phi-3-mini-4k-instruct "Phi 3 Mini 4k Instruct" (dashes made spaces), which llama.cpp's "phi-3" and "phi3"
+miss (it then tokenizes such a file unlike the model's own tokenizer; no Phi-4 name holds any of the three);
+the flags become `tokenizers` AddedToken ones, which strip any Unicode whitespace (llama.cpp: ASCII only), as
+the Hugging Face folder's do; a token a rule names that the vocabulary lacks, or has as a normal piece, is
+left out (llama.cpp refuses to load a Phi-3-named file without </s>, <unk>, <s> and <|endoftext|>).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class StripRule:
 STRIP_RULES = (
     StripRule(pres=("jina-v2-de", "jina-v2-es", "jina-v2-code"), archs=("nomic-bert-moe", "jina-bert-v3"),
               lstrip=("<mask>",)),
-    StripRule(names=("phi-3", "phi3"), rstrip_special=True, rstrip=("</s>",),
+    StripRule(names=("phi-3", "phi3", "phi 3"), rstrip_special=True, rstrip=("</s>",),
               not_rstrip=("<unk>", "<s>", "<|endoftext|>")),
     StripRule(names=("modern-bert",), lstrip=("[MASK]",)),
 )
