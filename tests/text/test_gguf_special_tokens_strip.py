@@ -87,6 +87,15 @@ def test_each_added_token_strips_as_the_folders(phi3):
     assert ours["<s>"] == ours["<unk>"] == ours["<|endoftext|>"] == (False, False)
 
 
+def test_a_folder_written_from_the_gguf_keeps_the_flags(phi3):
+    from nvllm.model.weights.gguf_convert import tokenizer_config
+
+    folder, gguf, _ = phi3
+    decoder = tokenizer_config(gguf, False, 4096)["added_tokens_decoder"]
+    added = {a["content"]: (a["lstrip"], a["rstrip"]) for a in decoder.values()}
+    assert added["<|user|>"] == added["<|assistant|>"] == (False, True) and added["<s>"] == (False, False)
+
+
 @pytest.mark.parametrize("name, strips", [
     ("Tiny Phi3 Mini", True), ("Phi3", True), ("PHI-3-mini-4k-instruct", True), ("my-phi3-finetune", True),
     # llama.cpp matches "phi-3" or "phi3" alone; nvllm also "phi 3", the name today's converter gives

@@ -42,8 +42,8 @@ def check_tokenizer(tok: HFTokenizer) -> None:
 
 def tokenizer_config(tok: Tokenizer, add_bos: bool, model_max_length: int) -> dict:
     added = {
-        str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": t.special}
+        str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": False, "rstrip": t.rstrip,
+                 "single_word": False, "special": t.special}   # the strips the file's rules gave (gguf_strip.py)
         for i, t in sorted(tok.backend.get_added_tokens_decoder().items())
     }
     named = tok.special_tokens
