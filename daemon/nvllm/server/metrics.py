@@ -9,22 +9,20 @@ label model_name, as vLLM's do. Three sources feed it:
   scrape time by a collector: nothing is copied on the engine thread, and a scrape never waits for it.
 - Each engine step: the daemon builds `AsyncEngine(..., on_step=metrics.observe_step)`, called on the
   engine thread with the step's wall time and tokens.
-- Each request, observed by the front door that serves it (gRPC in server/service.py, HTTP in
-  server/http/). The one call a front door makes:
+- Each request, observed on its way through `DaemonState.submit` (server/state.py), which makes one tracker
+  per engine request, and its `Submission` (server/submission.py), which feeds it every output:
 
-      with state.metrics.request("http", arrival=t0) as track:   # t0 = time.monotonic() on arrival
-          ...                                                     # validate, tokenize
-          track.refused("invalid")         # or "busy" (429 / RESOURCE_EXHAUSTED),
-                                           # "unavailable" (503 / UNAVAILABLE); before admission only
-          stream = engine.add(seq)
-          track.admitted(seq.num_prompt_tokens)
-          async for out in stream:
-              track.output(out)            # every RequestOutput, in order, before anything else
-              ...
+      track = state.metrics.request("http", arrival=t0)   # t0 = time.monotonic() on arrival
+      track.refused("invalid")         # or "busy" (429 / RESOURCE_EXHAUSTED), "unavailable" (503 /
+                                       # UNAVAILABLE); before admission only
+      track.admitted(prompt_tokens)    # the engine took it
+      track.output(out)                # every RequestOutput, in order, before anything else sees it
+      track.close()                    # the front door is done with it
 
   The tracker turns those into time to first token, inter-token latency, end-to-end latency, token
-  counts and the finish reason. Leaving the `with` block before the final output (the client left, a
-  deadline passed) counts the request as finished with reason "abort".
+  counts and the finish reason. A request closed before its final output (the client left, a deadline
+  passed) counts as finished with reason "abort". A front door counts only what it refuses itself (a body
+  it cannot read), with `state.metrics.request(api, t0).refused("invalid")`.
 
 `exposition()` gives (body, content type) for an HTTP response at /metrics; the metrics-only
 listener (server/metrics_listener.py) serves the same when the HTTP API is off. It is always
