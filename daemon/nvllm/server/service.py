@@ -107,10 +107,11 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, input_field))
             except EngineDead as e:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
-            reasoning = chat_reasoning(st.reasoning_parser, input_field, prompt, sub.thinks)
-            async with sub, contextlib.aclosing(self._responses(sub, context, rid, t0, reasoning)) as responses:
-                async for response in responses:
-                    yield response
+            async with sub:
+                reasoning = chat_reasoning(st.reasoning_parser, input_field, prompt, sub.thinks)
+                async with contextlib.aclosing(self._responses(sub, context, rid, t0, reasoning)) as responses:
+                    async for response in responses:
+                        yield response
 
     async def _responses(self, sub: Submission, context: grpc.aio.ServicerContext, rid: str, t0: float,
                          reasoning: ReasoningStream | None) -> AsyncGenerator[pb.GenerateResponse, None]:
