@@ -15,7 +15,9 @@ setup(
             # No Python API is used: the library is loaded with ctypes, so it needs no Python headers.
             # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
             # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.
-            extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"],
+            # -g0 over Python's -g: the same code, without the debug information that took a third of the
+            # build (qdot.c: 99 s -> 66 s here; 18 -> 8 minutes under aarch64 emulation).
+            extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"],
             optional=True,
         ),
         Extension(
@@ -28,7 +30,7 @@ setup(
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
-            extra_compile_args=["-O3", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+            extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                                 "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,
