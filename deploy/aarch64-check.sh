@@ -11,8 +11,9 @@
 # Exit status: 0 passed, 1 failed (tests or set-up), 77 emulation cannot run here (no binfmt_misc and no
 # way to register it, not root, no qemu): the test that calls this script skips on 77 with the reason.
 #
-# Emulation is slow (gcc runs about 6 times slower, Python more), so only what must run as arm64 runs
-# emulated. On a 2-core x86-64 a cold run takes about 12 minutes, 8 of them building the kernels.
+# Emulation is slow (gcc and Python run 4 to 7 times slower there), so only what must run as arm64 runs
+# emulated. On a 2-core x86-64 a cold run takes about 11 minutes, 8 of them gcc building the kernels
+# (qdot.c above all: about 7 minutes, its debug information left out as said below).
 #  - The root: debootstrap's first stage (on the host) fetches minbase with python3, python3-venv, gcc and
 #    libc6-dev and unpacks the required packages; the rest are unpacked on the host too (dpkg-deb), and of
 #    debootstrap's second stage (dpkg and the maintainer scripts under emulation) only what this check
