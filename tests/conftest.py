@@ -79,6 +79,27 @@ def smollm2() -> Path:
     return SMOLLM2
 
 
+# -- the aarch64 emulation, beside the rest ---------------------------------------------------------------
+@pytest.hookimpl(trylast=True)    # after -m and -k deselected what they do
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """When the emulated aarch64 run is among the tests, start it now and run its test last: it waits for an
+    emulation that ran beside the rest of the suite (helpers/emulation.py)."""
+    from helpers import emulation
+
+    found = [item for item in items if item.nodeid == emulation.TEST]
+    if not found or config.option.collectonly or os.environ.get("NVLLM_SKIP_AARCH64") == "1":
+        return
+    items.remove(found[0])
+    items.append(found[0])
+    emulation.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from helpers import emulation
+
+    emulation.stop()
+
+
 # -- reliability figures ----------------------------------------------------------------------------
 # The stress tests (tests/stress/test_stress_*.py) record their figures here; they are printed in the terminal
 # summary and written to reliability.json in pytest's base temp dir (or to $NVLLM_RELIABILITY_JSON).

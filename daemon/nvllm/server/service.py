@@ -117,18 +117,19 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                          reasoning: ReasoningStream | None) -> AsyncGenerator[pb.GenerateResponse, None]:
         first_token_time = None
         try:
-            async for _, out in sub:
-                if out.error is not None:
-                    log.error("failed in the engine: %s", out.error)
-                    await _abort(context, grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
-                if first_token_time is None and out.token_ids:
-                    first_token_time = time.monotonic()
-                yield self._response(rid, out, t0, first_token_time, reasoning)
-                if out.finished:
-                    log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
-                             out.finish_reason, out.prompt_tokens, out.completion_tokens, out.cached_tokens,
-                             "" if first_token_time is None
-                             else f", first token after {1000 * (first_token_time - t0):.0f} ms")
+            async with contextlib.aclosing(aiter(sub)) as outputs:
+                async for _, out in outputs:
+                    if out.error is not None:
+                        log.error("failed in the engine: %s", out.error)
+                        await _abort(context, grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
+                    if first_token_time is None and out.token_ids:
+                        first_token_time = time.monotonic()
+                    yield self._response(rid, out, t0, first_token_time, reasoning)
+                    if out.finished:
+                        log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
+                                 out.finish_reason, out.prompt_tokens, out.completion_tokens, out.cached_tokens,
+                                 "" if first_token_time is None
+                                 else f", first token after {1000 * (first_token_time - t0):.0f} ms")
         except asyncio.CancelledError:
             log.info("cancelled (client went away or its deadline passed); request aborted")
             raise
