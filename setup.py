@@ -6,12 +6,18 @@ NumPy paths instead (nvllm.model.kernels.ops.lib is None, and `nvllm serve` says
 
 from setuptools import Extension, setup
 
+# The integer kernels of the repacked weights (csrc/packed.h): the layout, the dispatch and the portable
+# reference, then one file per instruction set, each compiled once with its own target (a file for
+# another architecture compiles to nothing).
+DOT_SOURCES = ("pack", "dot", "dot_scalar")
+
 setup(
     ext_modules=[
         Extension(
             "nvllm.model.kernels._ops",
             sources=["daemon/nvllm/model/kernels/csrc/ops.c"],
-            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h"],
+            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
+                     "daemon/nvllm/model/kernels/csrc/packed.h"],
             # No Python API is used: the library is loaded with ctypes, so it needs no Python headers.
             # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
             # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.
@@ -25,9 +31,12 @@ setup(
             # step.c runs a decode step's layers in one call, so ops.c's kernels are built in here too,
             # beside this library's thread pool (the _ops library above stays for everything else).
             sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/qdot.c",
-                     "daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/step.c"],
+                     "daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/step.c",
+                     # the repacked weights' integer kernels: one file per instruction set (packed.h)
+                     *(f"daemon/nvllm/model/kernels/csrc/{name}.c" for name in DOT_SOURCES)],
             # Their shared block layouts and helpers: a change there rebuilds both.
-            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h"],
+            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
+                     "daemon/nvllm/model/kernels/csrc/packed.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

@@ -27,13 +27,15 @@ BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitu
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
 
-def quantize_rows(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_rows(x: np.ndarray, bits: int = 8, qmax: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x float32 [T, in] (in a multiple of 32) -> (d [T, nb] float32, q [T, nb, 32] int8 or int16 for bits 8
     or 16, s [T, nb] float32): each block of 32 values is d * q with d = amax / 127 (or / 32767), and
-    s = d * sum(q). A block with NaN or inf gets d = s = NaN, q = 0."""
+    s = d * sum(q). A block with NaN or inf gets d = s = NaN, q = 0. `qmax` replaces 127 or 32767 (the
+    packed kernels' exact activations: packed.EXACT_QMAX)."""
     if bits not in BITS:
         raise ValueError(f"bits: need 8 or 16, got {bits!r}")
-    qmax, qtype = BITS[bits]
+    qmax = BITS[bits][0] if qmax is None else qmax
+    qtype = BITS[bits][1]
     x = np.asarray(x, dtype=np.float32)
     T, n_in = x.shape
     if n_in % QK:
@@ -101,7 +103,7 @@ def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return dw, np.ascontiguousarray(q), mw
 
 
-def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8) -> np.ndarray:
+def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8, qmax: int | None = None) -> np.ndarray:
     """x [T, in] float32 -> [T, out] float32 as csrc/qdot.c computes it with x in `bits` (8 or 16), bit for
     bit. Each block's 32 products sum exactly in int32 (at most 32 * 128 * 32767 < 2^27)."""
     x = np.asarray(x, dtype=np.float32)
@@ -109,7 +111,7 @@ def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x: need [T, {n_in}], got {list(x.shape)}")
     T = x.shape[0]
-    dx, qx, sx = quantize_rows(x, bits)
+    dx, qx, sx = quantize_rows(x, bits, qmax)
     dw, qw, mw = weight_quants(w)
     nb = n_in // QK
     acc = np.zeros((T, n_out), np.float32)

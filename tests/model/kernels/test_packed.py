@@ -1,0 +1,136 @@
+"""The repacked weights (csrc/pack.c against packed.pack_twin, and back) and the integer kernels that
+read them (every variant of csrc/dot_*.c against kernels/qdot.py, bit for bit)."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+
+from helpers.gguf_util import random_blocks
+from nvllm.model.kernels import packed, qdot
+from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.formats import FORMATS
+
+# Also run under emulated aarch64 (deploy/aarch64-check.sh): NEON, NEON with sdot, and the scalar code.
+pytestmark = pytest.mark.aarch64
+
+FORMAT = {f.name: f for f in FORMATS.values()}
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+# (rows, blocks of 32 per row): under a panel, a panel and a row, several panels; one block; a model's 48
+LAYOUTS = [(1, 1), (9, 3), (37, 8), (16, 48)]
+T_SIZES = [1, 2, 3, 5, 8, 17, 64, 65]
+VARIANTS = packed.variants()
+
+needs_lib = pytest.mark.skipif(packed.lib is None, reason="the C matmul was not built (no C compiler at install)")
+
+
+def rng_for(*what: object) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(what).encode()))
+
+
+def weight(name: str, rows: int, blocks: int, rng: np.random.Generator) -> BlockMatrix:
+    n_in = 256 * -(-blocks // 8) if name in K_QUANTS else 32 * blocks
+    raw = random_blocks(rng, GT[name], (rows, n_in))
+    return BlockMatrix(FORMAT[name], np.ascontiguousarray(raw), (rows, n_in))
+
+
+def twin(w: BlockMatrix, x: np.ndarray, variant: str) -> np.ndarray:
+    if variant.endswith("-i16"):
+        return qdot.matmul(w, x, 16, packed.EXACT_QMAX)
+    return qdot.matmul(w, x, 8)
+
+
+@pytest.mark.parametrize("name", packed.FIELDS)
+def test_the_fields_cover_each_block_once(name: str) -> None:
+    covered = sorted(b for offset, size in packed.FIELDS[name] for b in range(offset, offset + size))
+    assert covered == list(range(FORMAT[name].block_bytes))
+
+
+@needs_lib
+@pytest.mark.parametrize("name", packed.FIELDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pack_is_the_twin_and_unpack_gives_the_blocks_back(name: str, layout: tuple) -> None:
+    w = weight(name, *layout, rng_for("pack", name, layout))
+    pm = packed.pack(w)
+    np.testing.assert_array_equal(pm.data, packed.pack_twin(w))
+    assert pm.data.nbytes == pm.panels * packed.PANEL * w.blocks.shape[1]
+    np.testing.assert_array_equal(packed.unpack_rows(pm, 0, w.shape[0]), w.blocks)
+    mid = (w.shape[0] // 3, w.shape[0] - w.shape[0] // 4)
+    np.testing.assert_array_equal(packed.unpack_rows(pm, *mid), w.blocks[mid[0]:mid[1]])
+
+
+def test_the_twin_unpacks_what_it_packs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packed, "lib", None)
+    for name in packed.FIELDS:
+        w = weight(name, 11, 9, rng_for("twin", name))
+        pm = packed.pack(w)
+        np.testing.assert_array_equal(packed.unpack_rows(pm, 2, 11), w.blocks[2:])
+
+
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", packed.FIELDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant: str) -> None:
+    rng = rng_for("dot", name, layout)
+    w = weight(name, *layout, rng)
+    pm = packed.pack(w)
+    for T in T_SIZES:
+        x = (rng.standard_normal((T, w.shape[1])) * 2).astype(np.float32)
+        np.testing.assert_array_equal(packed.matmul(pm, x, variant), twin(w, x, variant), err_msg=f"T={T}")
+
+
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_largest_products_sum_exactly(variant: str) -> None:
+    # Q8_0's quants at -128 (the blocks allow it) against x at its largest quant everywhere
+    n_in = 64
+    blocks = np.zeros((3, 2 * 34), np.uint8)
+    for r, q in enumerate((-128, 127, -1)):
+        for b in range(2):
+            blocks[r, 34 * b:34 * b + 2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+            blocks[r, 34 * b + 2:34 * b + 34] = np.uint8(q & 255)
+    w = BlockMatrix(FORMAT["Q8_0"], blocks, (3, n_in))
+    x = np.full((2, n_in), 3.0, np.float32)
+    x[1, ::2] = -3.0
+    y = packed.matmul(packed.pack(w), x, variant)
+    np.testing.assert_array_equal(y, twin(w, x, variant))
+    np.testing.assert_allclose(y, w.matmul(x), rtol=1e-6, atol=1e-3)
+
+
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_nan_and_inf_in_x_stay_in_their_row(variant: str) -> None:
+    rng = rng_for("nan", variant)
+    w = weight("Q4_K", 10, 16, rng)
+    x = rng.standard_normal((3, w.shape[1])).astype(np.float32)
+    x[1, 5] = np.nan
+    x[2, 300] = np.inf
+    y = packed.matmul(packed.pack(w), x, variant)
+    assert np.isfinite(y[0]).all() and np.isnan(y[1]).all() and np.isnan(y[2]).all()
+    np.testing.assert_array_equal(y, twin(w, x, variant))
+
+
+def test_exact_activations_are_16_bit_quants_in_two_byte_planes() -> None:
+    # what dot.c's planes hold: q = 256 hi + lo with both in int8 for every q the exact scale gives
+    q = np.arange(-packed.EXACT_QMAX, packed.EXACT_QMAX + 1)
+    hi = (q + 128) >> 8
+    lo = q - 256 * hi
+    assert hi.min() >= -127 and hi.max() <= 127 and lo.min() >= -128 and lo.max() <= 127
+    np.testing.assert_array_equal(256 * hi + lo, q)
+
+
+def test_formats_without_a_packing_are_refused_naming_the_format() -> None:
+    w = BlockMatrix(FORMAT["F16"], np.zeros((2, 64), np.uint8), (2, 32))
+    with pytest.raises(ValueError, match="F16 is not packed"):
+        packed.pack(w)
+
+
+@needs_lib
+def test_an_unknown_variant_is_refused_naming_it() -> None:
+    w = weight("Q8_0", 8, 1, rng_for("unknown"))
+    with pytest.raises(ValueError, match="'sse9'"):
+        packed.matmul(packed.pack(w), np.zeros((1, 32), np.float32), "sse9")
