@@ -114,13 +114,40 @@ def test_nan_and_inf_in_x_stay_in_their_row(variant: str) -> None:
     np.testing.assert_array_equal(y, twin(w, x, variant))
 
 
-def test_exact_activations_are_16_bit_quants_in_two_byte_planes() -> None:
-    # what dot.c's planes hold: q = 256 hi + lo with both in int8 for every q the exact scale gives
+@needs_lib
+@pytest.mark.parametrize("bits", [8, 16])
+def test_x_is_quantized_as_the_twin_quantizes_it(bits: int) -> None:
+    # dot.c's blocks of x: d, s, the half sums and the quants (exact: q = 255 hi + lo, both planes in
+    # -127 .. 127, never -128), read back through their C layout (packed.h's xq8_t / xq16_t)
+    rng = rng_for("x", bits)
+    x = (rng.standard_normal((3, 96)) * 5).astype(np.float32)
+    x[2, :32] = 0.0
+    planes = [("q", "i1", 32)] if bits == 8 else [("hi", "i1", 32), ("lo", "i1", 32)]
+    xq = np.dtype([("d", "<f4"), ("s", "<f4"), ("sum", "<i4", 2), *planes])
+    v = packed.variant_number("scalar" if bits == 8 else "scalar-i16")
+    assert packed.lib is not None
+    assert packed.lib.dot_x_bytes(v, 3, 96) == 9 * xq.itemsize
+    got = np.empty(9, xq)
+    packed.lib.dot_quantize_x(v, x.ctypes.data, 96, 96, 0, 3, got.ctypes.data)
+    d, q, s = qdot.quantize_rows(x, bits, packed.EXACT_QMAX if bits == 16 else None)
+    q = q.reshape(9, 32).astype(np.int32)
+    if bits == 16:
+        assert got["hi"].min() >= -127 and got["lo"].min() >= -127
+        np.testing.assert_array_equal(255 * got["hi"].astype(np.int32) + got["lo"], q)
+        assert np.abs(q).max() == packed.EXACT_QMAX
+    else:
+        np.testing.assert_array_equal(got["q"], q)
+    np.testing.assert_array_equal(got["d"], d.reshape(9))
+    np.testing.assert_array_equal(got["s"], s.reshape(9))
+    np.testing.assert_array_equal(got["sum"], q.reshape(9, 2, 16).sum(axis=2))
+
+
+def test_every_exact_quant_has_two_planes_in_int8() -> None:
     q = np.arange(-packed.EXACT_QMAX, packed.EXACT_QMAX + 1)
-    hi = (q + 128) >> 8
-    lo = q - 256 * hi
-    assert hi.min() >= -127 and hi.max() <= 127 and lo.min() >= -128 and lo.max() <= 127
-    np.testing.assert_array_equal(256 * hi + lo, q)
+    hi = (q + 127 + 255 * 128) // 255 - 128
+    lo = q - 255 * hi
+    assert hi.min() == -127 and hi.max() == 127 and lo.min() == -127 and lo.max() == 127
+    np.testing.assert_array_equal(255 * hi + lo, q)
 
 
 def test_formats_without_a_packing_are_refused_naming_the_format() -> None:

@@ -20,7 +20,7 @@ from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import BlockFormat
 
 PANEL = 8
-EXACT_QMAX = 32639   # 127 * 256 + 127: x's 16-bit quants as two int8 planes (packed.h)
+EXACT_QMAX = 32512   # 127 * 255 + 127: x's 16-bit quants as two int8 planes, q = 255 hi + lo (packed.h)
 
 # Each packed format's block fields (offset, bytes), in order: the twin of pack.c's pack_fields.
 FIELDS: dict[str, tuple[tuple[int, int], ...]] = {

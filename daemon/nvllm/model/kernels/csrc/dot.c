@@ -115,9 +115,9 @@ void dot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t
                 xq16_t *o = (xq16_t *)qx + t * nb + b;
                 quantize_block(v32, QMAX16, &o->d, &o->s, o->sum, q);
                 for (int j = 0; j < 32; j++) {
-                    const int32_t hi = (q[j] + 128) >> 8;   /* an arithmetic shift: floor */
+                    const int32_t hi = (q[j] + 127 + 255 * 128) / 255 - 128;   /* floor: divided while positive */
                     o->hi[j] = (int8_t)hi;
-                    o->lo[j] = (int8_t)(q[j] - 256 * hi);
+                    o->lo[j] = (int8_t)(q[j] - 255 * hi);
                 }
             } else {
                 xq8_t *o = (xq8_t *)qx + t * nb + b;

@@ -97,7 +97,7 @@ static int32_t sum8(const unit_t *u, const xq8_t *xb, int j0, int j1) {
 static int32_t sum16(const unit_t *u, const xq16_t *xb, int j0, int j1) {
     int32_t hi = 0, lo = 0;
     for (int j = j0; j < j1; j++) hi += (int32_t)u->w[j] * xb->hi[j], lo += (int32_t)u->w[j] * xb->lo[j];
-    return 256 * hi + lo;
+    return 255 * hi + lo;
 }
 
 #define TMAX 64   /* rows of x per pass over a panel */

@@ -21,9 +21,10 @@
  * Each row of x in blocks of 32 values, each with one float scale d = amax / QMAX and integer quants
  * q = v / d rounded to nearest, ties to even (a block with NaN or inf: d = s = NaN, q = 0):
  *   int8:  QMAX = 127, q in one int8 plane (llama.cpp's activations);
- *   exact: QMAX = 32639 = 127 * 256 + 127, q in two int8 planes, q = 256 hi + lo (hi = (q + 128) >> 8,
- *          lo = q - 256 hi, both in -127 .. 127): the 8-bit dot instructions multiply it exactly, each
- *          plane on its own, and 256 p_hi + p_lo is the 16-bit product.
+ *   exact: QMAX = 32512 = 127 * 255 + 127, q in two int8 planes, q = 255 hi + lo (hi = floor((q + 127) / 255),
+ *          lo = q - 255 hi, both in -127 .. 127): the 8-bit dot instructions multiply each plane exactly,
+ *          and 255 p_hi + p_lo is the 16-bit product. Base 255, not 256: both planes then stay off -128,
+ *          which AVX2's sign trick (maddubs of |w| by x with w's sign) cannot negate.
  * sum[h] is the sum of the quants of values 16 h .. 16 h + 15 (the kernels' offset corrections), and
  * s = d * (float)(sum[0] + sum[1]) (the min term of Q4_1, Q5_1, Q4_K and Q5_K).
  *
@@ -48,7 +49,7 @@
 
 #define PANEL 8            /* rows per panel */
 #define QMAX8 127.0f
-#define QMAX16 32639.0f    /* 127 * 256 + 127: hi and lo both fit int8 */
+#define QMAX16 32512.0f    /* 127 * 255 + 127: hi and lo both in -127 .. 127 */
 
 /* A block of 32 values of x, int8 activations: 48 bytes. */
 typedef struct {
