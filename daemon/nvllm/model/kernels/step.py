@@ -26,6 +26,7 @@ from nvllm.model.kernels import matmul
 from nvllm.model.kernels.ops import PagedDecode, RopeWriteKV
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.kv_format import F32, of_pool
+from nvllm.model.quant.packed import PackedMatrix
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -36,11 +37,11 @@ class LayerSpec:
     """One layer as the C step multiplies it: each matrix as the BlockMatrix parts its rows are stored in,
     in output column order; the norms and bias float32 arrays."""
     input_norm: np.ndarray               # [H]
-    qkv: tuple[BlockMatrix, ...]         # ((nq + 2 nkv) hd, H) together
-    o: tuple[BlockMatrix, ...]           # (H, nq hd)
+    qkv: tuple[BlockMatrix | PackedMatrix, ...]   # ((nq + 2 nkv) hd, H) together
+    o: tuple[BlockMatrix | PackedMatrix, ...]     # (H, nq hd)
     post_norm: np.ndarray                # [H]
-    gate_up: tuple[BlockMatrix, ...]     # (2 I, H)
-    down: tuple[BlockMatrix, ...]        # (H, I)
+    gate_up: tuple[BlockMatrix | PackedMatrix, ...]   # (2 I, H)
+    down: tuple[BlockMatrix | PackedMatrix, ...]  # (H, I)
     qkv_bias: np.ndarray | None = None   # [(nq + 2 nkv) hd]
     q_norm: np.ndarray | None = None     # [hd]
     k_norm: np.ndarray | None = None     # [hd]
@@ -154,7 +155,7 @@ class DecodeLayers:
             c.nope = int(spec.nope)
             self._keep.append(spec)
 
-    def _matrix(self, parts: Sequence[BlockMatrix], n_in: int, n_out: int, name: str) -> _Matrix:
+    def _matrix(self, parts: Sequence[BlockMatrix | PackedMatrix], n_in: int, n_out: int, name: str) -> _Matrix:
         row = (_Part * len(parts))()
         col = 0
         for p, c in zip(parts, row):

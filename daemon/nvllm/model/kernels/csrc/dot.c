@@ -69,6 +69,27 @@ const char *dot_variant_name(int v) {
     return v >= 0 && v < V_COUNT && (v == 0 || isa_of(v) || v == V_SCALAR || v == V_SCALAR + V_EXACT) ? names[v] : "";
 }
 
+static int chosen = -1;   /* the variant in use; -1 until the first call picks the best */
+
+/* Makes packed weights use variant v (a bit of dot_variants; 0: decoded to float) from the next call on
+ * and returns v, or -1 if this machine cannot run it; a negative v changes nothing and returns the variant
+ * in use: unless set, the fastest SIMD one with exact activations, or 0 where there is none (the portable
+ * C is the reference, slower than decoding to float). */
+int dot_variant(int v) {
+    if (v >= 0) {
+        if (v >= V_COUNT || !(dot_variants() >> v & 1)) return -1;
+        __atomic_store_n(&chosen, v, __ATOMIC_RELAXED);
+        return v;
+    }
+    int c = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+    if (c < 0) {
+        const int mask = dot_variants();
+        c = mask >> (V_DOT + V_EXACT) & 1 ? V_DOT + V_EXACT : mask >> (V_SIMD + V_EXACT) & 1 ? V_SIMD + V_EXACT : 0;
+        __atomic_store_n(&chosen, c, __ATOMIC_RELAXED);
+    }
+    return c;
+}
+
 /* Bytes T rows of `in` values take quantized for variant v. */
 size_t dot_x_bytes(int v, int64_t T, int64_t in) {
     return (size_t)T * (size_t)(in / 32) * (v > V_EXACT ? sizeof(xq16_t) : sizeof(xq8_t));

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "blocks.h"
+#include "packed.h"
 
 /* As in ops.c: on x86-64 the entry points are also built for AVX2+FMA and picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -50,10 +51,11 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 14; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+int matmul_abi(void) { return 15; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
                                          13: the step's NoPE layers and partial rotary order;
-                                         14: its slots and block tables per group of layers */
+                                         14: its slots and block tables per group of layers;
+                                         15: packed weights (PACKED_FLAG in the format id) */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
@@ -390,6 +392,8 @@ typedef struct {
     void (*fn)(void *, int);   /* matmul_pool_run's function, or NULL */
     void *arg;
     int fn_parts;              /* the parts fn was asked to run in */
+    int packed;                /* w is packed (packed.h): qx, if any, is dot.c's */
+    int64_t row0;              /* quant_dequantize: the first row of W it decodes */
 } job_t;
 
 /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (and the K-quants, 16-bit x only) by integer dot products on quantized x: qdot.c. */
@@ -401,6 +405,22 @@ void qdot_quantize_x(int v, int fmt, const float *x, int64_t x_stride, int64_t i
 void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int64_t r0, int64_t r1,
                const void *qx, int64_t T, float *y, int64_t y_stride);
 
+/* Values k0 .. k0+n of row `row` of W decoded (k0 and n as decode_span takes them): from the row's blocks,
+ * or from a packed W by way of a copy of them, KC values at a time. */
+INLINE void row_span(const job_t *j, int64_t row, int64_t k0, int64_t n, float *out) {
+    if (!j->packed) {
+        decode_span(j->fmt, j->w + row * j->row_bytes, k0, n, out);
+        return;
+    }
+    const int be = block_elems(j->fmt);
+    uint8_t blocks[KC / QK * Q8_0_BYTES];   /* KC values' blocks in the widest format per value */
+    for (int64_t at = 0; at < n; at += KC) {
+        const int64_t m = n - at < KC ? n - at : KC, b0 = (k0 + at) / be;
+        unpack_row_blocks(j->fmt, j->w, j->in, row, b0, b0 + (m + be - 1) / be, blocks);
+        decode_span(j->fmt, blocks, 0, m, out + at);
+    }
+}
+
 /* Rows of x t0 .. t0+tn against output rows o0 .. o0+RT-1 (those past the end read as zeros). */
 INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf, v8 *acc) {
     const int64_t live = j->rows - o0 < RT ? j->rows - o0 : RT;
@@ -408,7 +428,7 @@ INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf
     for (int64_t k0 = 0; k0 < j->in; k0 += KC) {
         const int64_t n = j->in - k0 < KC ? j->in - k0 : KC;
         for (int64_t r = 0; r < RT; r++) {
-            if (r < live) decode_span(j->fmt, j->w + (o0 + r) * j->row_bytes, k0, n, wbuf + r * KC);
+            if (r < live) row_span(j, o0 + r, k0, n, wbuf + r * KC);
             else memset(wbuf + r * KC, 0, (size_t)n * sizeof(float));
         }
         const float *w = wbuf;
@@ -666,7 +686,13 @@ ENTRY void matmul_part(const job_t *j, int part) {
     }
     if (j->dq) {   /* quant_dequantize: rows only, nothing multiplied */
         const int64_t r0 = j->rows * part / j->parts, r1 = j->rows * (part + 1) / j->parts;
-        for (int64_t r = r0; r < r1; r++) decode_span(j->fmt, j->w + r * j->row_bytes, 0, j->in, j->dq + r * j->in);
+        for (int64_t r = r0; r < r1; r++) row_span(j, j->row0 + r, 0, j->in, j->dq + r * j->in);
+        return;
+    }
+    if (j->qx && j->packed) {   /* dot.c's kernels, a contiguous range of panels each */
+        const int64_t panels = (j->rows + PANEL - 1) / PANEL;
+        dot_panels(j->qv, j->fmt, j->w, j->in, panels * part / j->parts, panels * (part + 1) / j->parts, j->qx, j->T,
+                   j->y, j->y_stride, j->rows);
         return;
     }
     if (j->qx) {   /* the same split of the tiles, for qdot.c */
@@ -821,16 +847,26 @@ static void run(job_t *j) {
  * the quantized x. threads < 1 counts as 1. */
 int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
                  int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads) {
+    const int packed = (fmt & PACKED_FLAG) != 0;
+    fmt &= ~PACKED_FLAG;
     const int be = block_elems(fmt);
-    if (be == 0) return -1;
+    if (be == 0 || (packed && !pack_format(fmt))) return -1;
     if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
     if (rows <= 0 || T <= 0) return 0;
     const int64_t tiles = (rows + RT - 1) / RT;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > tiles) parts = (int)tiles;
-    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL, NULL, NULL, 0};
+    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL, NULL, NULL, 0, packed, 0};
     void *qx = NULL;
-    if (in > 0 && (j.qv = qdot_variant(-1)) > 0 && qdot_format(fmt, j.qv)) {
+    if (packed) {   /* dot.c's kernels, unless the float path was chosen; a part is a range of panels */
+        const int64_t panels = (rows + PANEL - 1) / PANEL;
+        if (j.parts > panels) j.parts = (int)panels;
+        if (in > 0 && (j.qv = dot_variant(-1)) > 0) {
+            if (!(qx = malloc(dot_x_bytes(j.qv, T, in)))) return -3;
+            dot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
+            j.qx = qx;
+        }
+    } else if (in > 0 && (j.qv = qdot_variant(-1)) > 0 && qdot_format(fmt, j.qv)) {
         if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
         qdot_quantize_x(j.qv, fmt, x, x_stride, in, 0, T, qx);
         j.qx = qx;
@@ -845,8 +881,10 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
  * (matmul.py, for prefill-sized x). Returns 0, or quant_matmul's -1 / -2. */
 int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t in, float *out,
                      int threads) {
+    const int packed = (fmt & PACKED_FLAG) != 0;
+    fmt &= ~PACKED_FLAG;
     const int be = block_elems(fmt);
-    if (be == 0) return -1;
+    if (be == 0 || (packed && !pack_format(fmt))) return -1;
     if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
     if (r1 <= r0 || in == 0) return 0;
     /* a part is at least 16 rows: waking a thread for less costs more than it saves */
@@ -854,7 +892,7 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, i
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > most) parts = (int)most;
     job_t j = {0};
-    j.fmt = fmt, j.w = w + r0 * row_bytes, j.row_bytes = row_bytes, j.rows = r1 - r0, j.in = in;
+    j.fmt = fmt, j.w = w, j.row0 = r0, j.row_bytes = row_bytes, j.rows = r1 - r0, j.in = in, j.packed = packed;
     j.parts = parts, j.dq = out;
     run(&j);
     return 0;

@@ -38,6 +38,11 @@ int pack_fields(int fmt, field_t *out) {
     return n;
 }
 
+int pack_format(int fmt) {
+    field_t f[PACK_FIELDS];
+    return pack_fields(fmt, f) > 0;
+}
+
 int64_t pack_bytes(int fmt, int64_t rows, int64_t in) {
     field_t f[PACK_FIELDS];
     const int be = block_elems(fmt);
@@ -86,6 +91,22 @@ void unpack_rows(int fmt, const uint8_t *packed, int64_t in, int64_t r0, int64_t
                 blk[r] = row >= r0 && row < r1 ? blocks + (row - r0) * row_bytes + b * bb : spare;
             }
             strip_copy(f, nf, (uint8_t *)packed + (p * nb + b) * PANEL * bb, blk, PANEL, 1);
+        }
+    }
+}
+
+void unpack_row_blocks(int fmt, const uint8_t *packed, int64_t in, int64_t row, int64_t b0, int64_t b1, uint8_t *out) {
+    field_t f[PACK_FIELDS];
+    const int nf = pack_fields(fmt, f), bb = block_bytes(fmt);
+    const int64_t nb = in / block_elems(fmt), p = row / PANEL;
+    const int r = (int)(row % PANEL);
+    for (int64_t b = b0; b < b1; b++) {
+        const uint8_t *strip = packed + (p * nb + b) * PANEL * bb;
+        uint8_t *blk = out + (b - b0) * bb;
+        for (int i = 0; i < nf; i++) {
+            const int g = f[i].size < 4 ? f[i].size : 4;
+            for (int c = 0; c < f[i].size / g; c++)
+                memcpy(blk + f[i].offset + g * c, strip + PANEL * f[i].offset + PANEL * g * c + g * r, (size_t)g);
         }
     }
 }
