@@ -25,14 +25,13 @@ from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import DECODE_ROWS
 from nvllm.model.quant.formats import FORMATS, raw_nbytes
 from nvllm.model.quant.packed import packable
-
-KEPT = (QuantizedWeight, PackedWeight)   # a matrix kept in its file's format: as it is, or repacked
 from nvllm.model.weights import gguf_weights
 from nvllm.model.weights.gguf_file import read_gguf
 from nvllm.model.weights.gguf_weights import IN_PLACE_FORMATS, load_gguf_weights, resident_weight_bytes
 from nvllm.model.weights.layout import ModelWeights
 
 FORMAT = {f.name: f for f in FORMATS.values()}
+KEPT = (QuantizedWeight, PackedWeight)   # a matrix kept in its file's format: as it is, or repacked
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
               "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
               "IQ4_NL": [0], "IQ4_XS": [0]}

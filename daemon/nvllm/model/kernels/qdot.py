@@ -1,18 +1,18 @@
 """x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of the kernels of
 csrc/dot_*.c (csrc/packed.h).
 
-For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's
-in 0..31 with Q4_1's min term), IQ4_NL (Q8_0's shape, its quants the table values its nibbles index),
-Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1 block whose scale is d * sc and whose min is
--(dmin * m)), IQ4_XS (each sub-block an IQ4_NL block of scale d * (sc - 32)), Q6_K and Q3_K (each half
-of 16 values summed and scaled by its own d * sc) and Q2_K (as Q3_K, then each half's min -(dmin * m)
-times the sum of its 16 quants of x), the C kernels quantize each row of x, 32 values at a time, to 16 bits (the
-"-i16" variants, the default: at most 32512, so that the kernels hold a quant as two int8 planes) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
-one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
-module does the same arithmetic in the same order (csrc/packed.h gives it), so its result equals the C
-kernels' bit for bit; the tests hold every C variant to it. It is a reference, not a fast path:
-BlockMatrix.matmul (weights decoded to float32, x kept float32) is the exact product the quantized one is
-compared with.
+For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's in
+0..31 with Q4_1's min term), IQ4_NL (Q8_0's shape, its quants the table values its nibbles index), Q4_K
+and Q5_K (each 32-value sub-block taken as a Q4_1 block whose scale is d * sc and whose min is -(dmin *
+m)), IQ4_XS (each sub-block an IQ4_NL block of scale d * (sc - 32)), Q6_K and Q3_K (each half of 16
+values summed and scaled by its own d * sc) and Q2_K (as Q3_K, then each half's min -(dmin * m) times
+the sum of its 16 quants of x), the C kernels quantize each row of x, 32 values at a time, to 16 bits
+(the "-i16" variants, the default: at most 32512, so that the kernels hold a quant as two int8 planes)
+or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with one float32 scale, sum each
+block's products of integers exactly in int32, then scale in float32. This module does the same
+arithmetic in the same order (csrc/packed.h gives it), so its result equals the C kernels' bit for bit;
+the tests hold every C variant to it. It is a reference, not a fast path: BlockMatrix.matmul (weights
+decoded to float32, x kept float32) is the exact product the quantized one is compared with.
 """
 from __future__ import annotations
 
