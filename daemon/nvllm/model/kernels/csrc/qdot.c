@@ -1124,72 +1124,97 @@ const char *qdot_variant_name(int v) {
 /* ---------------------------------------------------------------- the integer peak
  *
  * What nvllm bench sets the integer kernels beside, as it sets the float ones beside BLAS's sgemm: rounds of
- * PEAK_REGS independent multiply-accumulates of a variant's own dot instruction (the one its tiles are built
- * on), on registers, so nothing but the instruction's throughput bounds them. The empty asm tells the
- * compiler the operands change each round, so it cannot take the products out of the loop. */
-#define PEAK_REGS 4   /* four a and four sums: with b and the products, no spill of AVX2's 16 registers */
-/* Named variables, not arrays: gcc keeps an array of vectors that an asm touches in memory. */
-#define PEAK_ROUNDS(KEEP, STEP)                                                                                        \
+ * independent multiply-accumulates of a variant's own dot instruction (the one its tiles are built on), on
+ * registers, so nothing but the instruction's throughput bounds them. An instruction that adds into its
+ * accumulator itself (vpdpbusd, vpdpwssd, sdot, smlal, sadalp) waits 3-5 cycles for the one before it into
+ * the same register and issues 2-4 a cycle: it takes 10 or more chains in flight to measure its throughput,
+ * not its latency (4 gave half of Zen 4's vpdpbusd rate). Those chains share one a and b: the compiler cannot
+ * split such an instruction's product from its add. Where it can (AVX2's maddubs + madd, then an add; NEON's
+ * smull, then sadalp; the scalar loop), each chain has an a of its own, changed each round by an empty asm,
+ * so that no product is shared among chains nor taken out of the loop; there only the add carries from round
+ * to round, and fewer chains keep the registers free of spills (4 of AVX2's 16, 8 of NEON's 32). The chains
+ * start apart (equal ones would be merged into one), b's value is hidden (a product by 1 or by a zero half
+ * would fold), and each iteration is two rounds (gcc 12 copies every accumulator to another register and back
+ * once an iteration: 8% of Zen 4's vpdpbusd rate at one round). Check a change with objdump -d: every step's
+ * instruction there, and no rsp or sp in these loops. */
+#define PEAK_EACH1(F, X, Y) F(0, X, Y)
+#define PEAK_EACH4(F, X, Y) F(0, X, Y) F(1, X, Y) F(2, X, Y) F(3, X, Y)
+#define PEAK_EACH8(F, X, Y) PEAK_EACH4(F, X, Y) F(4, X, Y) F(5, X, Y) F(6, X, Y) F(7, X, Y)
+#define PEAK_EACH12(F, X, Y) PEAK_EACH8(F, X, Y) F(8, X, Y) F(9, X, Y) F(10, X, Y) F(11, X, Y)
+#define PEAK_EACH16(F, X, Y) PEAK_EACH12(F, X, Y) F(12, X, Y) F(13, X, Y) F(14, X, Y) F(15, X, Y)
+/* Named variables a0, c0, c1, ..., not arrays: gcc keeps an array of vectors that an asm touches in memory.
+ * CHAINS: the accumulators c; AS: the a's (CHAINS, or PEAK_EACH1 for one); A(i): chain i's a. */
+#define PEAK_OWN(i) a##i
+#define PEAK_SHARED(i) a0
+#define PEAK_A(i, T, Y) T a##i = b;
+#define PEAK_C(i, T, SPLAT) T c##i = SPLAT(i);
+#define PEAK_KEEP(i, KEEP, Y) KEEP(a##i);
+#define PEAK_STEP(i, STEP, A) c##i = STEP(c##i, A(i), b);
+#define PEAK_FOLD(i, XOR, Y) t = XOR(t, c##i);
+#define PEAK_ONE(i, X, Y) +1
+#define PEAK_BODY(T, CT, CHAINS, AS, A, KEEP, STEP, SPLAT, XOR)                                                        \
+    KEEP(b);                                                                                                           \
+    AS(PEAK_A, T, _) CHAINS(PEAK_C, CT, SPLAT)                                                                         \
     for (int64_t r = 0; r < reps; r++) {                                                                               \
-        KEEP(a0); KEEP(a1); KEEP(a2); KEEP(a3);                                                                        \
-        c0 = STEP(c0, a0, b), c1 = STEP(c1, a1, b), c2 = STEP(c2, a2, b), c3 = STEP(c3, a3, b);                        \
-    }
+        AS(PEAK_KEEP, KEEP, _) CHAINS(PEAK_STEP, STEP, A)                                                              \
+        AS(PEAK_KEEP, KEEP, _) CHAINS(PEAK_STEP, STEP, A)                                                              \
+    }                                                                                                                  \
+    CT t = SPLAT(0);                                                                                                   \
+    CHAINS(PEAK_FOLD, XOR, _)                                                                                          \
+    KEEP(t);                                                                                                           \
+    const int64_t steps = 2 * (0 CHAINS(PEAK_ONE, _, _));   /* an iteration's: two rounds of every chain */
 
 #ifdef QDOT_X86
 #define X86_KEEP(a) __asm__ volatile("" : "+x"(a))
-#define X86_PEAK(NAME, ATTR, MACS, STEP)                                                                               \
-    ATTR static int64_t NAME(int64_t reps, const uint8_t *seed) {                                                     \
-        const __m256i *p = (const __m256i *)seed;                                                                      \
-        const __m256i b = _mm256_loadu_si256(p);                                                                       \
-        __m256i a0 = b, a1 = b, a2 = b, a3 = b, c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;                \
-        PEAK_ROUNDS(X86_KEEP, STEP)                                                                                    \
-        __m256i t = _mm256_xor_si256(_mm256_xor_si256(c0, c1), _mm256_xor_si256(c2, c3));                              \
-        X86_KEEP(t);                                                                                                   \
-        return reps * PEAK_REGS * (MACS);                                                                              \
+#define X86_PEAK(NAME, ATTR, MACS, STEP, CHAINS, AS, A)                                                                \
+    ATTR static int64_t NAME(int64_t reps, const uint8_t *seed) {                                                      \
+        __m256i b = _mm256_loadu_si256((const __m256i *)seed);                                                         \
+        PEAK_BODY(__m256i, __m256i, CHAINS, AS, A, X86_KEEP, STEP, _mm256_set1_epi32, _mm256_xor_si256)                \
+        return reps * steps * (MACS);                                                                                  \
     }
 #define AV_STEP(c, a, b) _mm256_add_epi32((c), _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1)))
 #define AV16_STEP(c, a, b) _mm256_add_epi32((c), _mm256_madd_epi16((a), (b)))
-X86_PEAK(av_peak, AVX2_ATTR, 32, AV_STEP)
-X86_PEAK(av16_peak, AVX2_ATTR, 16, AV16_STEP)
-X86_PEAK(vn_peak, VNNI_ATTR, 32, _mm256_dpbusd_epi32)
-X86_PEAK(vn16_peak, VNNI_ATTR, 16, _mm256_dpwssd_epi32)
+X86_PEAK(av_peak, AVX2_ATTR, 32, AV_STEP, PEAK_EACH4, PEAK_EACH4, PEAK_OWN)
+X86_PEAK(av16_peak, AVX2_ATTR, 16, AV16_STEP, PEAK_EACH4, PEAK_EACH4, PEAK_OWN)
+X86_PEAK(vn_peak, VNNI_ATTR, 32, _mm256_dpbusd_epi32, PEAK_EACH12, PEAK_EACH1, PEAK_SHARED)
+X86_PEAK(vn16_peak, VNNI_ATTR, 16, _mm256_dpwssd_epi32, PEAK_EACH12, PEAK_EACH1, PEAK_SHARED)
 #endif
 
 #ifdef QDOT_ARM
 #define ARM_KEEP(a) __asm__ volatile("" : "+w"(a))
-#define ARM_PEAK(NAME, ATTR, MACS, T, LOAD, STEP)                                                                      \
-    ATTR static int64_t NAME(int64_t reps, const uint8_t *seed) {                                                     \
-        const T b = LOAD(seed);                                                                                        \
-        T a0 = b, a1 = b, a2 = b, a3 = b;                                                                              \
-        int32x4_t c0 = vdupq_n_s32(0), c1 = c0, c2 = c0, c3 = c0;                                                      \
-        PEAK_ROUNDS(ARM_KEEP, STEP)                                                                                    \
-        int32x4_t t = veorq_s32(veorq_s32(c0, c1), veorq_s32(c2, c3));                                                 \
-        ARM_KEEP(t);                                                                                                   \
-        return reps * PEAK_REGS * (MACS);                                                                              \
+#define ARM_PEAK(NAME, ATTR, MACS, T, LOAD, STEP, CHAINS, AS, A)                                                       \
+    ATTR static int64_t NAME(int64_t reps, const uint8_t *seed) {                                                      \
+        T b = LOAD(seed);                                                                                              \
+        PEAK_BODY(T, int32x4_t, CHAINS, AS, A, ARM_KEEP, STEP, vdupq_n_s32, veorq_s32)                                 \
+        return reps * steps * (MACS);                                                                                  \
     }
 #define NE_LOAD8(p) vld1q_s8((const int8_t *)(p))
 #define NE_LOAD16(p) vld1q_s16((const int16_t *)(p))
 /* plain NEON's 8-bit product is smull + a pairwise add (16 products); 16-bit, smlal and smlal2 (8) */
 #define NE_STEP(c, a, b) vpadalq_s16((c), vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(b)), (a), (b)))
 #define N16_STEP(c, a, b) vmlal_high_s16(vmlal_s16((c), vget_low_s16(a), vget_low_s16(b)), (a), (b))
-ARM_PEAK(ne_peak, NEON_ATTR, 16, int8x16_t, NE_LOAD8, NE_STEP)
-ARM_PEAK(n16_peak, NEON_ATTR, 8, int16x8_t, NE_LOAD16, N16_STEP)
-ARM_PEAK(sd_peak, SDOT_ATTR, 16, int8x16_t, NE_LOAD8, vdotq_s32)
+ARM_PEAK(ne_peak, NEON_ATTR, 16, int8x16_t, NE_LOAD8, NE_STEP, PEAK_EACH8, PEAK_EACH8, PEAK_OWN)
+ARM_PEAK(n16_peak, NEON_ATTR, 8, int16x8_t, NE_LOAD16, N16_STEP, PEAK_EACH16, PEAK_EACH1, PEAK_SHARED)
+ARM_PEAK(sd_peak, SDOT_ATTR, 16, int8x16_t, NE_LOAD8, vdotq_s32, PEAK_EACH16, PEAK_EACH1, PEAK_SHARED)
 #endif
 
-/* The portable variants' own loop: what the compiler makes of PEAK_REGS int32 multiply-accumulates. */
-static int64_t scalar_peak(int64_t reps, const uint8_t *seed) {
-    const int32_t b = (int8_t)seed[0];
-    int32_t a0 = b, a1 = b, a2 = b, a3 = b, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+/* The portable variants' own loop: what the compiler makes of int32 multiply-accumulates. Each sum is hidden
+ * after its step, or c + a * b + a' * b is made c + (a + a') * b, one product for two. */
 #define SCALAR_KEEP(a) __asm__ volatile("" : "+r"(a))
-#define SCALAR_STEP(c, a, b) ((c) + (a) * (b))
-    PEAK_ROUNDS(SCALAR_KEEP, SCALAR_STEP)
-    int32_t t = c0 ^ c1 ^ c2 ^ c3;
-    SCALAR_KEEP(t);
-    return reps * PEAK_REGS;
+static inline int32_t scalar_step(int32_t c, int32_t a, int32_t b) {
+    c += a * b;
+    SCALAR_KEEP(c);
+    return c;
+}
+static int64_t scalar_peak(int64_t reps, const uint8_t *seed) {
+    int32_t b = (int8_t)seed[0];
+#define SCALAR_SPLAT(i) (i)
+#define SCALAR_XOR(t, c) ((t) ^ (c))
+    PEAK_BODY(int32_t, int32_t, PEAK_EACH4, PEAK_EACH4, PEAK_OWN, SCALAR_KEEP, scalar_step, SCALAR_SPLAT, SCALAR_XOR)
+    return reps * steps;
 }
 
-/* `reps` rounds of variant v's peak loop; returns the multiply-accumulates made (0 for a variant this machine
+/* `reps` iterations of variant v's peak loop; returns the multiply-accumulates made (0 for a variant this machine
  * does not run). */
 int64_t qdot_peak(int v, int64_t reps) {
     static const uint8_t seed[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
