@@ -25,9 +25,11 @@ setup(
             # step.c runs a decode step's layers in one call, so ops.c's kernels are built in here too,
             # beside this library's thread pool (the _ops library above stays for everything else).
             sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/qdot.c",
-                     "daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/step.c"],
+                     "daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/step.c",
+                     "daemon/nvllm/model/kernels/csrc/pool.c"],
             # Their shared block layouts and helpers: a change there rebuilds both.
-            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h"],
+            depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
+                     "daemon/nvllm/model/kernels/csrc/pool.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

@@ -42,7 +42,7 @@ from nvllm.model.kernels.threads import MAX as MAX_THREADS
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 
-ABI = 14  # must equal matmul_abi() in csrc/matmul.c
+ABI = 15  # must equal matmul_abi() in csrc/matmul.c
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
            "IQ4_NL", "IQ4_XS")
@@ -72,6 +72,8 @@ def _load() -> ctypes.CDLL | None:
         lib.matmul_pool_run.restype = ctypes.c_int
         lib.matmul_pool_threads.argtypes = []
         lib.matmul_pool_threads.restype = ctypes.c_int
+        lib.matmul_pin_threads.argtypes = [ctypes.c_int]
+        lib.matmul_pin_threads.restype = ctypes.c_int
         lib.matmul_float_variants.argtypes = []
         lib.matmul_float_variants.restype = ctypes.c_int
         lib.matmul_float_variant.argtypes = [ctypes.c_int]
