@@ -176,6 +176,23 @@ def pool_run(fn: int, arg: int, parts: int) -> None:
     lib.matmul_pool_run(fn, arg, int(parts))
 
 
+_pinned = False
+
+
+def pin_threads(on: bool) -> None:
+    """model.pin_threads: pins the pool's thread i (the calling thread, which joins every team, being 0) to
+    the i-th CPU of the process's allowed set, or unpins them (back to that set). Nothing to do without the
+    library, nor to unpin what was never pinned."""
+    global _pinned
+    if not isinstance(on, bool):
+        raise ValueError(f"model.pin_threads must be true or false, got {on!r}")
+    if lib is None or on == _pinned:
+        return
+    if lib.matmul_pin_threads(int(on)) != 0:
+        raise OSError("model.pin_threads: could not read the CPUs this process may use (sched_getaffinity)")
+    _pinned = on
+
+
 class _PeakJob(ctypes.Structure):
     _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # qdot.c's peak_job_t
 

@@ -220,10 +220,9 @@ static int grow_pool(int want) {
 
 int pool_team_run(void (*fn)(void *, pool_ctx_t *), void *arg, int threads) {
     int n = threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads;
-    if (in_team) n = 1;   /* from inside a team: no second team, and no deadlock on call_lock */
     pool_ctx_t ctx = {0, 1, NULL};
-    if (n == 1 && !__atomic_load_n(&pin_on, __ATOMIC_RELAXED) && pin_seen == __atomic_load_n(&pin_gen, __ATOMIC_RELAXED)) {
-        /* no lock, no pool: a team of one */
+    const int repin = __atomic_load_n(&pin_on, __ATOMIC_RELAXED) || pin_seen != __atomic_load_n(&pin_gen, __ATOMIC_RELAXED);
+    if (in_team || (n == 1 && !repin)) {   /* no lock, no pool: a team of one (inside a team: always) */
         pool_team_t solo;
         memset(solo.counters, 0, sizeof solo.counters);
         ctx.team = &solo;

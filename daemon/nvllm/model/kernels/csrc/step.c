@@ -88,6 +88,7 @@ typedef struct {
     int qv;               /* qdot.c's variant (0: x stays float for every format) */
     uint8_t *qx;          /* quantized x of the product being prepared: one per distinct format of its parts */
     int failed;           /* set (atomically) when attention could not allocate its scratch */
+    int split;            /* 1: one row's blocks may be quantized a range per thread (blocks_split_ok) */
 } run_t;
 
 /* [*a, *b): share i of k of n things, the bounds multiples of `align` (but n). */
@@ -117,9 +118,40 @@ static size_t qx_plan(const run_t *r, const step_matrix_t *m, int64_t T, int64_t
     return bytes;
 }
 
+/* 1 where qdot_quantize_x of a range of one row's blocks of 32, written where that row's whole call puts
+ * them, gives the bytes of the whole call: then a thread quantizes the columns it has just normed, with no
+ * barrier between. The layout is qdot.c's to change, so it is checked (once per variant and format, on two
+ * rows cut at blocks 3 and 5) rather than assumed. */
+static int8_t split_checked[8][32];   /* [variant][format]: 0 not yet, 1 yes, -1 no */
+
+static int blocks_split_ok(int v, int fmt) {
+    if (v < 0 || v >= 8 || fmt < 0 || fmt >= 32) return 0;
+    int8_t got = __atomic_load_n(&split_checked[v][fmt], __ATOMIC_RELAXED);
+    if (got) return got > 0;
+    enum { NB = 8, IN = 32 * NB };
+    float x[2 * IN];
+    for (int i = 0; i < 2 * IN; i++) x[i] = (float)((i * 37) % 101 - 50) * (float)(1 + (i / 32) % 5) * 0.01f;
+    const size_t bytes = qdot_x_bytes(v, 2, IN), bsz = qdot_x_bytes(v, 1, 32);
+    uint8_t *whole = malloc(2 * bytes);
+    if (!whole) return 0;
+    uint8_t *parts = whole + bytes;
+    memset(parts, 0xa5, bytes);
+    qdot_quantize_x(v, fmt, x, IN, IN, 0, 2, whole);
+    const int cut[4] = {0, 3, 5, NB};
+    for (int t = 0; t < 2; t++)
+        for (int k = 0; k < 3; k++)
+            qdot_quantize_x(v, fmt, x + t * IN + 32 * cut[k], IN, 32 * (cut[k + 1] - cut[k]), 0, 1,
+                            parts + ((size_t)t * NB + (size_t)cut[k]) * bsz);
+    got = bsz * 2 * NB == bytes && !memcmp(whole, parts, bytes) ? 1 : -1;
+    free(whole);
+    __atomic_store_n(&split_checked[v][fmt], got, __ATOMIC_RELAXED);
+    return got > 0;
+}
+
 /* x [T, in] quantized for every format of m's parts that takes it: by rows (the rows this thread owns for
- * T > 1, so the norm before needs no barrier; for one row, a format per thread). Returns 1 if anything was
- * quantized (the team then needs a barrier before the product). */
+ * T > 1, so the norm before needs no barrier); for one row, the blocks of the columns this thread normed
+ * (r->split), else a format per thread. Returns 1 if anything was quantized (the team then needs a barrier
+ * before the product). */
 static int quantize(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
                     int64_t T) {
     int64_t at[m->count];
@@ -133,6 +165,12 @@ static int quantize(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const
         const step_part_t *p = m->parts + i;
         if (T > 1) {
             if (t1 > t0) qdot_quantize_x(r->qv, (int)p->fmt, x, x_stride, p->in, t0, t1 - t0, r->qx + at[i]);
+        } else if (r->split) {
+            int64_t b0, b1;
+            share(p->in / 32, c->index, c->count, 1, &b0, &b1);
+            if (b1 > b0)
+                qdot_quantize_x(r->qv, (int)p->fmt, x + 32 * b0, x_stride, 32 * (b1 - b0), 0, 1,
+                                r->qx + at[i] + (size_t)b0 * qdot_x_bytes(r->qv, 1, 32));
         } else if (k++ % c->count == c->index) {
             qdot_quantize_x(r->qv, (int)p->fmt, x, x_stride, p->in, 0, 1, r->qx + at[i]);
         }
@@ -173,14 +211,14 @@ static void norm(pool_ctx_t *c, const float *x, const float *w, float *out, int6
     }
     const float inv = rms_inv(x, H, eps);
     if (out == x) pool_barrier(c);
-    share(H, c->index, c->count, 16, &a, &b);
+    share(H, c->index, c->count, 32, &a, &b);
     rms_scale(x, w, out, inv, a, b);
 }
 
 /* x += y over [T, H], decoder.py's x = x + y: the rows (or columns of the one row) norm gave this thread. */
 static void add(pool_ctx_t *c, float *x, const float *y, int64_t T, int64_t H) {
     int64_t a, b;
-    share(T > 1 ? T : H, c->index, c->count, T > 1 ? 1 : 16, &a, &b);
+    share(T > 1 ? T : H, c->index, c->count, T > 1 ? 1 : 32, &a, &b);
     if (T > 1) a *= H, b *= H;
     for (int64_t i = a; i < b; i++) x[i] += y[i];
 }
@@ -254,13 +292,13 @@ static void attention(pool_ctx_t *c, run_t *r, const step_layer_t *L) {
     }
 }
 
-/* x [T, in] -> its quantized rows (if any part takes them), a barrier, the product, a barrier. For T > 1 the
- * rows of x were written by their owners just before, so the product waits for them all in any case; for
- * one row the caller has waited already. */
+/* x [T, in] -> its quantized rows (if any part takes them), a barrier, the product, a barrier. For T > 1 (and
+ * for one row split by blocks) the rows or columns of x were written by their owners just before, so the
+ * product waits for them all in any case; else the caller has waited already. */
 static void full_product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
                          float *y, int64_t width) {
     const int64_t T = r->s->T;
-    if (quantize(c, r, m, x, x_stride, T) || T > 1) pool_barrier(c);
+    if (quantize(c, r, m, x, x_stride, T) || T > 1 || r->split) pool_barrier(c);
     product(c, r, m, x, x_stride, T, y, width);
     pool_barrier(c);
 }
@@ -269,7 +307,7 @@ static void full_product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, 
 static void glu(pool_ctx_t *c, const step_t *s) {
     const int64_t T = s->T, I = s->inter;
     int64_t a, b;
-    share(T > 1 ? T : I, c->index, c->count, T > 1 ? 1 : 16, &a, &b);
+    share(T > 1 ? T : I, c->index, c->count, T > 1 ? 1 : 32, &a, &b);
     for (int64_t t = T > 1 ? a : 0; t < (T > 1 ? b : 1); t++) {
         const int64_t c0 = T > 1 ? 0 : a, c1 = T > 1 ? I : b;
         if (s->gelu) gelu_tanh_mul_cols(s->gu + t * 2 * I, s->act + t * I, I, c0, c1);
@@ -285,7 +323,7 @@ static void layers_team(void *arg, pool_ctx_t *c) {
         const step_layer_t *L = s->layers + l;
         /* T > 1: the norms, adds, SwiGLU and quantizing of a row are all its owner's: no barrier between them */
         norm(c, s->x, L->input_norm, s->h, T, H, s->eps);
-        if (T == 1) pool_barrier(c);
+        if (T == 1 && !r->split) pool_barrier(c);
         full_product(c, r, &L->qkv, s->h, H, s->qkv, width);
         heads(c, s, L);
         pool_barrier(c);
@@ -296,10 +334,10 @@ static void layers_team(void *arg, pool_ctx_t *c) {
         add(c, s->x, s->h, T, H);
         if (T == 1) pool_barrier(c);
         norm(c, s->x, L->post_norm, s->h, T, H, s->eps);
-        if (T == 1) pool_barrier(c);
+        if (T == 1 && !r->split) pool_barrier(c);
         full_product(c, r, &L->gate_up, s->h, H, s->gu, 2 * s->inter);
         glu(c, s);
-        if (T == 1) pool_barrier(c);
+        if (T == 1 && !r->split) pool_barrier(c);
         full_product(c, r, &L->down, s->act, s->inter, s->h, H);
         if (L->ffn_out_norm) norm(c, s->h, L->ffn_out_norm, s->h, T, H, s->eps);
         add(c, s->x, s->h, T, H);
@@ -310,7 +348,7 @@ static void layers_team(void *arg, pool_ctx_t *c) {
 /* Every layer of the step on s->x, on s->threads threads. Returns 0; -3 when the quantized x could not be
  * allocated, -4 when attention could not allocate its scratch. */
 int decode_layers(const step_t *s) {
-    run_t r = {s, qdot_variant(-1), NULL, 0};
+    run_t r = {s, qdot_variant(-1), NULL, 0, s->T == 1};
     size_t bytes = 0;
     for (int64_t l = 0; l < s->num_layers; l++) {
         const step_layer_t *L = s->layers + l;
@@ -319,6 +357,8 @@ int decode_layers(const step_t *s) {
             int64_t at[ms[i]->count];
             const size_t b = qx_plan(&r, ms[i], s->T, at);
             bytes = b > bytes ? b : bytes;
+            for (int64_t j = 0; j < ms[i]->count && r.split; j++)
+                if (at[j] >= 0) r.split = blocks_split_ok(r.qv, (int)ms[i]->parts[j].fmt);
         }
     }
     if (bytes && !(r.qx = malloc(bytes))) return -3;
