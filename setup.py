@@ -32,11 +32,12 @@ setup(
             # beside this library's thread pool (the _ops library above stays for everything else).
             sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/qdot.c",
                      "daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/step.c",
+                     "daemon/nvllm/model/kernels/csrc/pool.c",
                      # the repacked weights' integer kernels: one file per instruction set (packed.h)
                      *(f"daemon/nvllm/model/kernels/csrc/{name}.c" for name in DOT_SOURCES)],
             # Their shared block layouts and helpers: a change there rebuilds both.
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
-                     "daemon/nvllm/model/kernels/csrc/packed.h"],
+                     "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

@@ -43,7 +43,7 @@ from nvllm.model.quant.blocks import BlockMatrix, chunked_matmul
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quant.packed import PackedMatrix, pack_twin, packable, unpack_twin
 
-ABI = 15  # must equal matmul_abi() in csrc/matmul.c
+ABI = 16  # must equal matmul_abi() in csrc/matmul.c
 PACKED_FLAG = 0x100  # csrc/packed.h: a format id's bit saying the weights are packed
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
@@ -74,6 +74,8 @@ def _load() -> ctypes.CDLL | None:
         lib.matmul_pool_run.restype = ctypes.c_int
         lib.matmul_pool_threads.argtypes = []
         lib.matmul_pool_threads.restype = ctypes.c_int
+        lib.matmul_pin_threads.argtypes = [ctypes.c_int]
+        lib.matmul_pin_threads.restype = ctypes.c_int
         lib.matmul_float_variants.argtypes = []
         lib.matmul_float_variants.restype = ctypes.c_int
         lib.matmul_float_variant.argtypes = [ctypes.c_int]
@@ -191,6 +193,23 @@ def pool_run(fn: int, arg: int, parts: int) -> None:
     (kernels.PagedDecode). fn must not call back into this library."""
     assert lib is not None  # passed as pool_run only with the library loaded
     lib.matmul_pool_run(fn, arg, int(parts))
+
+
+_pinned = False
+
+
+def pin_threads(on: bool) -> None:
+    """model.pin_threads: pins the pool's thread i (the calling thread, which joins every team, being 0) to
+    the i-th CPU of the process's allowed set, or unpins them (back to that set). Nothing to do without the
+    library, nor to unpin what was never pinned."""
+    global _pinned
+    if not isinstance(on, bool):
+        raise ValueError(f"model.pin_threads must be true or false, got {on!r}")
+    if lib is None or on == _pinned:
+        return
+    if lib.matmul_pin_threads(int(on)) != 0:
+        raise OSError("model.pin_threads: could not read the CPUs this process may use (sched_getaffinity)")
+    _pinned = on
 
 
 class _PeakJob(ctypes.Structure):
