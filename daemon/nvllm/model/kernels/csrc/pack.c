@@ -50,16 +50,21 @@ int64_t pack_bytes(int fmt, int64_t rows, int64_t in) {
     return (rows + PANEL - 1) / PANEL * PANEL * (in / be) * block_bytes(fmt);
 }
 
-/* One strip from the 8 rows' blocks (rows at or past `live` are zeros), or back (to_blocks). */
+/* One strip from the 8 rows' blocks (rows at or past `live` are zeros), or back (to_blocks): each field's
+ * chunks of g bytes moved whole. */
 static void strip_copy(const field_t *f, int nf, uint8_t *strip, uint8_t *const *blk, int live, int to_blocks) {
-    for (int i = 0; i < nf; i++)
-        for (int r = 0; r < PANEL; r++)
-            for (int k = 0; k < f[i].size; k++) {
-                uint8_t *s = (uint8_t *)strip_byte(strip, f[i].offset, f[i].size, r, k);
+    for (int i = 0; i < nf; i++) {
+        const int g = f[i].size < 4 ? f[i].size : 4;
+        for (int c = 0; c < f[i].size / g; c++)
+            for (int r = 0; r < PANEL; r++) {
+                uint8_t *s = strip + PANEL * f[i].offset + PANEL * g * c + g * r;
+                uint8_t *b = blk[r] + f[i].offset + g * c;
                 if (to_blocks) {
-                    if (r < live) blk[r][f[i].offset + k] = *s;
-                } else *s = r < live ? blk[r][f[i].offset + k] : 0;
+                    if (r < live) memcpy(b, s, (size_t)g);
+                } else if (r < live) memcpy(s, b, (size_t)g);
+                else memset(s, 0, (size_t)g);
             }
+    }
 }
 
 void pack_panels(int fmt, const uint8_t *blocks, int64_t rows, int64_t in, int64_t p0, int64_t p1, uint8_t *packed) {
