@@ -80,14 +80,8 @@ def _load() -> ctypes.CDLL | None:
         lib.matmul_float_variants.restype = ctypes.c_int
         lib.matmul_float_variant.argtypes = [ctypes.c_int]
         lib.matmul_float_variant.restype = ctypes.c_int
-        lib.qdot_variants.argtypes = []
-        lib.qdot_variants.restype = ctypes.c_int
-        lib.qdot_variant.argtypes = [ctypes.c_int]
-        lib.qdot_variant.restype = ctypes.c_int
-        lib.qdot_variant_name.argtypes = [ctypes.c_int]
-        lib.qdot_variant_name.restype = ctypes.c_char_p
-        lib.qdot_peak.argtypes = [ctypes.c_int, _I64]
-        lib.qdot_peak.restype = _I64
+        lib.dot_peak.argtypes = [ctypes.c_int, _I64]
+        lib.dot_peak.restype = _I64
         lib.pack_bytes.argtypes = [ctypes.c_int, _I64, _I64]   # csrc/pack.c
         lib.pack_bytes.restype = _I64
         lib.pack_panels.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P]
@@ -166,7 +160,6 @@ def set_int_variant(name: str) -> None:
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
     assert lib is not None  # int_variants() is empty without it
     lib.dot_variant(INT_VARIANTS[name])
-    lib.qdot_variant(INT_VARIANTS[name])   # the blocks not packed (none once every format is)
 
 
 # model.activations -> the variants that serve it, best first ("float" where none of them runs)
@@ -213,7 +206,7 @@ def pin_threads(on: bool) -> None:
 
 
 class _PeakJob(ctypes.Structure):
-    _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # qdot.c's peak_job_t
+    _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # dot.c's peak_job_t
 
 
 def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
@@ -228,13 +221,13 @@ def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
     reps = 1 << 12
     while True:   # rounds enough for `seconds` on one thread
         t = time.perf_counter()
-        lib.qdot_peak(v, reps)
+        lib.dot_peak(v, reps)
         dt = time.perf_counter() - t
         if dt >= seconds / 4 or reps >= 1 << 40:
             break
         reps *= 4
     job = _PeakJob(v, max(1, int(reps * seconds / max(dt, 1e-9))))
-    part = ctypes.cast(lib.qdot_peak_part, ctypes.c_void_p).value or 0
+    part = ctypes.cast(lib.dot_peak_part, ctypes.c_void_p).value or 0
     best = 0.0
     for _ in range(3):
         t = time.perf_counter()

@@ -157,3 +157,25 @@ int dot_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, in
     (v > V_EXACT ? isa->exact : isa->int8)(fmt, packed, in / block_elems(fmt), p0, p1, qx, T, y, ys, rows);
     return 0;
 }
+
+/* `reps` iterations of variant v's peak loop (peak.h): the multiply-accumulates made, in its activations' width
+ * (exact ones take two of the 8-bit instruction's: half as many); 0 for a variant this machine does not run. */
+int64_t dot_peak(int v, int64_t reps) {
+    const dot_isa_t *isa = isa_of(v);
+    if (!isa || !isa->peak || reps <= 0) return 0;
+    const int64_t macs = isa->peak(reps);
+    return v > V_EXACT ? macs / 2 : macs;
+}
+
+/* dot_peak on the matmul pool's threads (matmul_pool_run): part p runs job->reps iterations into job->done[p]. */
+#define PEAK_PARTS 64   /* pool.c's MAX_THREADS, and matmul.py's _PeakJob */
+typedef struct {
+    int v;
+    int64_t reps;
+    int64_t done[PEAK_PARTS];
+} peak_job_t;
+
+void dot_peak_part(void *arg, int part) {
+    peak_job_t *j = (peak_job_t *)arg;
+    if (part >= 0 && part < PEAK_PARTS) j->done[part] = dot_peak(j->v, j->reps);
+}

@@ -7,10 +7,11 @@
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
  * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
  * Here activations are never quantized: a decoded weight is exactly what dequantize.py's NumPy
- * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
- * and the K-quants go to qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot
- * products) unless qdot_variant is 0. The caller sends only decode-sized x here (QuantizedWeight.apply: up to 64 rows); prefill goes
- * to BLAS on rows that quant_dequantize decodes (the same decoders, on the same pool).
+ * dequantizer gives, bit for bit, and the products are summed in float32. Weights packed at load
+ * (packed.h; PACKED_FLAG in the format id) go to dot.c's integer kernels instead (x quantized to 16 bits,
+ * or 8, per dot_variant) unless dot_variant is 0; then these tiles decode their rows from the panels. The
+ * caller sends only decode-sized x here (up to 64 rows); prefill goes to BLAS on rows that
+ * quant_dequantize decodes (the same decoders, on the same pool).
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
  * increasing k, and the lanes are added in one fixed tree at the end. That order does not depend on
@@ -58,9 +59,7 @@ int matmul_abi(void) { return 16; }   /* 9: step.c's decode_layers; 10: its KV f
 #define TT 64      /* rows of x per tile */
 #define KC 1024    /* values of a row decoded at a time: RT * KC floats = 16 KiB, in L1 */
 #define MAX_THREADS POOL_MAX_THREADS
-/* Output rows per panel: a product is handed out in chunks of whole panels. A multiple of RT and FR_MAX
- * (and of 8, which qdot.c's coming kernels want). */
-#define PANEL 8
+/* A product is handed out in chunks of whole panels (packed.h's PANEL rows: a multiple of RT and FR_MAX). */
 #define CHUNKS_PER_THREAD 4   /* chunks per thread and product: the first static, the rest for whoever is free */
 
 typedef float v8 __attribute__((vector_size(VL * sizeof(float))));
@@ -385,19 +384,10 @@ typedef struct {
     int64_t x_stride, T;
     float *y;
     int64_t y_stride;
-    const void *qx;   /* x quantized by qdot.c (dot.c's where packed), or NULL: x stays float32 */
+    const void *qx;   /* x quantized by dot.c (w packed), or NULL: x stays float32 */
     int qv;           /* the variant for qx */
     int packed;       /* w is packed (packed.h) */
 } job_t;
-
-/* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (and the K-quants, 16-bit x only) by integer dot products on quantized x: qdot.c. */
-int qdot_format(int fmt, int v);
-int qdot_variant(int v);
-size_t qdot_x_bytes(int v, int64_t T, int64_t in);
-void qdot_quantize_x(int v, int fmt, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn,
-                     void *qx);
-void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int64_t r0, int64_t r1,
-               const void *qx, int64_t T, float *y, int64_t y_stride);
 
 /* Values k0 .. k0+n of row `row` of W decoded (k0 and n as decode_span takes them): from the row's blocks,
  * or from a packed W by way of a copy of them, KC values at a time. */
@@ -679,13 +669,9 @@ static void float_rows(const job_t *j, int64_t r0, int64_t r1) {
 ENTRY void job_rows(const job_t *j, int64_t r0, int64_t r1) {
     if (r1 > j->rows) r1 = j->rows;
     if (r0 >= r1) return;
-    if (j->qx && j->packed) {   /* dot.c: whole panels */
+    if (j->qx) {   /* dot.c: whole panels */
         dot_panels(j->qv, j->fmt, j->w, j->in, r0 / PANEL, (r1 + PANEL - 1) / PANEL, j->qx, j->T, j->y, j->y_stride,
                    j->rows);
-        return;
-    }
-    if (j->qx) {   /* qdot.c */
-        qdot_rows(j->qv, j->fmt, j->w, j->row_bytes, j->in, r0, r1, j->qx, j->T, j->y, j->y_stride);
         return;
     }
     if (j->fmt == F32 || j->fmt == F16 || j->fmt == BF16) {   /* their own tile, above */
@@ -729,8 +715,8 @@ static void product_team(void *arg, pool_ctx_t *ctx) {
 }
 
 /* y [T, rows] (row stride y_stride) = x [T, in] (row stride x_stride) @ W.T, W of `rows` rows of
- * row_bytes bytes in format fmt (the GGUF type id). The formats qdot_format names quantize x and use
- * integer dot products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
+ * row_bytes bytes in format fmt (the GGUF type id, PACKED_FLAG added where packed). Packed weights quantize x
+ * and use integer dot products (dot.c), unless dot_variant was set to 0. Returns 0, or -1 for an unknown
  * format, -2 for a row stride that does not fit `in` values of the format, -3 when out of memory for
  * the quantized x. threads < 1 counts as 1. */
 int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
@@ -752,10 +738,6 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
             dot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
             j.qx = qx;
         }
-    } else if (in > 0 && (j.qv = qdot_variant(-1)) > 0 && qdot_format(fmt, j.qv)) {
-        if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
-        qdot_quantize_x(j.qv, fmt, x, x_stride, in, 0, T, qx);
-        j.qx = qx;
     }
     pool_team_run(product_team, &j, parts);
     free(qx);

@@ -103,9 +103,11 @@ static inline const uint8_t *strip_byte(const uint8_t *strip, int offset, int si
 typedef void (*dot_panels_fn)(int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx,
                               int64_t T, float *y, int64_t ys, int64_t rows);
 
-/* A variant: the kernels of one instruction set, for each mode. */
+/* An instruction set: its kernels for each mode, and its peak loop (peak.h): the multiply-accumulates of
+ * `reps` iterations of its 8-bit dot instruction on registers. */
 typedef struct {
     dot_panels_fn int8, exact;
+    int64_t (*peak)(int64_t reps);
 } dot_isa_t;
 
 extern const dot_isa_t dot_scalar;
@@ -125,5 +127,6 @@ size_t dot_x_bytes(int v, int64_t T, int64_t in);
 void dot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx);
 int dot_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, int64_t p1, const void *qx, int64_t T,
                float *y, int64_t ys, int64_t rows);
+int64_t dot_peak(int v, int64_t reps);
 
 #endif
