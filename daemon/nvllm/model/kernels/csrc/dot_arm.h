@@ -22,7 +22,7 @@
 
 #include "packed.h"
 
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("fp-contract=off", "no-schedule-insns")
 
 #define ARM_INLINE static inline __attribute__((always_inline))
 
@@ -314,8 +314,9 @@ ARM_INLINE void arm_store(float *y, const float32x4_t acc[2], int live) {
 
 /* ---------------------------------------------------------------- the driver, once per including file
  * The file defines, before including this header:
- *   ARM_SUMS(w, xb, wide, s)            s[4] = one unit's products with the x block at xb (1 row);
- *   ARM_SUMS_N(w, xb, xstride, wide, nr, s)  the same for nr rows of x at once (s[nr][4]), xstride
+ *   ARM_SUMS(w, xb, wide, halves, s)    s[4] = one unit's products with the x block at xb (1 row); where
+ *                                       !halves only s[0] + s[2] and s[1] + s[3] matter;
+ *   ARM_SUMS_N(w, xb, xstride, wide, halves, nr, s)  the same for nr rows of x at once (s[nr][4]), xstride
  *                                       bytes apart;
  *   ARM_NR_8, ARM_NR_16, ARM_NR_MAX     rows of x per pass for int8 and exact x, the larger;
  *   ARM_PREFIX                          the kernel functions' prefix (neon, dotprod). */
@@ -336,16 +337,21 @@ ARM_INLINE void arm_panels(const int fmt, const int wide, const uint8_t *packed,
             float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
             const uint8_t *strip = packed + p * nb * sb;
             for (int64_t b = 0; b < nb; b++, strip += sb) {
+#pragma GCC unroll 32
                 for (int64_t o = 0; o < sb; o += 64) __builtin_prefetch(strip + ARM_PREFETCH + o);
                 arm_scales_t sc;
                 arm_scales(fmt, strip, &sc);
+                /* unrolled: every offset a constant, and the loads units share (Q4_K's pairs, Q6_K's qh) made once */
+#pragma GCC unroll 8
                 for (int u = 0; u < units; u++) {
                     const uint8_t *xb = x + (size_t)(b * units + u) * xs;
                     int8x16_t w[16];
                     int32x4_t s[4];
                     arm_unpack(fmt, strip, u, w);
-                    ARM_SUMS(w, xb, wide, s);
+                    ARM_SUMS(w, xb, wide, arm_halves(fmt), s);
                     arm_update(fmt, &sc, u, s, xb, acc);
+                    /* the next unit loads its bytes again (from L1) rather than keeping shared ones in registers */
+                    __asm__ volatile("" ::: "memory");
                 }
             }
             arm_store(y + p * PANEL, acc, (int)(rows - p * PANEL));
@@ -371,13 +377,13 @@ ARM_INLINE void arm_panels(const int fmt, const int wide, const uint8_t *packed,
                     int t = 0;
                     for (; t + NR <= tn; t += NR) {
                         int32x4_t s[ARM_NR_MAX][4];
-                        if (wide) ARM_SUMS_N(wb[u], xu + t * xstride, xstride, 1, ARM_NR_16, s);
-                        else ARM_SUMS_N(wb[u], xu + t * xstride, xstride, 0, ARM_NR_8, s);
+                        if (wide) ARM_SUMS_N(wb[u], xu + t * xstride, xstride, 1, arm_halves(fmt), ARM_NR_16, s);
+                        else ARM_SUMS_N(wb[u], xu + t * xstride, xstride, 0, arm_halves(fmt), ARM_NR_8, s);
                         for (int i = 0; i < NR; i++) arm_update(fmt, &sc, u, s[i], xu + (t + i) * xstride, accb[t + i]);
                     }
                     for (; t < tn; t++) {
                         int32x4_t s[4];
-                        ARM_SUMS(wb[u], xu + t * xstride, wide, s);
+                        ARM_SUMS(wb[u], xu + t * xstride, wide, arm_halves(fmt), s);
                         arm_update(fmt, &sc, u, s, xu + t * xstride, accb[t]);
                     }
                 }

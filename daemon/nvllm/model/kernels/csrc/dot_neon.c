@@ -35,7 +35,8 @@ ARM_INLINE void ne_plane(const int8x16_t *w, const int8_t *q, int32x4_t s[4]) {
     }
 }
 
-ARM_INLINE void ne_sums(const int8x16_t *w, const uint8_t *xb, const int wide, int32x4_t s[4]) {
+ARM_INLINE void ne_sums(const int8x16_t *w, const uint8_t *xb, const int wide, const int halves, int32x4_t s[4]) {
+    (void)halves;
     if (!wide) {
         ne_plane(w, ((const xq8_t *)xb)->q, s);
         return;
@@ -46,17 +47,17 @@ ARM_INLINE void ne_sums(const int8x16_t *w, const uint8_t *xb, const int wide, i
     for (int i = 0; i < 4; i++) s[i] = vmlaq_n_s32(s[i], hi[i], 255);
 }
 
-ARM_INLINE void ne_sums_n(const int8x16_t *w, const uint8_t *xb, size_t xstride, const int wide, const int nr,
-                          int32x4_t s[][4]) {
-    for (int i = 0; i < nr; i++) ne_sums(w, xb + i * xstride, wide, s[i]);
+ARM_INLINE void ne_sums_n(const int8x16_t *w, const uint8_t *xb, size_t xstride, const int wide, const int halves,
+                          const int nr, int32x4_t s[][4]) {
+    for (int i = 0; i < nr; i++) ne_sums(w, xb + i * xstride, wide, halves, s[i]);
 }
 
 #define ARM_PREFIX neon
 #define ARM_NR_8 2
 #define ARM_NR_16 1
 #define ARM_NR_MAX 2
-#define ARM_SUMS(w, xb, wide, s) ne_sums(w, xb, wide, s)
-#define ARM_SUMS_N(w, xb, xstride, wide, nr, s) ne_sums_n(w, xb, xstride, wide, nr, s)
+#define ARM_SUMS(w, xb, wide, halves, s) ne_sums(w, xb, wide, halves, s)
+#define ARM_SUMS_N(w, xb, xstride, wide, halves, nr, s) ne_sums_n(w, xb, xstride, wide, halves, nr, s)
 #include "dot_arm.h"
 
 const dot_isa_t dot_neon = {neon_int8, neon_exact};
