@@ -246,13 +246,14 @@ def test_the_float_variant_is_the_exact_path() -> None:
     assert not np.array_equal(run(w, x, VARIANTS[-1]).T, w.dequantize())
 
 
-# The multiply-accumulates one iteration of each variant's peak loop makes (qdot.c, "the integer peak"): its
-# instruction's products (a 256-bit vpdpbusd 32, vpdpwssd 16; sdot and NEON's 8-bit step 16, smlal + smlal2 8)
-# x the chains in flight x two rounds. The instructions that add into their accumulator need 10 or more
-# chains to be timed at their throughput, not their latency.
-PEAK_PER_ROUND = {"scalar": 4 * 1 * 2, "scalar-i16": 4 * 1 * 2 // 2, "avx2": 4 * 32 * 2, "avx2-i16": 4 * 16 * 2,
-                  "avx512vnni": 12 * 32 * 2, "avx512vnni-i16": 12 * 16 * 2,
-                  "neon": 8 * 16 * 2, "neon-i16": 16 * 8 * 2, "neon-dotprod": 16 * 16 * 2}
+# The multiply-accumulates one iteration of each instruction set's peak loop makes (csrc/peak.h): its 8-bit
+# instruction's products (a 512-bit vpdpbusd 64, AVX2's maddubs + madd 32; sdot and NEON's smull + sadalp
+# step 16) x the chains in flight x two rounds. The instructions that add into their accumulator need 10 or
+# more chains to be timed at their throughput, not their latency. An exact ("-i16") variant counts half:
+# each of its 16-bit products takes two of the 8-bit instruction's.
+PEAK_PER_ROUND = {"scalar": 4 * 1 * 2, "avx2": 4 * 32 * 2, "avx512vnni": 12 * 64 * 2,
+                  "neon": 8 * 16 * 2, "neon-dotprod": 16 * 16 * 2}
+PEAK_PER_ROUND.update({f"{name}-i16": n // 2 for name, n in PEAK_PER_ROUND.items()})
 
 
 @needs_lib
