@@ -1,0 +1,337 @@
+/* What dot_avx2.c and dot_avx512vnni.c share: reading a strip (packed.h) into 8-lane vectors, lane r
+ * row r, and the loops over panels, strips, units and rows of x. Each file includes it once, after its
+ * `#pragma GCC target` (so this code is compiled for that instruction set) and after defining
+ *   DOT_X86_SIGNED  1 where Q8_0's and the IQ4 tables' weights stay signed (AVX2's sign trick), 0 where
+ *                   they are made unsigned by + 128 (VNNI's dpbusd takes unsigned weights);
+ *   isa_dot(fmt, w, xq, halves, &p0, &p1)  the exact int32 products of a unit's 8 weight vectors with 32
+ *                   int8 values of x (xq; vector k meets xq[4k .. 4k + 3]): *p0 the whole sum, or with
+ *                   halves the sums of vectors 0..3 (*p0) and 4..7 (*p1).
+ *
+ * A unit (32 values of each of the 8 rows) is 8 vectors of bytes, vector k lane r holding values
+ * 4k .. 4k + 3 of row r, as integers w + off >= 0 (off: the format's offset, taken away afterwards as
+ * off * x's sum). Its scales are 8-lane floats: dw (per half for Q6_K, Q3_K, Q2_K), mw (the min of Q4_1,
+ * Q5_1, Q4_K, Q5_K; Q2_K's two half mins). Every product and sum is packed.h's, in its order. */
+#ifndef NVLLM_DOT_X86_H
+#define NVLLM_DOT_X86_H
+
+#include <immintrin.h>
+
+#include "packed.h"
+
+typedef struct {
+    __m256 dw[2], mw[2];
+} x86_scales_t;
+
+INLINE __m256i x86_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INLINE __m256 x86_half8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+INLINE __m256i x86_c32(uint32_t v) { return _mm256_set1_epi32((int)v); }
+/* Byte i of each 32-bit lane, unsigned. */
+INLINE __m256i x86_byte(__m256i v, int i) { return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), x86_c32(255)); }
+/* 4 bytes of x broadcast to every lane. */
+INLINE __m256i x86_x4(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+INLINE void isa_dot(int fmt, const __m256i w[8], const int8_t *xq, int halves, __m256i *p0, __m256i *p1);
+
+/* -v, exactly (the sign bit flipped). */
+INLINE __m256 x86_neg(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
+
+INLINE int x86_units(int fmt) { return block_elems(fmt) / 32; }
+INLINE int x86_halves(int fmt) { return fmt == Q6_K || fmt == Q3_K || fmt == Q2_K; }
+INLINE int x86_min32(int fmt) { return fmt == Q4_1 || fmt == Q5_1 || fmt == Q4_K || fmt == Q5_K; }
+INLINE int x86_offset(int fmt) {
+    switch (fmt) {
+    case Q4_0: return 8;
+    case Q5_0: return 16;
+    case Q6_K: return 32;
+    case Q3_K: return 4;
+    case Q8_0: case IQ4_NL: case IQ4_XS: return DOT_X86_SIGNED ? 0 : 128;
+    default: return 0;
+    }
+}
+
+/* The IQ4 table for pshufb (both 128-bit halves), + 128 unless signed. */
+INLINE __m256i x86_iq4_table(void) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)iq4_values);
+    const __m256i t2 = _mm256_broadcastsi128_si256(t);
+    return DOT_X86_SIGNED ? t2 : _mm256_xor_si256(t2, _mm256_set1_epi8((char)0x80));
+}
+
+/* The low (n = 0) or high (n = 1) nibbles of 32 bytes. */
+INLINE __m256i x86_nib(__m256i v, int n) {
+    return _mm256_and_si256(n ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+}
+
+/* Bits 4k .. 4k + 3 of each lane's 32-bit qh (Q5_0, Q5_1) as bit 4 of the lane's bytes 0 .. 3: bit i goes to
+ * bit 8 i + 4 by one multiply (the shifted copies land on distinct bits, so nothing carries). */
+INLINE __m256i x86_qh5(__m256i qh, int k) {
+    const __m256i t = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * k), x86_c32(15));
+    return _mm256_and_si256(_mm256_mullo_epi32(t, x86_c32(0x02040810u)), x86_c32(0x10101010u));
+}
+
+/* Bit b of every byte, moved to bit `to` (b, to constants after inlining). */
+INLINE __m256i x86_bit_to(__m256i v, int b, int to, uint32_t mask) {
+    const __m256i s = b > to ? _mm256_srli_epi32(v, b - to) : b < to ? _mm256_slli_epi32(v, to - b) : v;
+    return _mm256_and_si256(s, x86_c32(mask));
+}
+
+/* Unit s of a strip st: its weights, unsigned but for DOT_X86_SIGNED's Q8_0 and IQ4. */
+INLINE void x86_unit_w(int fmt, const uint8_t *st, int s, __m256i w[8]) {
+    switch (fmt) {
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: case IQ4_XS: {
+        const int qs = fmt == Q4_0 || fmt == IQ4_NL ? Q4_0_QS : fmt == Q4_1 ? Q4_1_QS : fmt == Q5_0 ? Q5_0_QS
+                     : fmt == Q5_1 ? Q5_1_QS : IQ4_XS_QS + 16 * s;
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = x86_ld(st + PANEL * qs + 32 * c);
+            w[c] = x86_nib(v, 0);
+            w[c + 4] = x86_nib(v, 1);
+        }
+        if (fmt == Q5_0 || fmt == Q5_1) {
+            const __m256i qh = x86_ld(st + PANEL * (fmt == Q5_0 ? Q5_0_QH : Q5_1_QH));
+            for (int k = 0; k < 8; k++) w[k] = _mm256_or_si256(w[k], x86_qh5(qh, k));
+        }
+        if (fmt == IQ4_NL || fmt == IQ4_XS) {
+            const __m256i t = x86_iq4_table();
+            for (int k = 0; k < 8; k++) w[k] = _mm256_shuffle_epi8(t, w[k]);
+        }
+        break;
+    }
+    case Q8_0:
+        for (int k = 0; k < 8; k++) {
+            w[k] = x86_ld(st + PANEL * Q8_0_QS + 32 * k);
+            if (!DOT_X86_SIGNED) w[k] = _mm256_xor_si256(w[k], _mm256_set1_epi8((char)0x80));
+        }
+        break;
+    case Q4_K: case Q5_K: {
+        const int qs = fmt == Q4_K ? Q4_K_QS : Q5_K_QS;
+        for (int k = 0; k < 8; k++) {
+            w[k] = x86_nib(x86_ld(st + PANEL * qs + 32 * (8 * (s / 2) + k)), s % 2);
+            if (fmt == Q5_K) w[k] = _mm256_or_si256(w[k], x86_bit_to(x86_ld(st + PANEL * Q5_K_QH + 32 * k), s, 4, 0x10101010u));
+        }
+        break;
+    }
+    case Q6_K: {
+        const int n = s / 4, k = s % 4;
+        for (int j = 0; j < 8; j++) {
+            const __m256i lo = x86_nib(x86_ld(st + 32 * (16 * n + 8 * (k % 2) + j)), k / 2);
+            const __m256i hi = x86_bit_to(x86_ld(st + PANEL * Q6_K_QH + 32 * (8 * n + j)), 2 * k, 4, 0x30303030u);
+            w[j] = _mm256_or_si256(lo, hi);
+        }
+        break;
+    }
+    case Q2_K: case Q3_K: {
+        const int n = s / 4, k = s % 4, qs = fmt == Q2_K ? Q2_K_QS : Q3_K_QS;
+        for (int j = 0; j < 8; j++) {
+            w[j] = x86_bit_to(x86_ld(st + PANEL * qs + 32 * (8 * n + j)), 2 * k, 0, 0x03030303u);
+            if (fmt == Q3_K) w[j] = _mm256_or_si256(w[j], x86_bit_to(x86_ld(st + 32 * j), s, 2, 0x04040404u));
+        }
+        break;
+    }
+    default:
+        for (int k = 0; k < 8; k++) w[k] = _mm256_setzero_si256();
+    }
+}
+
+/* The scales of every unit of a strip (u[units]). */
+INLINE void x86_strip_scales(int fmt, const uint8_t *st, x86_scales_t *u) {
+    switch (fmt) {
+    case Q4_0: case Q5_0: case Q8_0: case IQ4_NL:
+        u[0].dw[0] = x86_half8(st);
+        break;
+    case Q4_1: case Q5_1:
+        u[0].dw[0] = x86_half8(st);
+        u[0].mw[0] = x86_half8(st + PANEL * Q4_1_M);
+        break;
+    case Q4_K: case Q5_K: {
+        const __m256i c0 = x86_ld(st + PANEL * K_SCALES), c1 = x86_ld(st + PANEL * K_SCALES + 32),
+                      c2 = x86_ld(st + PANEL * K_SCALES + 64), m6 = x86_c32(0x3f3f3f3fu), m4 = x86_c32(0x0f0f0f0fu),
+                      m45 = x86_c32(0x30303030u);
+        const __m256i sc[2] = {_mm256_and_si256(c0, m6),
+                               _mm256_or_si256(_mm256_and_si256(c2, m4), _mm256_and_si256(_mm256_srli_epi32(c0, 2), m45))};
+        const __m256i mn[2] = {_mm256_and_si256(c1, m6),
+                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c2, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi32(c1, 2), m45))};
+        const __m256 d = x86_half8(st), ndmin = x86_neg(x86_half8(st + PANEL * K_DMIN));
+        for (int s = 0; s < 8; s++) {
+            u[s].dw[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(x86_byte(sc[s / 4], s % 4)));
+            u[s].mw[0] = _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(x86_byte(mn[s / 4], s % 4)));   /* -(dmin * mn) */
+        }
+        break;
+    }
+    case Q6_K: {
+        const __m256 d = x86_half8(st + PANEL * Q6_K_D);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = x86_ld(st + PANEL * Q6_K_SCALES + 32 * c);
+            for (int i = 0; i < 4; i++) {   /* scale 4 c + i: unit (4 c + i) / 2, half i % 2; signed */
+                const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i), 24);
+                u[(4 * c + i) / 2].dw[i % 2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+            }
+        }
+        break;
+    }
+    case Q3_K: {
+        const __m256i c0 = x86_ld(st + PANEL * Q3_K_SCALES), c1 = x86_ld(st + PANEL * Q3_K_SCALES + 32),
+                      c2 = x86_ld(st + PANEL * Q3_K_SCALES + 64), m4 = x86_c32(0x0f0f0f0fu), m45 = x86_c32(0x30303030u);
+        /* scales 4 g .. 4 g + 3 as the bytes of a lane: low four bits, then the top two */
+        const __m256i g[4] = {
+            _mm256_or_si256(_mm256_and_si256(c0, m4), _mm256_and_si256(_mm256_slli_epi32(c2, 4), m45)),
+            _mm256_or_si256(_mm256_and_si256(c1, m4), _mm256_and_si256(_mm256_slli_epi32(c2, 2), m45)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c0, 4), m4), _mm256_and_si256(c2, m45)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c1, 4), m4), _mm256_and_si256(_mm256_srli_epi32(c2, 2), m45))};
+        const __m256 d = x86_half8(st + PANEL * Q3_K_D);
+        for (int k = 0; k < 16; k++) {
+            const __m256i sc = _mm256_sub_epi32(x86_byte(g[k / 4], k % 4), x86_c32(32));
+            u[k / 2].dw[k % 2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        }
+        break;
+    }
+    case Q2_K: {
+        const __m256 d = x86_half8(st + PANEL * Q2_K_D), ndmin = x86_neg(x86_half8(st + PANEL * Q2_K_DMIN));
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = x86_ld(st + 32 * c);
+            for (int i = 0; i < 4; i++) {   /* scale byte 4 c + i: unit (4 c + i) / 2, half i % 2 */
+                const __m256i b = x86_byte(v, i);
+                x86_scales_t *o = &u[(4 * c + i) / 2];
+                o->dw[i % 2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, x86_c32(15))));
+                o->mw[i % 2] = _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
+            }
+        }
+        break;
+    }
+    case IQ4_XS: {
+        const __m256 d = x86_half8(st);
+        const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(st + PANEL * IQ4_XS_SCALES_H)));
+        const __m256i sl = x86_ld(st + PANEL * IQ4_XS_SCALES_L);
+        for (int s = 0; s < 8; s++) {
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(sl, 4 * s), x86_c32(15));
+            const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * s), x86_c32(3)), 4);
+            u[s].dw[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), x86_c32(32))));
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+/* One unit of one row of x (xb: its block, xq8_t or xq16_t as wide) into acc: packed.h's arithmetic. */
+INLINE __m256 x86_step(int fmt, int wide, const __m256i w[8], const x86_scales_t *u, const void *xb, __m256 acc) {
+    const int halves = x86_halves(fmt), off = x86_offset(fmt);
+    const xq8_t *x8 = (const xq8_t *)xb;
+    const xq16_t *x16 = (const xq16_t *)xb;
+    const float d = wide ? x16->d : x8->d;
+    const int32_t *sum = wide ? x16->sum : x8->sum;
+    __m256i p0, p1 = _mm256_setzero_si256();
+    if (wide) {   /* 255 p_hi + p_lo */
+        __m256i h0, h1 = p1, l0, l1 = p1;
+        isa_dot(fmt, w, x16->hi, halves, &h0, &h1);
+        isa_dot(fmt, w, x16->lo, halves, &l0, &l1);
+        p0 = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(h0, 8), h0), l0);
+        if (halves) p1 = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(h1, 8), h1), l1);
+    } else isa_dot(fmt, w, x8->q, halves, &p0, &p1);
+    const __m256 dx = _mm256_set1_ps(d);
+    if (halves) {
+        if (off) {
+            p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(off * sum[0]));
+            p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(off * sum[1]));
+        }
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(u->dw[0], dx), _mm256_cvtepi32_ps(p0)));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(u->dw[1], dx), _mm256_cvtepi32_ps(p1)));
+        if (fmt == Q2_K) {
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dx, u->mw[0]), _mm256_set1_ps((float)sum[0])));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dx, u->mw[1]), _mm256_set1_ps((float)sum[1])));
+        }
+    } else {
+        if (off) p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(off * (sum[0] + sum[1])));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(u->dw[0], dx), _mm256_cvtepi32_ps(p0)));
+        if (x86_min32(fmt)) acc = _mm256_add_ps(acc, _mm256_mul_ps(u->mw[0], _mm256_set1_ps(wide ? x16->s : x8->s)));
+    }
+    return acc;
+}
+
+/* The panel's 8 outputs of one row of x (only the `live` first stored). */
+INLINE void x86_store(float *y, __m256 acc, int64_t live) {
+    if (live >= PANEL) {
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
+    float t[PANEL];
+    _mm256_storeu_ps(t, acc);
+    for (int64_t r = 0; r < live; r++) y[r] = t[r];
+}
+
+/* How far ahead (bytes) the one-row kernel prefetches the stream of strips. */
+#ifndef X86_PREFETCH
+#define X86_PREFETCH 1024
+#endif
+#define X86_TMAX 64   /* rows of x per pass over a panel */
+
+/* One row of x (the decode step): the weights streamed once, everything in registers. */
+INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1,
+                         const void *qx, float *y, int64_t rows) {
+    const int bb = block_bytes(fmt), units = x86_units(fmt);
+    const size_t xs = wide ? sizeof(xq16_t) : sizeof(xq8_t);
+    for (int64_t p = p0; p < p1; p++) {
+        __m256 acc = _mm256_setzero_ps();
+        const uint8_t *st = packed + p * nb * PANEL * bb;
+        const uint8_t *xb = (const uint8_t *)qx;
+        for (int64_t b = 0; b < nb; b++, st += PANEL * bb) {
+            for (int o = 0; o < PANEL * bb; o += 64) _mm_prefetch((const char *)st + X86_PREFETCH + o, _MM_HINT_T0);
+            x86_scales_t u[8];
+            x86_strip_scales(fmt, st, u);
+            for (int s = 0; s < units; s++, xb += xs) {
+                __m256i w[8];
+                x86_unit_w(fmt, st, s, w);
+                acc = x86_step(fmt, wide, w, &u[s], xb, acc);
+            }
+        }
+        x86_store(y + p * PANEL, acc, rows - p * PANEL);
+    }
+}
+
+/* Several rows of x: each unit's weights unpacked once into registers and served to every row (up to
+ * X86_TMAX a pass), the accumulators of the rows in L1. */
+INLINE void x86_panels_t(int fmt, int wide, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1,
+                         const void *qx, int64_t T, float *y, int64_t ys, int64_t rows) {
+    const int bb = block_bytes(fmt), units = x86_units(fmt);
+    const size_t xs = wide ? sizeof(xq16_t) : sizeof(xq8_t);
+    const int64_t nx = nb * units;
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t t0 = 0; t0 < T; t0 += X86_TMAX) {
+            const int64_t tn = T - t0 < X86_TMAX ? T - t0 : X86_TMAX;
+            __m256 acc[X86_TMAX];
+            for (int64_t t = 0; t < tn; t++) acc[t] = _mm256_setzero_ps();
+            const uint8_t *st = packed + p * nb * PANEL * bb;
+            for (int64_t b = 0; b < nb; b++, st += PANEL * bb) {
+                x86_scales_t u[8];
+                x86_strip_scales(fmt, st, u);
+                for (int s = 0; s < units; s++) {
+                    __m256i w[8];
+                    x86_unit_w(fmt, st, s, w);
+                    const uint8_t *xb = (const uint8_t *)qx + (size_t)(t0 * nx + b * units + s) * xs;
+                    for (int64_t t = 0; t < tn; t++, xb += (size_t)nx * xs) acc[t] = x86_step(fmt, wide, w, &u[s], xb, acc[t]);
+                }
+            }
+            for (int64_t t = 0; t < tn; t++) x86_store(y + (t0 + t) * ys + p * PANEL, acc[t], rows - p * PANEL);
+        }
+}
+
+/* Every format, each its own copy of the loops (fmt and wide constants inside). */
+#define X86_FORMATS(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(IQ4_NL) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_XS)
+
+#define X86_CASE(F)                                                                                                    \
+    case F:                                                                                                            \
+        if (T == 1) x86_panels_1(F, wide, packed, nb, p0, p1, qx, y, rows);                                           \
+        else x86_panels_t(F, wide, packed, nb, p0, p1, qx, T, y, ys, rows);                                           \
+        break;
+
+INLINE void x86_panels(int wide, int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx,
+                       int64_t T, float *y, int64_t ys, int64_t rows) {
+    switch (fmt) {
+        X86_FORMATS(X86_CASE)
+    default: break;
+    }
+}
+
+#endif
