@@ -280,6 +280,7 @@ INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, i
             for (int o = 0; o < PANEL * bb; o += 64) _mm_prefetch((const char *)st + X86_PREFETCH + o, _MM_HINT_T0);
             x86_scales_t u[8];
             x86_strip_scales(fmt, st, u);
+#pragma GCC unroll 8
             for (int s = 0; s < units; s++, xb += xs) {
                 __m256i w[8];
                 x86_unit_w(fmt, st, s, w);
@@ -290,8 +291,26 @@ INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, i
     }
 }
 
-/* Several rows of x: each unit's weights unpacked once into registers and served to every row (up to
- * X86_TMAX a pass), the accumulators of the rows in L1. */
+/* Rows of x served together from the unpacked strip, their accumulators in registers (the including
+ * file may set it: how many the registers hold). */
+#ifndef X86_TB
+#define X86_TB 4
+#endif
+
+/* tb (a constant) rows of x, xb[j] their blocks of the strip's first unit, through the strip's units. */
+INLINE void x86_tile(int fmt, int wide, int tb, const __m256i *wbuf, const x86_scales_t *u, const uint8_t *const *xb,
+                     size_t xs, __m256 *acc) {
+    __m256 a[X86_TB];
+    for (int j = 0; j < tb; j++) a[j] = acc[j];
+#pragma GCC unroll 8
+    for (int s = 0; s < x86_units(fmt); s++)
+#pragma GCC unroll 8
+        for (int j = 0; j < tb; j++) a[j] = x86_step(fmt, wide, wbuf + 8 * s, &u[s], xb[j] + s * xs, a[j]);
+    for (int j = 0; j < tb; j++) acc[j] = a[j];
+}
+
+/* Several rows of x: each strip unpacked once into L1 (its units' weight vectors and scales) and served
+ * to every row of x (up to X86_TMAX a pass over the panel), X86_TB rows at a time. */
 INLINE void x86_panels_t(int fmt, int wide, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1,
                          const void *qx, int64_t T, float *y, int64_t ys, int64_t rows) {
     const int bb = block_bytes(fmt), units = x86_units(fmt);
@@ -305,12 +324,19 @@ INLINE void x86_panels_t(int fmt, int wide, const uint8_t *packed, int64_t nb, i
             const uint8_t *st = packed + p * nb * PANEL * bb;
             for (int64_t b = 0; b < nb; b++, st += PANEL * bb) {
                 x86_scales_t u[8];
+                __m256i wbuf[8 * 8];
                 x86_strip_scales(fmt, st, u);
-                for (int s = 0; s < units; s++) {
-                    __m256i w[8];
-                    x86_unit_w(fmt, st, s, w);
-                    const uint8_t *xb = (const uint8_t *)qx + (size_t)(t0 * nx + b * units + s) * xs;
-                    for (int64_t t = 0; t < tn; t++, xb += (size_t)nx * xs) acc[t] = x86_step(fmt, wide, w, &u[s], xb, acc[t]);
+#pragma GCC unroll 8
+                for (int s = 0; s < units; s++) x86_unit_w(fmt, st, s, wbuf + 8 * s);
+                const uint8_t *xb[X86_TB];
+                int64_t t = 0;
+                for (; t + X86_TB <= tn; t += X86_TB) {
+                    for (int j = 0; j < X86_TB; j++) xb[j] = (const uint8_t *)qx + (size_t)((t0 + t + j) * nx + b * units) * xs;
+                    x86_tile(fmt, wide, X86_TB, wbuf, u, xb, xs, acc + t);
+                }
+                for (; t < tn; t++) {
+                    xb[0] = (const uint8_t *)qx + (size_t)((t0 + t) * nx + b * units) * xs;
+                    x86_tile(fmt, wide, 1, wbuf, u, xb, xs, acc + t);
                 }
             }
             for (int64_t t = 0; t < tn; t++) x86_store(y + (t0 + t) * ys + p * PANEL, acc[t], rows - p * PANEL);
