@@ -24,25 +24,25 @@ INLINE int avx2_group(int fmt) {
     }
 }
 
-INLINE __m256i avx2_pairs(int fmt, __m256i w, __m256i x) {
+INLINE vi avx2_pairs(int fmt, vi w, vi x) {
     if (fmt == Q8_0 || fmt == IQ4_NL || fmt == IQ4_XS) return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
     return _mm256_maddubs_epi16(w, x);
 }
 
 /* A unit's products with x's 32 quants xq: the halves (vectors 0..3, 4..7) or their sum. */
-INLINE void isa_dot(int fmt, const __m256i w[8], const int8_t *xq, int halves, __m256i *p0, __m256i *p1) {
+INLINE void isa_dot(int fmt, const vi w[8], const int8_t *xq, int halves, vi *p0, vi *p1) {
     const int g = avx2_group(fmt);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    const vi ones = _mm256_set1_epi16(1);
+    vi s[2] = {vzero(), vzero()};
     for (int k = 0; k < 8; k += g) {
-        __m256i a = avx2_pairs(fmt, w[k], x86_x4(xq + 4 * k));
+        vi a = avx2_pairs(fmt, w[k], x86_x4(xq + 4 * k));
         for (int i = 1; i < g; i++) a = _mm256_add_epi16(a, avx2_pairs(fmt, w[k + i], x86_x4(xq + 4 * (k + i))));
-        s[g == 8 ? 0 : k / 4 % 2] = _mm256_add_epi32(s[g == 8 ? 0 : k / 4 % 2], _mm256_madd_epi16(a, ones));
+        s[g == 8 ? 0 : k / 4 % 2] = vadd32(s[g == 8 ? 0 : k / 4 % 2], _mm256_madd_epi16(a, ones));
     }
     if (halves) {
         *p0 = s[0];
         *p1 = s[1];
-    } else *p0 = _mm256_add_epi32(s[0], s[1]);
+    } else *p0 = vadd32(s[0], s[1]);
 }
 
 static void avx2_int8(int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx, int64_t T,

@@ -18,25 +18,114 @@
 
 #include "packed.h"
 
-typedef struct {
-    __m256 dw[2], mw[2];
-} x86_scales_t;
+/* The vector: 256 bits, one panel (lane r row r); or with X86_WIDE 512 bits, two panels side by side
+ * (lanes 0..7 panel p, 8..15 panel p + 1: each load is a strip's 32 bytes and the next panel's, so every
+ * instruction serves 16 rows; AVX-512 VNNI's dpbusd on 512 bits is as many instructions a cycle as on 256
+ * on the machines measured, twice the products). Everything below is per lane, whichever. */
+#ifndef X86_WIDE
+#define X86_WIDE 0
+#endif
+#if X86_WIDE
+typedef __m512i vi;
+typedef __m512 vf;
+#define X86_NP 2   /* panels a vector */
+INLINE vi vld(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+INLINE __m256i vld16x2(const uint8_t *a, const uint8_t *b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
+}
+INLINE vf vhalf(const uint8_t *a, const uint8_t *b) { return _mm512_cvtph_ps(vld16x2(a, b)); }
+INLINE vi vu16(const uint8_t *a, const uint8_t *b) { return _mm512_cvtepu16_epi32(vld16x2(a, b)); }
+INLINE vi vand(vi a, vi b) { return _mm512_and_si512(a, b); }
+INLINE vi vor(vi a, vi b) { return _mm512_or_si512(a, b); }
+INLINE vi vxor(vi a, vi b) { return _mm512_xor_si512(a, b); }
+INLINE vi vadd32(vi a, vi b) { return _mm512_add_epi32(a, b); }
+INLINE vi vsub32(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+INLINE vi vmullo32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+INLINE vi vsrl32(vi a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
+INLINE vi vsll32(vi a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
+INLINE vi vsra32(vi a, int n) { return _mm512_srai_epi32(a, (unsigned)n); }
+INLINE vi vsrl16(vi a, int n) { return _mm512_srli_epi16(a, (unsigned)n); }
+INLINE vi vshuf8(vi t, vi i) { return _mm512_shuffle_epi8(t, i); }
+INLINE vi vset32(int32_t v) { return _mm512_set1_epi32(v); }
+INLINE vi vset8(char v) { return _mm512_set1_epi8(v); }
+INLINE vi vzero(void) { return _mm512_setzero_si512(); }
+INLINE vi vtable16(__m128i t) { return _mm512_broadcast_i32x4(t); }
+INLINE vf vcvt(vi a) { return _mm512_cvtepi32_ps(a); }
+INLINE vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+INLINE vf vaddf(vf a, vf b) { return _mm512_add_ps(a, b); }
+INLINE vf vsetf(float v) { return _mm512_set1_ps(v); }
+INLINE vf vzerof(void) { return _mm512_setzero_ps(); }
+INLINE vf vneg(vf a) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN))); }
+/* The two panels' halves. */
+INLINE __m256 vlow(vf a) { return _mm512_castps512_ps256(a); }
+INLINE __m256 vhigh(vf a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+#else
+typedef __m256i vi;
+typedef __m256 vf;
+#define X86_NP 1
+INLINE vi vld(const uint8_t *a, const uint8_t *b) {
+    (void)b;
+    return _mm256_loadu_si256((const __m256i *)a);
+}
+INLINE vf vhalf(const uint8_t *a, const uint8_t *b) {
+    (void)b;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)a));
+}
+INLINE vi vu16(const uint8_t *a, const uint8_t *b) {
+    (void)b;
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)a));
+}
+INLINE vi vand(vi a, vi b) { return _mm256_and_si256(a, b); }
+INLINE vi vor(vi a, vi b) { return _mm256_or_si256(a, b); }
+INLINE vi vxor(vi a, vi b) { return _mm256_xor_si256(a, b); }
+INLINE vi vadd32(vi a, vi b) { return _mm256_add_epi32(a, b); }
+INLINE vi vsub32(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+INLINE vi vmullo32(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+INLINE vi vsrl32(vi a, int n) { return _mm256_srli_epi32(a, n); }
+INLINE vi vsll32(vi a, int n) { return _mm256_slli_epi32(a, n); }
+INLINE vi vsra32(vi a, int n) { return _mm256_srai_epi32(a, n); }
+INLINE vi vsrl16(vi a, int n) { return _mm256_srli_epi16(a, n); }
+INLINE vi vshuf8(vi t, vi i) { return _mm256_shuffle_epi8(t, i); }
+INLINE vi vset32(int32_t v) { return _mm256_set1_epi32(v); }
+INLINE vi vset8(char v) { return _mm256_set1_epi8(v); }
+INLINE vi vzero(void) { return _mm256_setzero_si256(); }
+INLINE vi vtable16(__m128i t) { return _mm256_broadcastsi128_si256(t); }
+INLINE vf vcvt(vi a) { return _mm256_cvtepi32_ps(a); }
+INLINE vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+INLINE vf vaddf(vf a, vf b) { return _mm256_add_ps(a, b); }
+INLINE vf vsetf(float v) { return _mm256_set1_ps(v); }
+INLINE vf vzerof(void) { return _mm256_setzero_ps(); }
+INLINE vf vneg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+INLINE __m256 vlow(vf a) { return a; }
+INLINE __m256 vhigh(vf a) { return a; }
+#endif
 
-INLINE __m256i x86_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
-INLINE __m256 x86_half8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-INLINE __m256i x86_c32(uint32_t v) { return _mm256_set1_epi32((int)v); }
+/* The strips a vector reads: panel p's (a) and, X86_WIDE, panel p + 1's (b; = a past the last panel). */
+typedef struct {
+    const uint8_t *a, *b;
+} x86_st_t;
+
+INLINE vi x86_ld(x86_st_t st, int off) { return vld(st.a + off, st.b + off); }
+INLINE vf x86_half8(x86_st_t st, int off) { return vhalf(st.a + off, st.b + off); }
+INLINE vi x86_c32(uint32_t v) { return vset32((int32_t)v); }
 /* Byte i of each 32-bit lane, unsigned. */
-INLINE __m256i x86_byte(__m256i v, int i) { return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), x86_c32(255)); }
+INLINE vi x86_byte(vi v, int i) { return vand(vsrl32(v, 8 * i), x86_c32(255)); }
 /* 4 bytes of x broadcast to every lane. */
-INLINE __m256i x86_x4(const int8_t *q) {
+INLINE vi x86_x4(const int8_t *q) {
     int32_t v;
     memcpy(&v, q, 4);
-    return _mm256_set1_epi32(v);
+    return vset32(v);
 }
-INLINE void isa_dot(int fmt, const __m256i w[8], const int8_t *xq, int halves, __m256i *p0, __m256i *p1);
 
-/* -v, exactly (the sign bit flipped). */
-INLINE __m256 x86_neg(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
+typedef struct {
+    vf dw[2], mw[2];
+} x86_scales_t;
+
+INLINE void isa_dot(int fmt, const vi w[8], const int8_t *xq, int halves, vi *p0, vi *p1);
 
 INLINE int x86_units(int fmt) { return block_elems(fmt) / 32; }
 INLINE int x86_halves(int fmt) { return fmt == Q6_K || fmt == Q3_K || fmt == Q2_K; }
@@ -52,162 +141,161 @@ INLINE int x86_offset(int fmt) {
     }
 }
 
-/* The IQ4 table for pshufb (both 128-bit halves), + 128 unless signed. */
-INLINE __m256i x86_iq4_table(void) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)iq4_values);
-    const __m256i t2 = _mm256_broadcastsi128_si256(t);
-    return DOT_X86_SIGNED ? t2 : _mm256_xor_si256(t2, _mm256_set1_epi8((char)0x80));
+/* The IQ4 table for pshufb (in every 128 bits), + 128 unless signed. */
+INLINE vi x86_iq4_table(void) {
+    const vi t = vtable16(_mm_loadu_si128((const __m128i *)iq4_values));
+    return DOT_X86_SIGNED ? t : vxor(t, vset8((char)0x80));
 }
 
 /* The low (n = 0) or high (n = 1) nibbles of 32 bytes. */
-INLINE __m256i x86_nib(__m256i v, int n) {
-    return _mm256_and_si256(n ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+INLINE vi x86_nib(vi v, int n) {
+    return vand(n ? vsrl16(v, 4) : v, vset8(15));
 }
 
 /* Bits 4k .. 4k + 3 of each lane's 32-bit qh (Q5_0, Q5_1) as bit 4 of the lane's bytes 0 .. 3: bit i goes to
  * bit 8 i + 4 by one multiply (the shifted copies land on distinct bits, so nothing carries). */
-INLINE __m256i x86_qh5(__m256i qh, int k) {
-    const __m256i t = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * k), x86_c32(15));
-    return _mm256_and_si256(_mm256_mullo_epi32(t, x86_c32(0x02040810u)), x86_c32(0x10101010u));
+INLINE vi x86_qh5(vi qh, int k) {
+    const vi t = vand(vsrl32(qh, 4 * k), x86_c32(15));
+    return vand(vmullo32(t, x86_c32(0x02040810u)), x86_c32(0x10101010u));
 }
 
 /* Bit b of every byte, moved to bit `to` (b, to constants after inlining). */
-INLINE __m256i x86_bit_to(__m256i v, int b, int to, uint32_t mask) {
-    const __m256i s = b > to ? _mm256_srli_epi32(v, b - to) : b < to ? _mm256_slli_epi32(v, to - b) : v;
-    return _mm256_and_si256(s, x86_c32(mask));
+INLINE vi x86_bit_to(vi v, int b, int to, uint32_t mask) {
+    const vi s = b > to ? vsrl32(v, b - to) : b < to ? vsll32(v, to - b) : v;
+    return vand(s, x86_c32(mask));
 }
 
 /* Unit s of a strip st: its weights, unsigned but for DOT_X86_SIGNED's Q8_0 and IQ4. */
-INLINE void x86_unit_w(int fmt, const uint8_t *st, int s, __m256i w[8]) {
+INLINE void x86_unit_w(int fmt, x86_st_t st, int s, vi w[8]) {
     switch (fmt) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: case IQ4_XS: {
         const int qs = fmt == Q4_0 || fmt == IQ4_NL ? Q4_0_QS : fmt == Q4_1 ? Q4_1_QS : fmt == Q5_0 ? Q5_0_QS
                      : fmt == Q5_1 ? Q5_1_QS : IQ4_XS_QS + 16 * s;
         for (int c = 0; c < 4; c++) {
-            const __m256i v = x86_ld(st + PANEL * qs + 32 * c);
+            const vi v = x86_ld(st, PANEL * qs + 32 * c);
             w[c] = x86_nib(v, 0);
             w[c + 4] = x86_nib(v, 1);
         }
         if (fmt == Q5_0 || fmt == Q5_1) {
-            const __m256i qh = x86_ld(st + PANEL * (fmt == Q5_0 ? Q5_0_QH : Q5_1_QH));
-            for (int k = 0; k < 8; k++) w[k] = _mm256_or_si256(w[k], x86_qh5(qh, k));
+            const vi qh = x86_ld(st, PANEL * (fmt == Q5_0 ? Q5_0_QH : Q5_1_QH));
+            for (int k = 0; k < 8; k++) w[k] = vor(w[k], x86_qh5(qh, k));
         }
         if (fmt == IQ4_NL || fmt == IQ4_XS) {
-            const __m256i t = x86_iq4_table();
-            for (int k = 0; k < 8; k++) w[k] = _mm256_shuffle_epi8(t, w[k]);
+            const vi t = x86_iq4_table();
+            for (int k = 0; k < 8; k++) w[k] = vshuf8(t, w[k]);
         }
         break;
     }
     case Q8_0:
         for (int k = 0; k < 8; k++) {
-            w[k] = x86_ld(st + PANEL * Q8_0_QS + 32 * k);
-            if (!DOT_X86_SIGNED) w[k] = _mm256_xor_si256(w[k], _mm256_set1_epi8((char)0x80));
+            w[k] = x86_ld(st, PANEL * Q8_0_QS + 32 * k);
+            if (!DOT_X86_SIGNED) w[k] = vxor(w[k], vset8((char)0x80));
         }
         break;
     case Q4_K: case Q5_K: {
         const int qs = fmt == Q4_K ? Q4_K_QS : Q5_K_QS;
         for (int k = 0; k < 8; k++) {
-            w[k] = x86_nib(x86_ld(st + PANEL * qs + 32 * (8 * (s / 2) + k)), s % 2);
-            if (fmt == Q5_K) w[k] = _mm256_or_si256(w[k], x86_bit_to(x86_ld(st + PANEL * Q5_K_QH + 32 * k), s, 4, 0x10101010u));
+            w[k] = x86_nib(x86_ld(st, PANEL * qs + 32 * (8 * (s / 2) + k)), s % 2);
+            if (fmt == Q5_K) w[k] = vor(w[k], x86_bit_to(x86_ld(st, PANEL * Q5_K_QH + 32 * k), s, 4, 0x10101010u));
         }
         break;
     }
     case Q6_K: {
         const int n = s / 4, k = s % 4;
         for (int j = 0; j < 8; j++) {
-            const __m256i lo = x86_nib(x86_ld(st + 32 * (16 * n + 8 * (k % 2) + j)), k / 2);
-            const __m256i hi = x86_bit_to(x86_ld(st + PANEL * Q6_K_QH + 32 * (8 * n + j)), 2 * k, 4, 0x30303030u);
-            w[j] = _mm256_or_si256(lo, hi);
+            const vi lo = x86_nib(x86_ld(st, 32 * (16 * n + 8 * (k % 2) + j)), k / 2);
+            const vi hi = x86_bit_to(x86_ld(st, PANEL * Q6_K_QH + 32 * (8 * n + j)), 2 * k, 4, 0x30303030u);
+            w[j] = vor(lo, hi);
         }
         break;
     }
     case Q2_K: case Q3_K: {
         const int n = s / 4, k = s % 4, qs = fmt == Q2_K ? Q2_K_QS : Q3_K_QS;
         for (int j = 0; j < 8; j++) {
-            w[j] = x86_bit_to(x86_ld(st + PANEL * qs + 32 * (8 * n + j)), 2 * k, 0, 0x03030303u);
-            if (fmt == Q3_K) w[j] = _mm256_or_si256(w[j], x86_bit_to(x86_ld(st + 32 * j), s, 2, 0x04040404u));
+            w[j] = x86_bit_to(x86_ld(st, PANEL * qs + 32 * (8 * n + j)), 2 * k, 0, 0x03030303u);
+            if (fmt == Q3_K) w[j] = vor(w[j], x86_bit_to(x86_ld(st, 32 * j), s, 2, 0x04040404u));
         }
         break;
     }
     default:
-        for (int k = 0; k < 8; k++) w[k] = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) w[k] = vzero();
     }
 }
 
 /* The scales of every unit of a strip (u[units]). */
-INLINE void x86_strip_scales(int fmt, const uint8_t *st, x86_scales_t *u) {
+INLINE void x86_strip_scales(int fmt, x86_st_t st, x86_scales_t *u) {
     switch (fmt) {
     case Q4_0: case Q5_0: case Q8_0: case IQ4_NL:
-        u[0].dw[0] = x86_half8(st);
+        u[0].dw[0] = x86_half8(st, 0);
         break;
     case Q4_1: case Q5_1:
-        u[0].dw[0] = x86_half8(st);
-        u[0].mw[0] = x86_half8(st + PANEL * Q4_1_M);
+        u[0].dw[0] = x86_half8(st, 0);
+        u[0].mw[0] = x86_half8(st, PANEL * Q4_1_M);
         break;
     case Q4_K: case Q5_K: {
-        const __m256i c0 = x86_ld(st + PANEL * K_SCALES), c1 = x86_ld(st + PANEL * K_SCALES + 32),
-                      c2 = x86_ld(st + PANEL * K_SCALES + 64), m6 = x86_c32(0x3f3f3f3fu), m4 = x86_c32(0x0f0f0f0fu),
+        const vi c0 = x86_ld(st, PANEL * K_SCALES), c1 = x86_ld(st, PANEL * K_SCALES + 32),
+                      c2 = x86_ld(st, PANEL * K_SCALES + 64), m6 = x86_c32(0x3f3f3f3fu), m4 = x86_c32(0x0f0f0f0fu),
                       m45 = x86_c32(0x30303030u);
-        const __m256i sc[2] = {_mm256_and_si256(c0, m6),
-                               _mm256_or_si256(_mm256_and_si256(c2, m4), _mm256_and_si256(_mm256_srli_epi32(c0, 2), m45))};
-        const __m256i mn[2] = {_mm256_and_si256(c1, m6),
-                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c2, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi32(c1, 2), m45))};
-        const __m256 d = x86_half8(st), ndmin = x86_neg(x86_half8(st + PANEL * K_DMIN));
+        const vi sc[2] = {vand(c0, m6),
+                               vor(vand(c2, m4), vand(vsrl32(c0, 2), m45))};
+        const vi mn[2] = {vand(c1, m6),
+                               vor(vand(vsrl32(c2, 4), m4),
+                                               vand(vsrl32(c1, 2), m45))};
+        const vf d = x86_half8(st, 0), ndmin = vneg(x86_half8(st, PANEL * K_DMIN));
         for (int s = 0; s < 8; s++) {
-            u[s].dw[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(x86_byte(sc[s / 4], s % 4)));
-            u[s].mw[0] = _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(x86_byte(mn[s / 4], s % 4)));   /* -(dmin * mn) */
+            u[s].dw[0] = vmul(d, vcvt(x86_byte(sc[s / 4], s % 4)));
+            u[s].mw[0] = vmul(ndmin, vcvt(x86_byte(mn[s / 4], s % 4)));   /* -(dmin * mn) */
         }
         break;
     }
     case Q6_K: {
-        const __m256 d = x86_half8(st + PANEL * Q6_K_D);
+        const vf d = x86_half8(st, PANEL * Q6_K_D);
         for (int c = 0; c < 4; c++) {
-            const __m256i v = x86_ld(st + PANEL * Q6_K_SCALES + 32 * c);
+            const vi v = x86_ld(st, PANEL * Q6_K_SCALES + 32 * c);
             for (int i = 0; i < 4; i++) {   /* scale 4 c + i: unit (4 c + i) / 2, half i % 2; signed */
-                const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i), 24);
-                u[(4 * c + i) / 2].dw[i % 2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+                const vi sc = vsra32(vsll32(v, 24 - 8 * i), 24);
+                u[(4 * c + i) / 2].dw[i % 2] = vmul(d, vcvt(sc));
             }
         }
         break;
     }
     case Q3_K: {
-        const __m256i c0 = x86_ld(st + PANEL * Q3_K_SCALES), c1 = x86_ld(st + PANEL * Q3_K_SCALES + 32),
-                      c2 = x86_ld(st + PANEL * Q3_K_SCALES + 64), m4 = x86_c32(0x0f0f0f0fu), m45 = x86_c32(0x30303030u);
+        const vi c0 = x86_ld(st, PANEL * Q3_K_SCALES), c1 = x86_ld(st, PANEL * Q3_K_SCALES + 32),
+                      c2 = x86_ld(st, PANEL * Q3_K_SCALES + 64), m4 = x86_c32(0x0f0f0f0fu), m45 = x86_c32(0x30303030u);
         /* scales 4 g .. 4 g + 3 as the bytes of a lane: low four bits, then the top two */
-        const __m256i g[4] = {
-            _mm256_or_si256(_mm256_and_si256(c0, m4), _mm256_and_si256(_mm256_slli_epi32(c2, 4), m45)),
-            _mm256_or_si256(_mm256_and_si256(c1, m4), _mm256_and_si256(_mm256_slli_epi32(c2, 2), m45)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c0, 4), m4), _mm256_and_si256(c2, m45)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c1, 4), m4), _mm256_and_si256(_mm256_srli_epi32(c2, 2), m45))};
-        const __m256 d = x86_half8(st + PANEL * Q3_K_D);
+        const vi g[4] = {
+            vor(vand(c0, m4), vand(vsll32(c2, 4), m45)),
+            vor(vand(c1, m4), vand(vsll32(c2, 2), m45)),
+            vor(vand(vsrl32(c0, 4), m4), vand(c2, m45)),
+            vor(vand(vsrl32(c1, 4), m4), vand(vsrl32(c2, 2), m45))};
+        const vf d = x86_half8(st, PANEL * Q3_K_D);
         for (int k = 0; k < 16; k++) {
-            const __m256i sc = _mm256_sub_epi32(x86_byte(g[k / 4], k % 4), x86_c32(32));
-            u[k / 2].dw[k % 2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+            const vi sc = vsub32(x86_byte(g[k / 4], k % 4), x86_c32(32));
+            u[k / 2].dw[k % 2] = vmul(d, vcvt(sc));
         }
         break;
     }
     case Q2_K: {
-        const __m256 d = x86_half8(st + PANEL * Q2_K_D), ndmin = x86_neg(x86_half8(st + PANEL * Q2_K_DMIN));
+        const vf d = x86_half8(st, PANEL * Q2_K_D), ndmin = vneg(x86_half8(st, PANEL * Q2_K_DMIN));
         for (int c = 0; c < 4; c++) {
-            const __m256i v = x86_ld(st + 32 * c);
+            const vi v = x86_ld(st, 32 * c);
             for (int i = 0; i < 4; i++) {   /* scale byte 4 c + i: unit (4 c + i) / 2, half i % 2 */
-                const __m256i b = x86_byte(v, i);
+                const vi b = x86_byte(v, i);
                 x86_scales_t *o = &u[(4 * c + i) / 2];
-                o->dw[i % 2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, x86_c32(15))));
-                o->mw[i % 2] = _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
+                o->dw[i % 2] = vmul(d, vcvt(vand(b, x86_c32(15))));
+                o->mw[i % 2] = vmul(ndmin, vcvt(vsrl32(b, 4)));
             }
         }
         break;
     }
     case IQ4_XS: {
-        const __m256 d = x86_half8(st);
-        const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(st + PANEL * IQ4_XS_SCALES_H)));
-        const __m256i sl = x86_ld(st + PANEL * IQ4_XS_SCALES_L);
+        const vf d = x86_half8(st, 0);
+        const vi sh = vu16(st.a + PANEL * IQ4_XS_SCALES_H, st.b + PANEL * IQ4_XS_SCALES_H);
+        const vi sl = x86_ld(st, PANEL * IQ4_XS_SCALES_L);
         for (int s = 0; s < 8; s++) {
-            const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(sl, 4 * s), x86_c32(15));
-            const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * s), x86_c32(3)), 4);
-            u[s].dw[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), x86_c32(32))));
+            const vi lo = vand(vsrl32(sl, 4 * s), x86_c32(15));
+            const vi hi = vsll32(vand(vsrl32(sh, 2 * s), x86_c32(3)), 4);
+            u[s].dw[0] = vmul(d, vcvt(vsub32(vor(lo, hi), x86_c32(32))));
         }
         break;
     }
@@ -216,42 +304,42 @@ INLINE void x86_strip_scales(int fmt, const uint8_t *st, x86_scales_t *u) {
 }
 
 /* One unit of one row of x (xb: its block, xq8_t or xq16_t as wide) into acc: packed.h's arithmetic. */
-INLINE __m256 x86_step(int fmt, int wide, const __m256i w[8], const x86_scales_t *u, const void *xb, __m256 acc) {
+INLINE vf x86_step(int fmt, int wide, const vi w[8], const x86_scales_t *u, const void *xb, vf acc) {
     const int halves = x86_halves(fmt), off = x86_offset(fmt);
     const xq8_t *x8 = (const xq8_t *)xb;
     const xq16_t *x16 = (const xq16_t *)xb;
     const float d = wide ? x16->d : x8->d;
     const int32_t *sum = wide ? x16->sum : x8->sum;
-    __m256i p0, p1 = _mm256_setzero_si256();
+    vi p0, p1 = vzero();
     if (wide) {   /* 255 p_hi + p_lo */
-        __m256i h0, h1 = p1, l0, l1 = p1;
+        vi h0, h1 = p1, l0, l1 = p1;
         isa_dot(fmt, w, x16->hi, halves, &h0, &h1);
         isa_dot(fmt, w, x16->lo, halves, &l0, &l1);
-        p0 = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(h0, 8), h0), l0);
-        if (halves) p1 = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(h1, 8), h1), l1);
+        p0 = vadd32(vsub32(vsll32(h0, 8), h0), l0);
+        if (halves) p1 = vadd32(vsub32(vsll32(h1, 8), h1), l1);
     } else isa_dot(fmt, w, x8->q, halves, &p0, &p1);
-    const __m256 dx = _mm256_set1_ps(d);
+    const vf dx = vsetf(d);
     if (halves) {
         if (off) {
-            p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(off * sum[0]));
-            p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(off * sum[1]));
+            p0 = vsub32(p0, vset32(off * sum[0]));
+            p1 = vsub32(p1, vset32(off * sum[1]));
         }
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(u->dw[0], dx), _mm256_cvtepi32_ps(p0)));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(u->dw[1], dx), _mm256_cvtepi32_ps(p1)));
+        acc = vaddf(acc, vmul(vmul(u->dw[0], dx), vcvt(p0)));
+        acc = vaddf(acc, vmul(vmul(u->dw[1], dx), vcvt(p1)));
         if (fmt == Q2_K) {
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dx, u->mw[0]), _mm256_set1_ps((float)sum[0])));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dx, u->mw[1]), _mm256_set1_ps((float)sum[1])));
+            acc = vaddf(acc, vmul(vmul(dx, u->mw[0]), vsetf((float)sum[0])));
+            acc = vaddf(acc, vmul(vmul(dx, u->mw[1]), vsetf((float)sum[1])));
         }
     } else {
-        if (off) p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(off * (sum[0] + sum[1])));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(u->dw[0], dx), _mm256_cvtepi32_ps(p0)));
-        if (x86_min32(fmt)) acc = _mm256_add_ps(acc, _mm256_mul_ps(u->mw[0], _mm256_set1_ps(wide ? x16->s : x8->s)));
+        if (off) p0 = vsub32(p0, vset32(off * (sum[0] + sum[1])));
+        acc = vaddf(acc, vmul(vmul(u->dw[0], dx), vcvt(p0)));
+        if (x86_min32(fmt)) acc = vaddf(acc, vmul(u->mw[0], vsetf(wide ? x16->s : x8->s)));
     }
     return acc;
 }
 
-/* The panel's 8 outputs of one row of x (only the `live` first stored). */
-INLINE void x86_store(float *y, __m256 acc, int64_t live) {
+/* A panel's 8 outputs of one row of x (only the `live` first stored). */
+INLINE void x86_store8(float *y, __m256 acc, int64_t live) {
     if (live >= PANEL) {
         _mm256_storeu_ps(y, acc);
         return;
@@ -261,7 +349,13 @@ INLINE void x86_store(float *y, __m256 acc, int64_t live) {
     for (int64_t r = 0; r < live; r++) y[r] = t[r];
 }
 
-/* How far ahead (bytes) the one-row kernel prefetches the stream of strips. */
+/* The vector's panels' outputs of one row of x: panel p's at y, p + 1's (two) after them. */
+INLINE void x86_store(float *y, vf acc, int64_t live, int two) {
+    x86_store8(y, vlow(acc), live);
+    if (X86_NP == 2 && two) x86_store8(y + PANEL, vhigh(acc), live - PANEL);
+}
+
+/* How far ahead (bytes) the one-row kernel prefetches each stream of strips. */
 #ifndef X86_PREFETCH
 #define X86_PREFETCH 1024
 #endif
@@ -272,22 +366,27 @@ INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, i
                          const void *qx, float *y, int64_t rows) {
     const int bb = block_bytes(fmt), units = x86_units(fmt);
     const size_t xs = wide ? sizeof(xq16_t) : sizeof(xq8_t);
-    for (int64_t p = p0; p < p1; p++) {
-        __m256 acc = _mm256_setzero_ps();
-        const uint8_t *st = packed + p * nb * PANEL * bb;
+    const int64_t pb = nb * PANEL * bb;   /* bytes a panel */
+    for (int64_t p = p0; p < p1; p += X86_NP) {
+        const int two = p + 1 < p1;
+        vf acc = vzerof();
+        x86_st_t st = {packed + p * pb, packed + (p + (X86_NP == 2 && two)) * pb};
         const uint8_t *xb = (const uint8_t *)qx;
-        for (int64_t b = 0; b < nb; b++, st += PANEL * bb) {
-            for (int o = 0; o < PANEL * bb; o += 64) _mm_prefetch((const char *)st + X86_PREFETCH + o, _MM_HINT_T0);
+        for (int64_t b = 0; b < nb; b++, st.a += PANEL * bb, st.b += PANEL * bb) {
+            for (int o = 0; o < PANEL * bb; o += 64) {
+                _mm_prefetch((const char *)st.a + X86_PREFETCH + o, _MM_HINT_T0);
+                if (X86_NP == 2) _mm_prefetch((const char *)st.b + X86_PREFETCH + o, _MM_HINT_T0);
+            }
             x86_scales_t u[8];
             x86_strip_scales(fmt, st, u);
 #pragma GCC unroll 8
             for (int s = 0; s < units; s++, xb += xs) {
-                __m256i w[8];
+                vi w[8];
                 x86_unit_w(fmt, st, s, w);
                 acc = x86_step(fmt, wide, w, &u[s], xb, acc);
             }
         }
-        x86_store(y + p * PANEL, acc, rows - p * PANEL);
+        x86_store(y + p * PANEL, acc, rows - p * PANEL, two);
     }
 }
 
@@ -298,9 +397,9 @@ INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, i
 #endif
 
 /* tb (a constant) rows of x, xb[j] their blocks of the strip's first unit, through the strip's units. */
-INLINE void x86_tile(int fmt, int wide, int tb, const __m256i *wbuf, const x86_scales_t *u, const uint8_t *const *xb,
-                     size_t xs, __m256 *acc) {
-    __m256 a[X86_TB];
+INLINE void x86_tile(int fmt, int wide, int tb, const vi *wbuf, const x86_scales_t *u, const uint8_t *const *xb,
+                     size_t xs, vf *acc) {
+    vf a[X86_TB];
     for (int j = 0; j < tb; j++) a[j] = acc[j];
 #pragma GCC unroll 8
     for (int s = 0; s < x86_units(fmt); s++)
@@ -315,16 +414,17 @@ INLINE void x86_panels_t(int fmt, int wide, const uint8_t *packed, int64_t nb, i
                          const void *qx, int64_t T, float *y, int64_t ys, int64_t rows) {
     const int bb = block_bytes(fmt), units = x86_units(fmt);
     const size_t xs = wide ? sizeof(xq16_t) : sizeof(xq8_t);
-    const int64_t nx = nb * units;
-    for (int64_t p = p0; p < p1; p++)
+    const int64_t nx = nb * units, pb = nb * PANEL * bb;
+    for (int64_t p = p0; p < p1; p += X86_NP) {
+        const int two = p + 1 < p1;
         for (int64_t t0 = 0; t0 < T; t0 += X86_TMAX) {
             const int64_t tn = T - t0 < X86_TMAX ? T - t0 : X86_TMAX;
-            __m256 acc[X86_TMAX];
-            for (int64_t t = 0; t < tn; t++) acc[t] = _mm256_setzero_ps();
-            const uint8_t *st = packed + p * nb * PANEL * bb;
-            for (int64_t b = 0; b < nb; b++, st += PANEL * bb) {
+            vf acc[X86_TMAX];
+            for (int64_t t = 0; t < tn; t++) acc[t] = vzerof();
+            x86_st_t st = {packed + p * pb, packed + (p + (X86_NP == 2 && two)) * pb};
+            for (int64_t b = 0; b < nb; b++, st.a += PANEL * bb, st.b += PANEL * bb) {
                 x86_scales_t u[8];
-                __m256i wbuf[8 * 8];
+                vi wbuf[8 * 8];
                 x86_strip_scales(fmt, st, u);
 #pragma GCC unroll 8
                 for (int s = 0; s < units; s++) x86_unit_w(fmt, st, s, wbuf + 8 * s);
@@ -339,8 +439,9 @@ INLINE void x86_panels_t(int fmt, int wide, const uint8_t *packed, int64_t nb, i
                     x86_tile(fmt, wide, 1, wbuf, u, xb, xs, acc + t);
                 }
             }
-            for (int64_t t = 0; t < tn; t++) x86_store(y + (t0 + t) * ys + p * PANEL, acc[t], rows - p * PANEL);
+            for (int64_t t = 0; t < tn; t++) x86_store(y + (t0 + t) * ys + p * PANEL, acc[t], rows - p * PANEL, two);
         }
+    }
 }
 
 /* Every format, each its own copy of the loops (fmt and wide constants inside). */
