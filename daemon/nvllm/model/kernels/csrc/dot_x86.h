@@ -152,11 +152,24 @@ INLINE vi x86_nib(vi v, int n) {
     return vand(n ? vsrl16(v, 4) : v, vset8(15));
 }
 
-/* Bits 4k .. 4k + 3 of each lane's 32-bit qh (Q5_0, Q5_1) as bit 4 of the lane's bytes 0 .. 3: bit i goes to
- * bit 8 i + 4 by one multiply (the shifted copies land on distinct bits, so nothing carries). */
-INLINE vi x86_qh5(vi qh, int k) {
-    const vi t = vand(vsrl32(qh, 4 * k), x86_c32(15));
-    return vand(vmullo32(t, x86_c32(0x02040810u)), x86_c32(0x10101010u));
+/* Q5_0's and Q5_1's fifth bits (qh: each lane's 32-bit qh, bit j value j's) added to w as 16: vector k
+ * takes bits 4k .. 4k + 3, which are byte k / 2 of the lane, low or high half. That byte copied to the
+ * lane's four bytes (pshufb), byte i tests bit i (k even) or 4 + i (k odd). */
+INLINE void x86_q5_high(vi qh, vi w[8]) {
+    const vi lo = x86_c32(0x08040201u), hi = x86_c32(0x80402010u);
+    for (int j = 0; j < 4; j++) {
+        const vi idx = x86_c32(0x01010101u * (uint32_t)j);   /* + 4 d in dword d of each 128 bits */
+#if X86_WIDE
+        const vi t = vshuf8(qh, vadd32(idx, _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0)));
+        w[2 * j] = _mm512_mask_add_epi8(w[2 * j], _mm512_test_epi8_mask(t, lo), w[2 * j], vset8(16));
+        w[2 * j + 1] = _mm512_mask_add_epi8(w[2 * j + 1], _mm512_test_epi8_mask(t, hi), w[2 * j + 1], vset8(16));
+#else
+        const vi t = vshuf8(qh, vadd32(idx, _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404,
+                                                              0x08080808, 0x0c0c0c0c)));
+        w[2 * j] = vor(w[2 * j], vand(_mm256_cmpeq_epi8(vand(t, lo), lo), vset8(16)));
+        w[2 * j + 1] = vor(w[2 * j + 1], vand(_mm256_cmpeq_epi8(vand(t, hi), hi), vset8(16)));
+#endif
+    }
 }
 
 /* Bit b of every byte, moved to bit `to` (b, to constants after inlining). */
@@ -178,7 +191,7 @@ INLINE void x86_unit_w(int fmt, x86_st_t st, int s, vi w[8]) {
         }
         if (fmt == Q5_0 || fmt == Q5_1) {
             const vi qh = x86_ld(st, PANEL * (fmt == Q5_0 ? Q5_0_QH : Q5_1_QH));
-            for (int k = 0; k < 8; k++) w[k] = vor(w[k], x86_qh5(qh, k));
+            x86_q5_high(qh, w);
         }
         if (fmt == IQ4_NL || fmt == IQ4_XS) {
             const vi t = x86_iq4_table();
