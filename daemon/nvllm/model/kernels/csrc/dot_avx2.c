@@ -12,6 +12,7 @@
 #include "packed.h"
 
 #define DOT_X86_SIGNED 1
+#define X86_TB 2   /* rows of x a pass: 16 registers hold two rows' sums (four spill) */
 #include "dot_x86.h"
 
 /* maddubs products of weight bytes added in int16 before one madd: 2 * 127 * max weight * G <= 32767. */
