@@ -1,5 +1,5 @@
-/* What dot_avx2.c and dot_avx512vnni.c share: reading a strip (packed.h) into 8-lane vectors, lane r
- * row r, and the loops over panels, strips, units and rows of x. Each file includes it once, after its
+/* What dot_avx2.c and dot_avx512vnni.c share: reading a strip (packed.h) into vectors of 32-bit lanes, a
+ * lane an output row, and the loops over panels, strips, units and rows of x. Each file includes it once, after its
  * `#pragma GCC target` (so this code is compiled for that instruction set) and after defining
  *   DOT_X86_SIGNED  1 where Q8_0's and the IQ4 tables' weights stay signed (AVX2's sign trick), 0 where
  *                   they are made unsigned by + 128 (VNNI's dpbusd takes unsigned weights);
@@ -7,9 +7,9 @@
  *                   int8 values of x (xq; vector k meets xq[4k .. 4k + 3]): *p0 the whole sum, or with
  *                   halves the sums of vectors 0..3 (*p0) and 4..7 (*p1).
  *
- * A unit (32 values of each of the 8 rows) is 8 vectors of bytes, vector k lane r holding values
- * 4k .. 4k + 3 of row r, as integers w + off >= 0 (off: the format's offset, taken away afterwards as
- * off * x's sum). Its scales are 8-lane floats: dw (per half for Q6_K, Q3_K, Q2_K), mw (the min of Q4_1,
+ * A unit (32 values of each row) is 8 vectors of bytes, vector k lane r holding values 4k .. 4k + 3 of
+ * row r, as integers w + off >= 0 (off: the format's offset, taken away afterwards as off * x's sum). Its
+ * scales are float lanes: dw (per half for Q6_K, Q3_K, Q2_K), mw (the min of Q4_1,
  * Q5_1, Q4_K, Q5_K; Q2_K's two half mins). Every product and sum is packed.h's, in its order. */
 #ifndef NVLLM_DOT_X86_H
 #define NVLLM_DOT_X86_H
@@ -147,7 +147,7 @@ INLINE vi x86_iq4_table(void) {
     return DOT_X86_SIGNED ? t : vxor(t, vset8((char)0x80));
 }
 
-/* The low (n = 0) or high (n = 1) nibbles of 32 bytes. */
+/* The low (n = 0) or high (n = 1) nibbles of every byte. */
 INLINE vi x86_nib(vi v, int n) {
     return vand(n ? vsrl16(v, 4) : v, vset8(15));
 }
@@ -246,14 +246,12 @@ INLINE void x86_strip_scales(int fmt, x86_st_t st, x86_scales_t *u) {
         u[0].mw[0] = x86_half8(st, PANEL * Q4_1_M);
         break;
     case Q4_K: case Q5_K: {
+        /* scale_min_k4 for 8 rows: the 4 scales (mins) of sub-blocks 0..3, then 4..7, as a lane's bytes */
         const vi c0 = x86_ld(st, PANEL * K_SCALES), c1 = x86_ld(st, PANEL * K_SCALES + 32),
-                      c2 = x86_ld(st, PANEL * K_SCALES + 64), m6 = x86_c32(0x3f3f3f3fu), m4 = x86_c32(0x0f0f0f0fu),
-                      m45 = x86_c32(0x30303030u);
-        const vi sc[2] = {vand(c0, m6),
-                               vor(vand(c2, m4), vand(vsrl32(c0, 2), m45))};
-        const vi mn[2] = {vand(c1, m6),
-                               vor(vand(vsrl32(c2, 4), m4),
-                                               vand(vsrl32(c1, 2), m45))};
+                 c2 = x86_ld(st, PANEL * K_SCALES + 64), m6 = x86_c32(0x3f3f3f3fu), m4 = x86_c32(0x0f0f0f0fu),
+                 m45 = x86_c32(0x30303030u);
+        const vi sc[2] = {vand(c0, m6), vor(vand(c2, m4), vand(vsrl32(c0, 2), m45))};
+        const vi mn[2] = {vand(c1, m6), vor(vand(vsrl32(c2, 4), m4), vand(vsrl32(c1, 2), m45))};
         const vf d = x86_half8(st, 0), ndmin = vneg(x86_half8(st, PANEL * K_DMIN));
         for (int s = 0; s < 8; s++) {
             u[s].dw[0] = vmul(d, vcvt(x86_byte(sc[s / 4], s % 4)));
@@ -274,7 +272,7 @@ INLINE void x86_strip_scales(int fmt, x86_st_t st, x86_scales_t *u) {
     }
     case Q3_K: {
         const vi c0 = x86_ld(st, PANEL * Q3_K_SCALES), c1 = x86_ld(st, PANEL * Q3_K_SCALES + 32),
-                      c2 = x86_ld(st, PANEL * Q3_K_SCALES + 64), m4 = x86_c32(0x0f0f0f0fu), m45 = x86_c32(0x30303030u);
+                 c2 = x86_ld(st, PANEL * Q3_K_SCALES + 64), m4 = x86_c32(0x0f0f0f0fu), m45 = x86_c32(0x30303030u);
         /* scales 4 g .. 4 g + 3 as the bytes of a lane: low four bits, then the top two */
         const vi g[4] = {
             vor(vand(c0, m4), vand(vsll32(c2, 4), m45)),
