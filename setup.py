@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 # The integer kernels of the repacked weights (csrc/packed.h): the layout, the dispatch and the portable
 # reference, then one file per instruction set, each compiled once with its own target (a file for
 # another architecture compiles to nothing).
-DOT_SOURCES = ("pack", "dot", "dot_scalar", "dot_neon", "dot_dotprod")
+DOT_SOURCES = ("pack", "dot", "dot_scalar", "dot_avx2", "dot_avx512vnni", "dot_neon", "dot_dotprod")
 
 setup(
     ext_modules=[
@@ -37,7 +37,8 @@ setup(
             # Their shared block layouts and helpers: a change there rebuilds both.
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
                      "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h",
-                     "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_arm.h"],
+                     "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h",
+                     "daemon/nvllm/model/kernels/csrc/dot_arm.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

@@ -105,6 +105,34 @@ def test_the_largest_products_sum_exactly(variant: str) -> None:
     np.testing.assert_allclose(y, w.matmul(x), rtol=1e-6, atol=1e-3)
 
 
+# Where each format's fp16 scales (d, m, dmin) lie in its block: the other bytes are its integer quants and
+# 6-bit scales, which the extreme weights below set all to one value.
+FLOAT_AT = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82),
+            "Q3_K": (108,)}
+
+
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", packed.FIELDS)
+def test_extreme_weights_against_extreme_x_sum_exactly(name: str, variant: str) -> None:
+    # every quant byte 0x00 or 0xff (the largest weights and offsets each format has, and its largest
+    # scales) against x at its largest quant, all of one sign or alternating: no partial sum may wrap
+    rng = rng_for("extreme", name)
+    w = weight(name, 16, 8, rng)
+    blocks = w.blocks.reshape(16, -1, FORMAT[name].block_bytes)
+    keep = np.zeros(FORMAT[name].block_bytes, bool)
+    for at in FLOAT_AT.get(name, (0,)):
+        keep[at:at + 2] = True
+    blocks[:8, :, ~keep] = 0xFF
+    blocks[8:, :, ~keep] = 0x00
+    x = np.full((4, w.shape[1]), 3.0, np.float32)
+    x[1] = -3.0
+    x[2, ::2] = -3.0
+    x[3, ::3] = -3.0
+    y = run(mk.pack(w), x, variant)
+    np.testing.assert_array_equal(y, twin(w, x, variant))
+
+
 @needs_lib
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_nan_and_inf_in_x_stay_in_their_row(variant: str) -> None:
