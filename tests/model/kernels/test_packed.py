@@ -58,7 +58,7 @@ def test_the_fields_cover_each_block_once(name: str) -> None:
 @pytest.mark.parametrize("name", packed.FIELDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_pack_is_the_twin_and_unpack_gives_the_blocks_back(name: str, layout: tuple) -> None:
-    w = weight(name, *layout, rng_for("pack", name, layout))
+    w = weight(name, layout[0], layout[1], rng_for("pack", name, layout))
     pm = mk.pack(w)
     np.testing.assert_array_equal(pm.data, packed.pack_twin(w))
     assert pm.data.nbytes == pm.panels * packed.PANEL * w.blocks.shape[1]
@@ -80,7 +80,7 @@ def test_the_twin_unpacks_what_it_packs() -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant: str) -> None:
     rng = rng_for("dot", name, layout)
-    w = weight(name, *layout, rng)
+    w = weight(name, layout[0], layout[1], rng)
     pm = mk.pack(w)
     for T in T_SIZES:
         x = (rng.standard_normal((T, w.shape[1])) * 2).astype(np.float32)

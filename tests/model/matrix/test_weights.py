@@ -56,9 +56,9 @@ def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     elif mk is None or mk.lib is None:
         pytest.skip("the C matmul kernels are not built")
     else:
-        lib, was = mk.lib, mk.lib.qdot_variant(-1)
-        lib.qdot_variant(0)                                 # float; kernel_path may take mk.lib away meanwhile
-        request.addfinalizer(lambda: lib.qdot_variant(was))
+        lib, was = mk.lib, mk.lib.dot_variant(-1)
+        lib.dot_variant(0)                                 # float; kernel_path may take mk.lib away meanwhile
+        request.addfinalizer(lambda: lib.dot_variant(was))
     return request.param
 
 
