@@ -37,6 +37,7 @@ setup(
             # Their shared block layouts and helpers: a change there rebuilds both.
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
                      "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h",
+                     "daemon/nvllm/model/kernels/csrc/matmul.h",
                      "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h",
                      "daemon/nvllm/model/kernels/csrc/dot_arm.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second

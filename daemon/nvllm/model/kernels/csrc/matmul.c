@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "matmul.h"
 #include "packed.h"
 #include "pool.h"
 

@@ -22,14 +22,9 @@
 #include <string.h>
 
 #include "ops.h"
+#include "matmul.h"
 #include "packed.h"
 #include "pool.h"
-
-/* matmul.c's products by output rows. */
-int64_t matmul_chunk_rows(int64_t rows, int threads);
-void matmul_rows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
-                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int qv, const void *qx, int64_t r0,
-                 int64_t r1);
 
 /* One storage of a matrix: `rows` output rows in GGUF type fmt, written to columns col .. col+rows of
  * the product (a fused q|k|v or gate|up whose parts the file stores in different formats has several). */
