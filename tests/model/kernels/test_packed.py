@@ -131,6 +131,31 @@ def test_extreme_weights_against_extreme_x_sum_exactly(name: str, variant: str) 
 
 @needs_lib
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_a_range_of_panels_writes_those_rows_only(name: str, variant: str) -> None:
+    # what each thread is given: panels p0 .. p1 (a kernel may take two panels at once: an odd range ends
+    # on a single one, and the panel after it is another thread's)
+    rng = rng_for("range", name)
+    w = weight(name, 37, 8, rng)   # 5 panels, the last with 5 rows
+    pm = packed.pack(w)
+    v = packed.variant_number(variant)
+    assert packed.lib is not None
+    for T in (1, 5):
+        x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
+        full = packed.matmul(pm, x, variant)
+        qx = np.empty(packed.lib.dot_x_bytes(v, T, w.shape[1]), np.uint8)
+        packed.lib.dot_quantize_x(v, x.ctypes.data, w.shape[1], w.shape[1], 0, T, qx.ctypes.data)
+        for p0, p1 in ((0, 1), (1, 4), (3, 5), (2, 3), (4, 5)):
+            y = np.full((T, 37), np.inf, np.float32)
+            assert packed.lib.dot_panels(v, pm.fmt.ggml_type, pm.data.ctypes.data, w.shape[1], p0, p1, qx.ctypes.data,
+                                         T, y.ctypes.data, 37, 37) == 0
+            r0, r1 = 8 * p0, min(37, 8 * p1)
+            np.testing.assert_array_equal(y[:, r0:r1], full[:, r0:r1], err_msg=f"T={T} panels {p0}..{p1}")
+            assert np.isinf(np.delete(y, np.s_[r0:r1], axis=1)).all()
+
+
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_nan_and_inf_in_x_stay_in_their_row(variant: str) -> None:
     rng = rng_for("nan", variant)
     w = weight("Q4_K", 10, 16, rng)
