@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 # The integer kernels of the repacked weights (csrc/packed.h): the layout, the dispatch and the portable
 # reference, then one file per instruction set, each compiled once with its own target (a file for
 # another architecture compiles to nothing).
-DOT_SOURCES = ("pack", "dot", "dot_scalar", "dot_avx2", "dot_avx512vnni")
+DOT_SOURCES = ("pack", "dot", "dot_scalar", "dot_avx2", "dot_avx512vnni", "dot_neon", "dot_dotprod")
 
 setup(
     ext_modules=[
@@ -22,7 +22,7 @@ setup(
             # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
             # that diverges makes NaN and inf, which must then stay NaN and inf, not be undefined behaviour.
             # -g0 over Python's -g: the same code, without the debug information that took a third of the
-            # build (qdot.c: 99 s -> 66 s here; 18 -> 8 minutes under aarch64 emulation).
+            # build (the old one-file qdot.c: 99 s -> 66 s here; 18 -> 8 minutes under aarch64 emulation).
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"],
             optional=True,
         ),
@@ -30,13 +30,15 @@ setup(
             "nvllm.model.kernels._matmul",
             # step.c runs a decode step's layers in one call, so ops.c's kernels are built in here too,
             # beside this library's thread pool (the _ops library above stays for everything else).
-            sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/qdot.c",
-                     "daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/step.c",
+            sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/ops.c",
+                     "daemon/nvllm/model/kernels/csrc/step.c", "daemon/nvllm/model/kernels/csrc/pool.c",
                      # the repacked weights' integer kernels: one file per instruction set (packed.h)
                      *(f"daemon/nvllm/model/kernels/csrc/{name}.c" for name in DOT_SOURCES)],
             # Their shared block layouts and helpers: a change there rebuilds both.
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
-                     "daemon/nvllm/model/kernels/csrc/packed.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h"],
+                     "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h",
+                     "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h",
+                     "daemon/nvllm/model/kernels/csrc/dot_arm.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

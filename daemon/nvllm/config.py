@@ -106,6 +106,10 @@ class ModelSettings:
     # use (affinity and cgroup CPU quota) but one, left to the gRPC loop and the board's other work
     # (threads that outnumber free cores slow every matmul several-fold). Formerly blas_threads.
     threads: int = field(default=0, metadata=at_least(0))
+    # Pin the C kernels' pool threads to cores, thread i to the i-th CPU this process may use (the engine's
+    # own thread, which joins every team, to the first): no migrations mid-step, at the cost of sharing a
+    # core badly with whatever else the scheduler would have moved.
+    pin_threads: bool = False
     # The weights' format in memory: "" keeps the file's (a folder's bfloat16/float16 matrices stay 16-bit,
     # exactly); f32 widens a folder's to float32; q8_0, q4_0, q4_k, bf16 or f16 re-quantize a folder's
     # matrices at load as llama.cpp would (a matrix whose rows do not split into the format's blocks

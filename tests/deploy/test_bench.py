@@ -2,39 +2,113 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from nvllm import cli
 from nvllm.bench import sampler, throughput
 from nvllm.bench.__main__ import main as bench_main
+from nvllm.bench.counts import resolved, thread_counts
 from nvllm.bench.progress import Progress
-from nvllm.bench.report import format_table
+from nvllm.bench.report import format_runs, format_table
 from nvllm.model.kernels import matmul
+from nvllm.model.kernels import threads as kernel_threads
 
 
 def test_in_process_bench_reports_figures_beside_floors(tiny_models):
-    r = throughput.bench_in_process(tiny_models["tiny-llama"], [1, 4], prompt_len=20, gen_len=6,
-                               prefill_lens=[16, 48], progress=Progress(enabled=False))
-    assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
-    assert r["machine"]["threads"] >= 1 and r["machine"]["cores"] >= 1
-    assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
-    # every format the model holds has its one-row rate, as a fraction of the bandwidth measured
-    rows = r["floors"]["one_row_gbs"]
-    assert set(rows) == set(r["model"]["weight_formats"]) and rows
-    assert all(v["gbs"] > 0 and v["of_bandwidth"] > 0 for v in rows.values())
-    if matmul.int_variant() not in ("", "float"):
-        assert r["floors"]["int_peak"]["variant"] == matmul.int_variant() and r["floors"]["int_peak"]["gops"] > 0
-    assert [p["prompt_tokens"] for p in r["prefill"]] == [16, 48]
-    for p in r["prefill"]:
-        assert p["tokens_per_s"] > 0 and p["matmul_floor_s"] > 0 and p["fraction_of_floor"] > 0
-    assert [d["concurrency"] for d in r["decode"]] == [1, 4]
-    for d in r["decode"]:
-        for key in ("tokens_per_s", "fraction_of_floor", "fraction_of_roofline", "ttft_ms_p50", "ttft_ms_p99",
-                    "itl_ms_p50", "itl_ms_p99", "floor_tokens_per_s"):
-            assert d[key] > 0, key
-    table = format_table(r)
-    assert "of floor" in table and "peak resident memory" in table and "one row of x" in table
+    results = throughput.bench_in_process(tiny_models["tiny-llama"], [1, 4], prompt_len=20, gen_len=6,
+                                          prefill_lens=[16, 48], progress=Progress(enabled=False), threads=[2, 1])
+    # one whole run per count, in the order given, each beside floors of its own
+    assert [r["machine"]["threads"] for r in results] == [2, 1]
+    for r in results:
+        threads = r["machine"]["threads"]
+        assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
+        assert r["machine"]["cores"] >= 1
+        assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
+        # every format the model holds has its one-row rate, in all and per thread, and as a fraction of the
+        # bandwidth measured at the same count
+        rows = r["floors"]["one_row_gbs"]
+        assert set(rows) == set(r["model"]["weight_formats"]) and rows
+        for v in rows.values():
+            assert v["gbs"] > 0 and v["of_bandwidth"] > 0
+            assert v["gbs_per_thread"] == pytest.approx(v["gbs"] / threads, abs=0.01)
+            assert v["of_bandwidth"] == pytest.approx(v["gbs"] / r["floors"]["memory_bandwidth_gbs"], abs=0.002)
+        if matmul.int_variant() not in ("", "float"):
+            peak = r["floors"]["int_peak"]
+            assert peak["variant"] == matmul.int_variant() and peak["gops"] > 0
+            assert peak["gops_per_thread"] == pytest.approx(peak["gops"] / threads, abs=0.1)
+        assert [p["prompt_tokens"] for p in r["prefill"]] == [16, 48]
+        for p in r["prefill"]:
+            assert p["tokens_per_s"] > 0 and p["matmul_floor_s"] > 0 and p["fraction_of_floor"] > 0
+        assert [d["concurrency"] for d in r["decode"]] == [1, 4]
+        for d in r["decode"]:
+            for key in ("tokens_per_s", "fraction_of_floor", "fraction_of_roofline", "ttft_ms_p50", "ttft_ms_p99",
+                        "itl_ms_p50", "itl_ms_p99", "floor_tokens_per_s"):
+                assert d[key] > 0, key
+        table = format_table(r)
+        assert "of floor" in table and "peak resident memory" in table and "one row of x" in table
+        assert "a thread" in table
+    assert kernel_threads.count == 1   # the kernels were left at the last count run
+
+
+def test_thread_counts_are_a_list_in_order_each_once():
+    assert thread_counts("2") == [2] and thread_counts("0") == [0]
+    assert thread_counts("1,2,4") == [1, 2, 4] and thread_counts(" 4, 1,4,2 ,1") == [4, 1, 2]
+    too_many = str(kernel_threads.MAX + 1)
+    for bad, why in (("", "not a whole number"), ("1,,2", "not a whole number"), ("1,x", "'x'"),
+                     ("2.5", "not a whole number"), ("-1", "out of range"), (too_many, "out of range")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            thread_counts(bad)
+    # 0 is the default count, and runs once beside that count named as a number
+    n = kernel_threads.default()
+    assert resolved([0]) == [n] and resolved([n, 0, 3, 3]) == list(dict.fromkeys([n, 3]))
+
+
+def test_cli_names_threads_when_a_count_is_bad(capsys):
+    assert cli.build_parser().parse_args(["bench", "--threads", "1,2,1"]).threads == [1, 2]
+    assert cli.build_parser().parse_args(["bench"]).threads == [0]
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["bench", "--threads", "1,two"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--threads" in err and "'two'" in err and "not a whole number" in err
+    # the other benches run at one count
+    assert cli.main(["bench", "--speculation", "--threads", "1,2"]) == 2
+    assert "--threads takes one count" in capsys.readouterr().err
+
+
+def _fake_result(threads: int) -> dict[str, Any]:
+    return {"machine": {"cpu": "c", "arch": "a", "cores": 2, "memory_gib": 1, "numpy": "n", "blas": {},
+                        "threads": threads},
+            "model": {"path": "m", "parameters": 1e6, "weight_bytes": 2**20, "weight_formats": {"Q8_0": 1}},
+            "floors": {"memory_bandwidth_gbs": 10.0, "sgemm_gflops": 100.0, "weight_read_ms": 0.1,
+                       "int_peak": {"variant": "v", "gops": 50.0 * threads, "gops_per_thread": 50.0},
+                       "one_row_gbs": {"Q8_0": {"gbs": 4.0 * threads, "gbs_per_thread": 4.0,
+                                                "of_bandwidth": 0.4 * threads}}},
+            "prefill": [], "decode": [], "peak_rss_mib": 100.0}
+
+
+def test_one_count_prints_one_object_several_a_list(monkeypatch, capsys):
+    def fake(model_dir, concurrency, prompt_len, gen_len, prefill_lens, progress, threads, *rest):
+        return [_fake_result(n) for n in threads]
+    monkeypatch.setattr(throughput, "bench_in_process", fake)
+    throughput.run(Path("m"), [1], 8, 4, None, True, [16], [2])
+    one = json.loads(capsys.readouterr().out)
+    assert isinstance(one, dict) and one["machine"]["threads"] == 2   # the shape scripts read (peers/side-by-side.sh)
+    throughput.run(Path("m"), [1], 8, 4, None, True, [16], [1, 2])
+    several = json.loads(capsys.readouterr().out)
+    assert [r["machine"]["threads"] for r in several] == [1, 2]
+    throughput.run(Path("m"), [1], 8, 4, None, False, [16], [1, 2])
+    text = capsys.readouterr().out
+    assert text.index("== 1 thread ==") < text.index("== 2 threads ==")
+    assert "Q8_0 8.0 GB/s (4.0 a thread, 0.8 of bandwidth)" in text
+    assert "integer peak 100.0 GOP/s (50.0 a thread, v)" in text
+    assert "==" not in format_runs([_fake_result(2)])
 
 
 def test_cli_bench_prints_one_json_object(tiny_models):

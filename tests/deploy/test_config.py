@@ -178,6 +178,14 @@ def test_bool_fields_take_only_bools(tmp_path: Path) -> None:
     assert load_text(tmp_path, "[cache]\nenable_prefix_caching = false\n").cache.enable_prefix_caching is False
 
 
+def test_pin_threads_is_a_bool_off_by_default(tmp_path: Path) -> None:
+    assert Settings().model.pin_threads is False
+    assert load_text(tmp_path, "[model]\npin_threads = true\n").model.pin_threads is True
+    assert refused(tmp_path, '[model]\npin_threads = "yes"\n').endswith(
+        'model.pin_threads must be true or false, got "yes"')
+    assert refused(tmp_path, "[model]\npin_threads = 1\n").endswith("model.pin_threads must be true or false, got 1")
+
+
 def test_integers_are_not_taken_for_floats_the_other_way(tmp_path: Path) -> None:
     assert refused(tmp_path, "[cache]\nblock_size = 16.0\n").endswith("got 16.0")
 
@@ -324,7 +332,8 @@ def test_the_threads_flag_and_its_old_name() -> None:
 
     parser = cli.build_parser()
     for command in (["serve"], ["generate", "hi"], ["bench"]):
-        assert parser.parse_args(command + ["--threads", "3"]).threads == 3
-        assert parser.parse_args(command + ["--blas-threads", "2"]).threads == 2
+        listed = command == ["bench"]   # the bench takes a list of counts, one run each
+        assert parser.parse_args(command + ["--threads", "3"]).threads == ([3] if listed else 3)
+        assert parser.parse_args(command + ["--blas-threads", "2"]).threads == ([2] if listed else 2)
     assert parser.parse_args(["serve"]).threads is None      # not given: the file's value stays
-    assert parser.parse_args(["bench"]).threads == 0
+    assert parser.parse_args(["bench"]).threads == [0]

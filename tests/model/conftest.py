@@ -26,7 +26,7 @@ def exact_float_matmuls():
     if mk.lib is None:
         yield
         return
-    lib, was = mk.lib, mk.lib.qdot_variant(-1)
-    lib.qdot_variant(0)                                     # float; kernel_path may take mk.lib away meanwhile
+    lib, was = mk.lib, mk.lib.dot_variant(-1)
+    lib.dot_variant(0)                                     # float; kernel_path may take mk.lib away meanwhile
     yield
-    lib.qdot_variant(was)
+    lib.dot_variant(was)

@@ -5,9 +5,11 @@
   roofline      this machine's limits: reading every weight once at the measured memory bandwidth,
                 or the step's FLOPs at the measured peak sgemm rate, whichever is slower.
   integer peak  the multiply-accumulates per second (two operations each) of the dot instruction the
-                integer kernels in use are built on, beside sgemm's GFLOP/s.
+                integer kernels in use are built on, beside sgemm's GFLOP/s, in all and per thread.
   one row       each weight format's matrices times one row of x (a decode step's matmuls), in bytes of
-                weights per second: what the one-row kernels reach of the memory bandwidth.
+                weights per second, in all and per thread: what the one-row kernels reach of the memory
+                bandwidth.
+Each is measured at the thread count its figures were (`nvllm bench --threads 1,2,4`: one run per count).
 """
 
 from __future__ import annotations
@@ -99,6 +101,21 @@ def one_row_rates(w: ModelWeights, repeats: int = 5) -> dict[str, float]:
                  for p in parts]
         rates[name] = sum(p.nbytes for p in parts) / _best(functools.partial(_apply_all, calls), repeats) / 1e9
     return rates
+
+
+def kernel_floors(w: ModelWeights, threads: int, bandwidth_gbs: float) -> dict[str, Any]:
+    """The kernels' floors on `threads` threads (set already: kernels/threads.py): the integer peak, and each
+    format's one-row rate in all and per thread, and as a fraction of `bandwidth_gbs` measured at that count."""
+    out: dict[str, Any] = {}
+    peak = measure_int_peak_gops(threads)
+    if peak is not None:
+        out["int_peak"] = {"variant": peak[0], "gops": round(peak[1], 1),
+                           "gops_per_thread": round(peak[1] / threads, 1)}
+    out["one_row_gbs"] = {
+        name: {"gbs": round(r, 2), "gbs_per_thread": round(r / threads, 2),
+               "of_bandwidth": round(r / bandwidth_gbs, 3)}
+        for name, r in one_row_rates(w).items()}
+    return out
 
 
 def _apply_all(calls: list[tuple[Weight, np.ndarray, np.ndarray]]) -> None:

@@ -15,12 +15,29 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
+def _each(v: dict[str, Any], key: str) -> str:
+    """What goes beside a figure in all, e.g. "6.2 a thread, "; nothing for a result saved without it."""
+    each = v.get(f"{key}_per_thread")
+    return "" if each is None else f"{each} a thread, "
+
+
+def format_runs(results: list[dict[str, Any]]) -> str:
+    """One result's table, or for several thread counts (`--threads 1,2,4`) a section each, headed by its count."""
+    if len(results) == 1:
+        return format_table(results[0])
+    sections = []
+    for r in results:
+        n = r["machine"]["threads"]
+        sections.append(f"== {n} thread{'s' * (n != 1)} ==\n{format_table(r)}")
+    return "\n\n".join(sections)
+
+
 def format_table(r: dict[str, Any]) -> str:
     lines = []
     m = r["machine"]
     lines.append(f"machine: {m['cpu']} ({m['arch']}, {m['cores']} cores, {m['memory_gib']} GiB), "
                  f"numpy {m['numpy']}, BLAS {m['blas'].get('name')} {m['blas'].get('version') or ''}"
-                 + (f", {m['threads']} threads" if "threads" in m else "")
+                 + (f", {m['threads']} thread{'s' * (m['threads'] != 1)}" if "threads" in m else "")
                  + (f", {m['kernels']}" if "kernels" in m else "")
                  + (f", matmuls: {m['matmul_kernels']}" if "matmul_kernels" in m else ""))
     if "floors" in r:
@@ -30,11 +47,12 @@ def format_table(r: dict[str, Any]) -> str:
                      f"{r['model']['weight_bytes'] / 2**20:.0f} MiB of weights as {formats or 'F32'})")
         lines.append(f"floors: memory bandwidth {f['memory_bandwidth_gbs']} GB/s "
                      f"(weights read in {f['weight_read_ms']} ms), peak sgemm {f['sgemm_gflops']} GFLOP/s"
-                     + (f", integer peak {f['int_peak']['gops']} GOP/s ({f['int_peak']['variant']})"
-                        if "int_peak" in f else ""))
+                     + (f", integer peak {f['int_peak']['gops']} GOP/s ({_each(f['int_peak'], 'gops')}"
+                        f"{f['int_peak']['variant']})" if "int_peak" in f else ""))
         if f.get("one_row_gbs"):
             lines.append("one row of x: " + ", ".join(
-                f"{name} {v['gbs']} GB/s ({v['of_bandwidth']} of bandwidth)" for name, v in f["one_row_gbs"].items()))
+                f"{name} {v['gbs']} GB/s ({_each(v, 'gbs')}{v['of_bandwidth']} of bandwidth)"
+                for name, v in f["one_row_gbs"].items()))
     if r.get("prefill"):
         lines.append("")
         lines.append(f"{'prefill':>10} {'tokens/s':>10} {'seconds':>9} {'matmul floor':>13} {'of floor':>9} "

@@ -8,26 +8,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 
+from nvllm.bench.counts import resolved
 from nvllm.bench.floors import (
     Floors,
     floor_pass,
+    kernel_floors,
     machine_info,
     measure_bandwidth_gbs,
-    measure_int_peak_gops,
     measure_sgemm_gflops,
-    one_row_rates,
     weight_formats,
     weight_matmul_params,
 )
 from nvllm.bench.progress import Progress
-from nvllm.bench.report import format_table, pct
+from nvllm.bench.report import format_runs, pct
 from nvllm.bench.target import bench_target
 from nvllm.config import load_settings
 from nvllm.engine.build.factory import build_engine, read_model_info
@@ -69,24 +69,30 @@ def run_requests(engine: LLMEngine, prompts: list[list[int]], gen_len: int
 
 
 def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, gen_len: int,
-                     prefill_lens: list[int], progress: Progress, threads: int = 0,
+                     prefill_lens: list[int], progress: Progress, threads: int | Sequence[int] = 0,
                      quantization: str | None = None, activations: str | None = None,
-                     kv_cache_dtype: str | None = None) -> dict[str, Any]:
+                     kv_cache_dtype: str | None = None) -> list[dict[str, Any]]:
+    """The whole measurement once per thread count (0: the default count), each beside floors measured at that
+    count: one result each, in the order given. The model is loaded once; the kernels and BLAS are set to
+    each count in turn (kernels/threads.py), which they read at every call."""
+    counts = resolved([threads] if isinstance(threads, int) else threads)
     rss_peak = [psutil.Process().memory_info().rss]
 
     def sample_rss() -> None:
         rss_peak[0] = max(rss_peak[0], psutil.Process().memory_info().rss)
 
-    # the machine's floors first: their 256 MiB buffer is freed before the model loads, so it does not
-    # become the process's peak resident memory (which is what an outside measure, /usr/bin/time, reads)
-    progress("measuring the machine's floors")
-    kernel_threads.configure(threads)
-    bandwidth, sgemm = measure_bandwidth_gbs(), measure_sgemm_gflops()
+    # the machine's floors first, at every count: their 256 MiB buffer is freed before the model loads, so it
+    # does not become the process's peak resident memory (which is what an outside measure, /usr/bin/time, reads)
+    machine: dict[int, tuple[float, float]] = {}
+    for n in counts:
+        progress(f"measuring the machine's floors on {n} thread{'s' * (n > 1)}")
+        kernel_threads.configure(n)
+        machine[n] = measure_bandwidth_gbs(), measure_sgemm_gflops()
     progress("loading model")
     max_c = max(concurrency)
     budget = max(512, max(prefill_lens))
     overrides: dict[str, Any] = {
-        "model": {"path": str(model_dir), "threads": threads, "quantization": quantization,
+        "model": {"path": str(model_dir), "threads": counts[0], "quantization": quantization,
                   "activations": activations},
         "cache": {"block_size": 16, "enable_prefix_caching": False, "dtype": kv_cache_dtype},
         "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
@@ -94,18 +100,32 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     info = read_model_info(load_settings(overrides=overrides))   # pages per sequence follow the pool's groups
     overrides["cache"]["num_blocks"] = (max_c * info.blocks_for(prompt_len + gen_len, 16, budget)
                                         + 2 * info.blocks_for(max(prefill_lens), 16, budget) + 16)
-    settings = load_settings(overrides=overrides)
-    engine = build_engine(settings)
+    engine = build_engine(load_settings(overrides=overrides))
+    sample_rss()
+    results = []
+    for n in counts:
+        kernel_threads.configure(n)
+        results.append(_bench_at(engine, model_dir, n, *machine[n], concurrency, prompt_len, gen_len, prefill_lens,
+                                 progress, sample_rss))
+        results[-1]["peak_rss_mib"] = round(rss_peak[0] / 2**20, 1)   # of the whole process, so far
+    progress.done()
+    return results
+
+
+def _bench_at(engine: LLMEngine, model_dir: Path, threads: int, bandwidth: float, sgemm: float,
+              concurrency: list[int], prompt_len: int, gen_len: int, prefill_lens: list[int], progress: Progress,
+              sample_rss: Callable[[], None]) -> dict[str, Any]:
+    """One count's run: the kernels' floors at `threads` (set already), then prefill and decode beside them."""
+    at = f" on {threads} thread{'s' * (threads > 1)}"
     mc = engine.model.config
     w = engine.model.weights
-    sample_rss()
     body, head = weight_matmul_params(w)
     floors = Floors(bandwidth_gbs=bandwidth, sgemm_gflops=sgemm, weight_bytes=w.nbytes,
                     flops_per_token=2.0 * (body + head))
     head_flops = 2.0 * head
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "machine": {**machine_info(), "threads": engine.threads, "kernels": ops.describe(),
+        "machine": {**machine_info(), "threads": threads, "kernels": ops.describe(),
                     "matmul_kernels": matmul.describe()},
         "model": {"path": str(model_dir), "architecture": mc.architecture, "parameters": mc.num_params,
                   "layers": mc.num_layers, "hidden": mc.hidden_size, "vocab": mc.vocab_size,
@@ -115,16 +135,11 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
                    "weight_read_ms": round(floors.weight_bytes / floors.bandwidth_gbs / 1e6, 2)},
         "prefill": [], "decode": [],
     }
-    # measured with the engine's threads and kernel variant in place (it sets them), before any request
-    progress("measuring the integer peak and the one-row kernels")
-    peak = measure_int_peak_gops(engine.threads)
-    if peak is not None:
-        result["floors"]["int_peak"] = {"variant": peak[0], "gops": round(peak[1], 1)}
-    result["floors"]["one_row_gbs"] = {
-        name: {"gbs": round(r, 2), "of_bandwidth": round(r / floors.bandwidth_gbs, 3)}
-        for name, r in one_row_rates(w).items()}
+    # measured with the engine's kernel variant in place (it sets it) and this count's threads, before any request
+    progress("measuring the integer peak and the one-row kernels" + at)
+    result["floors"].update(kernel_floors(w, threads, floors.bandwidth_gbs))
     for n in prefill_lens:
-        progress(f"prefill {n} tokens")
+        progress(f"prefill {n} tokens" + at)
         prompt = random_prompt(rng, mc.vocab_size, n)
         run_requests(engine, [prompt], 1)  # warm-up
         times = []
@@ -139,12 +154,10 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
             "matmul_floor_s": round(mm, 6), "fraction_of_floor": round(mm / t, 3),
             "roofline_s": round(roof, 6), "fraction_of_roofline": round(roof / t, 3)})
     for c in concurrency:
-        progress(f"decode at concurrency {c}")
+        progress(f"decode at concurrency {c}" + at)
         prompts = [random_prompt(rng, mc.vocab_size, prompt_len) for _ in range(c)]
         run_requests(engine, [p[:16] for p in prompts[:2]], 4)  # warm-up
         result["decode"].append(_decode_at(engine, floors, prompts, gen_len, head_flops, progress, sample_rss))
-    result["peak_rss_mib"] = round(rss_peak[0] / 2**20, 1)
-    progress.done()
     return result
 
 
@@ -210,16 +223,19 @@ def _decode_at(engine: LLMEngine, floors: Floors, prompts: list[list[int]], gen_
 
 def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len: int,
         target: str | None, as_json: bool, prefill_lens: list[int] | None = None,
-        threads: int = 0, quantization: str | None = None, activations: str | None = None,
-        kv_cache_dtype: str | None = None) -> dict[str, Any]:
+        threads: int | Sequence[int] = 0, quantization: str | None = None, activations: str | None = None,
+        kv_cache_dtype: str | None = None) -> list[dict[str, Any]]:
+    """Measures and prints: one result per thread count; as JSON, one object for one count (the shape scripts
+    read), a list of them for several."""
     progress = Progress(enabled=True)
     if target:
-        result = asyncio.run(bench_target(target, concurrency, prompt_len, gen_len, progress))
+        results = [asyncio.run(bench_target(target, concurrency, prompt_len, gen_len, progress))]
     else:
         assert model_dir is not None
-        result = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
-                                  progress, threads, quantization, activations, kv_cache_dtype)
-    print(json.dumps(result) if as_json else format_table(result))
-    return result
-
-
+        results = bench_in_process(model_dir, concurrency, prompt_len, gen_len, prefill_lens or [128, 512],
+                                   progress, threads, quantization, activations, kv_cache_dtype)
+    if as_json:
+        print(json.dumps(results[0] if len(results) == 1 else results))
+    else:
+        print(format_runs(results))
+    return results

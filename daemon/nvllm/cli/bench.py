@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag, add_threads_flag
+from nvllm.bench.counts import thread_counts
+from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag
 from nvllm.config import DEFAULT_MODEL_FILE
 
 
@@ -31,7 +32,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
     b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
-    add_threads_flag(b, default=0)
+    b.add_argument("--threads", "--blas-threads", dest="threads", type=thread_counts, default="0", metavar="N[,N...]",
+                   help="threads for the matmuls (model.threads; 0: one per usable core but one, the cgroup's CPU "
+                        "quota counted), or a comma-separated list of counts, e.g. 1,2,4: the whole bench once per "
+                        "count, each beside floors measured at that count; --blas-threads is its old name")
     add_quantization_flag(b)
     add_activations_flag(b)
     add_kv_cache_dtype_flag(b)
@@ -52,6 +56,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"nvllm bench: {flag} takes positive whole numbers separated by commas, got {text!r}")
         return values
 
+    if len(args.threads) > 1 and (args.query or args.speculation or args.target):
+        print(f"nvllm bench: --threads takes one count with --query, --speculation or --target, got "
+              f"{','.join(map(str, args.threads))}", file=sys.stderr)
+        return 2
     if args.query:
         return _query(args)
     if args.speculation:
@@ -99,7 +107,7 @@ def _speculation(args: argparse.Namespace) -> int:
     from nvllm.engine.build.factory import EngineBuildError
 
     try:
-        result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads,
+        result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads[0],
                                    draft_model=args.draft_model)
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)

@@ -61,6 +61,7 @@ class LLMEngine:
         self.settings = settings
         self.max_model_len = max_model_len
         self.threads = threads.configure(settings.model.threads)   # BLAS's and the in-place kernels'
+        matmul.pin_threads(settings.model.pin_threads)
         self.activations = matmul.set_activations(settings.model.activations)   # the kernels' variant
         self.backing = backing   # the thread backing the rest of kv_cache's blocks (None: all are resident)
         bm = BlockManager(kv_cache.num_blocks, kv_cache.block_size, settings.cache.enable_prefix_caching,

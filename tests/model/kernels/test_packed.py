@@ -1,4 +1,4 @@
-"""The repacked weights (csrc/pack.c against packed.pack_twin, and back) and the integer kernels that
+"""The repacked weights (csrc/pack.c against quant/packed.py's twin, and back) and the integer kernels that
 read them (every variant of csrc/dot_*.c against kernels/qdot.py, bit for bit)."""
 
 from __future__ import annotations
@@ -10,21 +10,23 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from helpers.gguf_util import random_blocks
-from nvllm.model.kernels import packed, qdot
+from nvllm.model.kernels import matmul as mk
+from nvllm.model.kernels import qdot
+from nvllm.model.quant import packed
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import FORMATS
 
 # Also run under emulated aarch64 (deploy/aarch64-check.sh): NEON, NEON with sdot, and the scalar code.
-pytestmark = pytest.mark.aarch64
+pytestmark = [pytest.mark.aarch64, pytest.mark.usefixtures("keep_int_variant")]
 
 FORMAT = {f.name: f for f in FORMATS.values()}
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 # (rows, blocks of 32 per row): under a panel, a panel and a row, several panels; one block; a model's 48
 LAYOUTS = [(1, 1), (9, 3), (37, 8), (16, 48)]
 T_SIZES = [1, 2, 3, 5, 8, 17, 64, 65]
-VARIANTS = packed.variants()
+VARIANTS = [v for v in mk.int_variants() if v != "float"]
 
-needs_lib = pytest.mark.skipif(packed.lib is None, reason="the C matmul was not built (no C compiler at install)")
+needs_lib = pytest.mark.skipif(mk.lib is None, reason="the C matmul was not built (no C compiler at install)")
 
 
 def rng_for(*what: object) -> np.random.Generator:
@@ -38,9 +40,12 @@ def weight(name: str, rows: int, blocks: int, rng: np.random.Generator) -> Block
 
 
 def twin(w: BlockMatrix, x: np.ndarray, variant: str) -> np.ndarray:
-    if variant.endswith("-i16"):
-        return qdot.matmul(w, x, 16, packed.EXACT_QMAX)
-    return qdot.matmul(w, x, 8)
+    return qdot.matmul(w, x, 16 if variant.endswith("-i16") else 8)
+
+
+def run(pm: packed.PackedMatrix, x: np.ndarray, variant: str, threads: int = 1) -> np.ndarray:
+    mk.set_int_variant(variant)
+    return mk.quant_matmul(pm, x, threads)
 
 
 @pytest.mark.parametrize("name", packed.FIELDS)
@@ -53,21 +58,20 @@ def test_the_fields_cover_each_block_once(name: str) -> None:
 @pytest.mark.parametrize("name", packed.FIELDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_pack_is_the_twin_and_unpack_gives_the_blocks_back(name: str, layout: tuple) -> None:
-    w = weight(name, *layout, rng_for("pack", name, layout))
-    pm = packed.pack(w)
+    w = weight(name, layout[0], layout[1], rng_for("pack", name, layout))
+    pm = mk.pack(w)
     np.testing.assert_array_equal(pm.data, packed.pack_twin(w))
     assert pm.data.nbytes == pm.panels * packed.PANEL * w.blocks.shape[1]
-    np.testing.assert_array_equal(packed.unpack_rows(pm, 0, w.shape[0]), w.blocks)
+    np.testing.assert_array_equal(mk.unpack_rows(pm, 0, w.shape[0]), w.blocks)
     mid = (w.shape[0] // 3, w.shape[0] - w.shape[0] // 4)
-    np.testing.assert_array_equal(packed.unpack_rows(pm, *mid), w.blocks[mid[0]:mid[1]])
+    np.testing.assert_array_equal(mk.unpack_rows(pm, *mid), w.blocks[mid[0]:mid[1]])
 
 
-def test_the_twin_unpacks_what_it_packs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(packed, "lib", None)
+def test_the_twin_unpacks_what_it_packs() -> None:
     for name in packed.FIELDS:
         w = weight(name, 11, 9, rng_for("twin", name))
-        pm = packed.pack(w)
-        np.testing.assert_array_equal(packed.unpack_rows(pm, 2, 11), w.blocks[2:])
+        pm = packed.PackedMatrix(w.fmt, packed.pack_twin(w), w.shape)
+        np.testing.assert_array_equal(packed.unpack_twin(pm, 2, 11), w.blocks[2:])
 
 
 @needs_lib
@@ -76,11 +80,11 @@ def test_the_twin_unpacks_what_it_packs(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant: str) -> None:
     rng = rng_for("dot", name, layout)
-    w = weight(name, *layout, rng)
-    pm = packed.pack(w)
+    w = weight(name, layout[0], layout[1], rng)
+    pm = mk.pack(w)
     for T in T_SIZES:
         x = (rng.standard_normal((T, w.shape[1])) * 2).astype(np.float32)
-        np.testing.assert_array_equal(packed.matmul(pm, x, variant), twin(w, x, variant), err_msg=f"T={T}")
+        np.testing.assert_array_equal(run(pm, x, variant), twin(w, x, variant), err_msg=f"T={T}")
 
 
 @needs_lib
@@ -96,7 +100,7 @@ def test_the_largest_products_sum_exactly(variant: str) -> None:
     w = BlockMatrix(FORMAT["Q8_0"], blocks, (3, n_in))
     x = np.full((2, n_in), 3.0, np.float32)
     x[1, ::2] = -3.0
-    y = packed.matmul(packed.pack(w), x, variant)
+    y = run(mk.pack(w), x, variant)
     np.testing.assert_array_equal(y, twin(w, x, variant))
     np.testing.assert_allclose(y, w.matmul(x), rtol=1e-6, atol=1e-3)
 
@@ -125,7 +129,7 @@ def test_extreme_weights_against_extreme_x_sum_exactly(name: str, variant: str) 
     x[1] = -3.0
     x[2, ::2] = -3.0
     x[3, ::3] = -3.0
-    y = packed.matmul(packed.pack(w), x, variant)
+    y = run(mk.pack(w), x, variant)
     np.testing.assert_array_equal(y, twin(w, x, variant))
 
 
@@ -162,7 +166,7 @@ def test_nan_and_inf_in_x_stay_in_their_row(variant: str) -> None:
     x = rng.standard_normal((3, w.shape[1])).astype(np.float32)
     x[1, 5] = np.nan
     x[2, 300] = np.inf
-    y = packed.matmul(packed.pack(w), x, variant)
+    y = run(mk.pack(w), x, variant)
     assert np.isfinite(y[0]).all() and np.isnan(y[1]).all() and np.isnan(y[2]).all()
     np.testing.assert_array_equal(y, twin(w, x, variant))
 
@@ -177,17 +181,17 @@ def test_x_is_quantized_as_the_twin_quantizes_it(bits: int) -> None:
     x[2, :32] = 0.0
     planes = [("q", "i1", 32)] if bits == 8 else [("hi", "i1", 32), ("lo", "i1", 32)]
     xq = np.dtype([("d", "<f4"), ("s", "<f4"), ("sum", "<i4", 2), *planes])
-    v = packed.variant_number("scalar" if bits == 8 else "scalar-i16")
-    assert packed.lib is not None
-    assert packed.lib.dot_x_bytes(v, 3, 96) == 9 * xq.itemsize
+    v = mk.INT_VARIANTS["scalar" if bits == 8 else "scalar-i16"]
+    assert mk.lib is not None
+    assert mk.lib.dot_x_bytes(v, 3, 96) == 9 * xq.itemsize
     got = np.empty(9, xq)
-    packed.lib.dot_quantize_x(v, x.ctypes.data, 96, 96, 0, 3, got.ctypes.data)
-    d, q, s = qdot.quantize_rows(x, bits, packed.EXACT_QMAX if bits == 16 else None)
+    mk.lib.dot_quantize_x(v, x.ctypes.data, 96, 96, 0, 3, got.ctypes.data)
+    d, q, s = qdot.quantize_rows(x, bits)
     q = q.reshape(9, 32).astype(np.int32)
     if bits == 16:
         assert got["hi"].min() >= -127 and got["lo"].min() >= -127
         np.testing.assert_array_equal(255 * got["hi"].astype(np.int32) + got["lo"], q)
-        assert np.abs(q).max() == packed.EXACT_QMAX
+        assert np.abs(q).max() == qdot.BITS[16][0]
     else:
         np.testing.assert_array_equal(got["q"], q)
     np.testing.assert_array_equal(got["d"], d.reshape(9))
@@ -196,7 +200,7 @@ def test_x_is_quantized_as_the_twin_quantizes_it(bits: int) -> None:
 
 
 def test_every_exact_quant_has_two_planes_in_int8() -> None:
-    q = np.arange(-packed.EXACT_QMAX, packed.EXACT_QMAX + 1)
+    q = np.arange(-qdot.BITS[16][0], qdot.BITS[16][0] + 1)
     hi = (q + 127 + 255 * 128) // 255 - 128
     lo = q - 255 * hi
     assert hi.min() == -127 and hi.max() == 127 and lo.min() == -127 and lo.max() == 127
@@ -206,11 +210,29 @@ def test_every_exact_quant_has_two_planes_in_int8() -> None:
 def test_formats_without_a_packing_are_refused_naming_the_format() -> None:
     w = BlockMatrix(FORMAT["F16"], np.zeros((2, 64), np.uint8), (2, 32))
     with pytest.raises(ValueError, match="F16 is not packed"):
-        packed.pack(w)
+        mk.pack(w)
 
 
 @needs_lib
-def test_an_unknown_variant_is_refused_naming_it() -> None:
-    w = weight("Q8_0", 8, 1, rng_for("unknown"))
-    with pytest.raises(ValueError, match="'sse9'"):
-        packed.matmul(packed.pack(w), np.zeros((1, 32), np.float32), "sse9")
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
+def test_threads_and_batch_neighbours_do_not_change_a_bit(name: str) -> None:
+    rng = rng_for("threads", name)
+    w = weight(name, 61, 16, rng)
+    pm = mk.pack(w)
+    x = rng.standard_normal((9, w.shape[1])).astype(np.float32)
+    for variant in VARIANTS:
+        alone = np.concatenate([run(pm, x[t:t + 1], variant) for t in range(9)])
+        for threads in (1, 2, 3, 8):
+            np.testing.assert_array_equal(run(pm, x, variant, threads), alone, err_msg=f"{variant} {threads}")
+
+
+@needs_lib
+def test_the_float_variant_decodes_the_panels() -> None:
+    # activations "float": matmul.c's tiles decode each row from the panels, exactly dequantize.py's values
+    rng = rng_for("float")
+    for name in packed.FIELDS:
+        w = weight(name, 13, 9, rng)
+        pm = mk.pack(w)
+        x = rng.standard_normal((3, w.shape[1])).astype(np.float32)
+        np.testing.assert_allclose(run(pm, x, "float"), w.matmul(x), rtol=2e-5, atol=1e-5 * np.abs(x).sum())
+        np.testing.assert_array_equal(mk.dequantize_rows(pm, 2, 11), w.dequantize()[2:11])

@@ -4,7 +4,7 @@ fallbacks included), for every format with such kernels; and the twin held to th
 within the error that rounding x allows.
 
 The bound: a block of x with largest magnitude amax is rounded to steps of d = amax / Q (Q = 127 for
-8 bits, 32767 for 16), so each value moves by at most d / 2 = amax / 2Q, and an output by at most sum
+8 bits, 32512 for 16), so each value moves by at most d / 2 = amax / 2Q, and an output by at most sum
 over blocks of amax / 2Q * sum |w| over the block's 32 weights; plus float32 rounding of the sums (RTOL
 of |x| @ |W|.T, as in test_matmul_kernels.py). A wrong scale, nibble or sign is off by far more.
 """
@@ -36,7 +36,7 @@ LAYOUTS = [(1, 1), (5, 1), (7, 18), (37, 5), (12, 48)]
 VARIANTS = [v for v in mk.int_variants() if v != "float"]
 INT8 = [v for v in VARIANTS if not v.endswith("-i16")]
 INT16 = [v for v in VARIANTS if v.endswith("-i16")]
-QMAX = {8: 127, 16: 32767}
+QMAX = {8: 127, 16: 32512}
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")   # in whole super-blocks of 256
 
 
@@ -120,7 +120,7 @@ def test_prefill_sized_and_gguf_quantized_weights(name: str, variant: str) -> No
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_largest_products_sum_exactly_in_int32(variant: str) -> None:
     # Q8_0's quants at -128 (a converter writes -127 at most; the blocks allow -128) against x at its
-    # largest quant everywhere: 32 * 128 * 32767 < 2^27 per block in 16 bits, no lane overflows
+    # largest quant everywhere: 32 * 128 * 32512 < 2^27 per block in 16 bits, no lane overflows
     n_in = 64
     blocks = np.zeros((3, 2 * 34), np.uint8)
     for r, q in enumerate((-128, 127, -1)):
@@ -196,12 +196,12 @@ def test_quantize_rows_in_16_bits() -> None:
     x = np.zeros((2, 64), np.float32)
     x[0, :32] = np.linspace(-2.0, 1.0, 32, dtype=np.float32)
     x[0, 32] = 0.5
-    x[1, :4] = [32767.0, 0.5, 1.5, -2.5]                # d = 1: halves round to even
+    x[1, :4] = [32512.0, 0.5, 1.5, -2.5]                # d = 1: halves round to even
     d, q, s = qdot.quantize_rows(x, 16)
     assert d.dtype == np.float32 and q.dtype == np.int16 and s.dtype == np.float32
-    assert d[0, 0] == np.float32(2.0) / np.float32(32767) and q[0, 0, 0] == -32767
-    assert q[0, 1, 0] == 32767 and not q[0, 1, 1:].any()
-    assert list(q[1, 0, :4]) == [32767, 0, 2, -2] and s[1, 0] == np.float32(32767)
+    assert d[0, 0] == np.float32(2.0) / np.float32(32512) and q[0, 0, 0] == -32512
+    assert q[0, 1, 0] == 32512 and not q[0, 1, 1:].any()
+    assert list(q[1, 0, :4]) == [32512, 0, 2, -2] and s[1, 0] == np.float32(32512)
     back = (d[:, :, None] * q).reshape(2, 64)
     assert np.all(np.abs(back - x) <= np.repeat(d, 32, axis=1) / 2 * (1 + 1e-6))
     with pytest.raises(ValueError, match=r"^bits: need 8 or 16"):
@@ -246,15 +246,24 @@ def test_the_float_variant_is_the_exact_path() -> None:
     assert not np.array_equal(run(w, x, VARIANTS[-1]).T, w.dequantize())
 
 
-@needs_lib
+# The multiply-accumulates one iteration of each instruction set's peak loop makes (csrc/peak.h): its 8-bit
+# instruction's products (a 512-bit vpdpbusd 64, AVX2's maddubs + madd 32; sdot and NEON's smull + sadalp
+# step 16) x the chains in flight x two rounds. The instructions that add into their accumulator need 10 or
+# more chains to be timed at their throughput, not their latency. An exact ("-i16") variant counts half:
+# each of its 16-bit products takes two of the 8-bit instruction's.
+PEAK_PER_ROUND = {"scalar": 4 * 1 * 2, "avx2": 4 * 32 * 2, "avx512vnni": 12 * 64 * 2,
+                  "neon": 8 * 16 * 2, "neon-dotprod": 16 * 16 * 2}
+PEAK_PER_ROUND.update({f"{name}-i16": n // 2 for name, n in PEAK_PER_ROUND.items()})
+
+
 @needs_lib
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_has_an_integer_peak(variant: str) -> None:
-    # products counted, not timed: reps rounds of four vectors' worth
+    # products counted, not timed: reps iterations of the chains' worth each
     assert mk.lib is not None  # needs_lib
     v = mk.INT_VARIANTS[variant]
-    per_round = mk.lib.qdot_peak(v, 1)
-    assert per_round >= 4 and mk.lib.qdot_peak(v, 1000) == 1000 * per_round
+    per_round = mk.lib.dot_peak(v, 1)
+    assert per_round == PEAK_PER_ROUND[variant] and mk.lib.dot_peak(v, 1000) == 1000 * per_round
     assert mk.int_peak_gops(variant, 1, seconds=0.01) > 0
     assert mk.int_peak_gops(variant, 2, seconds=0.01) > 0
 
@@ -267,7 +276,7 @@ def test_the_integer_peak_refuses_what_has_none() -> None:
     with pytest.raises(ValueError, match="threads"):
         mk.int_peak_gops(VARIANTS[0], 0)
     assert mk.lib is not None  # needs_lib
-    assert mk.lib.qdot_peak(0, 10) == 0 and mk.lib.qdot_peak(99, 10) == 0
+    assert mk.lib.dot_peak(0, 10) == 0 and mk.lib.dot_peak(99, 10) == 0
 
 
 @pytest.mark.parametrize("name", ["sse9", "", "FLOAT", 3])

@@ -20,15 +20,18 @@ from helpers import gguf_util as gu
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.matrix.dense import DenseWeight
 from nvllm.model.matrix.fused import FusedWeight
+from nvllm.model.matrix.packed import PackedWeight
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import DECODE_ROWS
 from nvllm.model.quant.formats import FORMATS, raw_nbytes
+from nvllm.model.quant.packed import packable
 from nvllm.model.weights import gguf_weights
 from nvllm.model.weights.gguf_file import read_gguf
 from nvllm.model.weights.gguf_weights import IN_PLACE_FORMATS, load_gguf_weights, resident_weight_bytes
 from nvllm.model.weights.layout import ModelWeights
 
 FORMAT = {f.name: f for f in FORMATS.values()}
+KEPT = (QuantizedWeight, PackedWeight)   # a matrix kept in its file's format: as it is, or repacked
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
               "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
               "IQ4_NL": [0], "IQ4_XS": [0]}
@@ -53,9 +56,9 @@ def matmul_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     elif mk is None or mk.lib is None:
         pytest.skip("the C matmul kernels are not built")
     else:
-        lib, was = mk.lib, mk.lib.qdot_variant(-1)
-        lib.qdot_variant(0)                                 # float; kernel_path may take mk.lib away meanwhile
-        request.addfinalizer(lambda: lib.qdot_variant(was))
+        lib, was = mk.lib, mk.lib.dot_variant(-1)
+        lib.dot_variant(0)                                 # float; kernel_path may take mk.lib away meanwhile
+        request.addfinalizer(lambda: lib.dot_variant(was))
     return request.param
 
 
@@ -232,15 +235,17 @@ def test_in_place_weights_are_the_dequantized_layout(random_gguf: Path):
     for layer in ours.layers:
         for name in MATRICES:
             w = getattr(layer, name)
-            assert isinstance(w, QuantizedWeight) and w.fmt.name == fmt and w.blocks.flags.owndata, name
-    assert isinstance(ours.embed, QuantizedWeight) and isinstance(ours.lm_head, QuantizedWeight)
+            # kept in the file's format, repacked for the kernels where the format is (its own memory)
+            assert isinstance(w, PackedWeight if packable(w.fmt) else QuantizedWeight), name
+            assert w.fmt.name == fmt and w.buffers()[0].flags.owndata, name
+    assert isinstance(ours.embed, KEPT) and isinstance(ours.lm_head, KEPT)
     assert (ours.lm_head is ours.embed) == m.config.tie_word_embeddings
     assert_same_layout(ours, ref)
     assert m.mapping is not None
     mapped = np.frombuffer(m.mapping, np.uint8)
     for layer in ours.layers:
         for w in (layer.qkv, layer.down):
-            assert isinstance(w, QuantizedWeight) and not np.shares_memory(w.blocks, mapped)
+            assert isinstance(w, KEPT) and not np.shares_memory(w.buffers()[0], mapped)
 
 
 def test_in_place_logits_equal_the_dequantized_models(random_gguf: Path, matmul_path: str, kernel_path: str):
@@ -296,7 +301,7 @@ def test_without_the_kernels_every_matrix_is_float32_and_logged(tmp_path: Path, 
     assert any("every matrix dequantized to float32" in r.getMessage() and "not built" in r.getMessage()
                for r in caplog.records)
     monkeypatch.setattr(gguf_weights, "in_place_kernels", lambda: True)
-    assert isinstance(load_gguf_weights(read_gguf(path)).layers[0].qkv, QuantizedWeight)
+    assert isinstance(load_gguf_weights(read_gguf(path)).layers[0].qkv, PackedWeight)
 
 
 def _mixed_gguf(tmp_path: Path) -> Path:
@@ -327,7 +332,7 @@ def test_parts_in_different_formats_stay_in_their_formats(tmp_path: Path, matmul
     assert isinstance(qkv, FusedWeight) and [p.formats for p in qkv.parts] == [("Q4_K",), ("Q6_K",)]
     c = read_gguf(path).config
     assert [p.shape[0] for p in qkv.parts] == [(c.num_heads + c.num_kv_heads) * c.head_dim, c.num_kv_heads * c.head_dim]
-    assert isinstance(w.layers[0].gate_up, QuantizedWeight)
+    assert isinstance(w.layers[0].gate_up, KEPT)
     ref = load_gguf_weights(read_gguf(path), in_place=False)
     assert_same_layout(w, ref)
     m = read_gguf(path)

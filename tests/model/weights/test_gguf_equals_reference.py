@@ -17,6 +17,7 @@ from helpers.gguf_cases import tiny_folder
 from nvllm.model.config import ModelConfig, load_config
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.matrix.dense import DenseWeight
+from nvllm.model.matrix.packed import PackedWeight
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.weights.folder import load_weights
@@ -189,7 +190,7 @@ def test_each_type_equals_ggufs_dequantize(folder: Path, qtype: T, tmp_path: Pat
     ours = load_gguf_weights(m, in_place=False)
     _assert_weights_equal(ours, want)
     kept = load_gguf_weights(m, in_place=True)   # in the file's format: the same values, in place
-    assert isinstance(kept.layers[0].qkv, QuantizedWeight) == (qtype.name in IN_PLACE_FORMATS)
+    assert isinstance(kept.layers[0].qkv, (QuantizedWeight, PackedWeight)) == (qtype.name in IN_PLACE_FORMATS)
     _assert_weights_equal(_dense(kept), want)
     if qtype in (T.F16, T.BF16, T.Q8_0):   # and it is still the folder's model, nearly
         _, ref = load_weights(folder, quantization="f32")

@@ -39,10 +39,12 @@ import numpy as np
 
 from nvllm.model.kernels.library import load_library
 from nvllm.model.kernels.threads import MAX as MAX_THREADS
-from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.blocks import BlockMatrix, chunked_matmul
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
+from nvllm.model.quant.packed import PackedMatrix, pack_twin, packable, unpack_twin
 
-ABI = 14  # must equal matmul_abi() in csrc/matmul.c
+ABI = 16  # must equal matmul_abi() in csrc/matmul.c
+PACKED_FLAG = 0x100  # csrc/packed.h: a format id's bit saying the weights are packed
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
            "IQ4_NL", "IQ4_XS")
@@ -52,7 +54,7 @@ FLOAT_VARIANTS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 # and the weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones).
 INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
-                "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5}
+                "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5, "neon-dotprod-i16": 6}
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -72,18 +74,30 @@ def _load() -> ctypes.CDLL | None:
         lib.matmul_pool_run.restype = ctypes.c_int
         lib.matmul_pool_threads.argtypes = []
         lib.matmul_pool_threads.restype = ctypes.c_int
+        lib.matmul_pin_threads.argtypes = [ctypes.c_int]
+        lib.matmul_pin_threads.restype = ctypes.c_int
         lib.matmul_float_variants.argtypes = []
         lib.matmul_float_variants.restype = ctypes.c_int
         lib.matmul_float_variant.argtypes = [ctypes.c_int]
         lib.matmul_float_variant.restype = ctypes.c_int
-        lib.qdot_variants.argtypes = []
-        lib.qdot_variants.restype = ctypes.c_int
-        lib.qdot_variant.argtypes = [ctypes.c_int]
-        lib.qdot_variant.restype = ctypes.c_int
-        lib.qdot_variant_name.argtypes = [ctypes.c_int]
-        lib.qdot_variant_name.restype = ctypes.c_char_p
-        lib.qdot_peak.argtypes = [ctypes.c_int, _I64]
-        lib.qdot_peak.restype = _I64
+        lib.dot_peak.argtypes = [ctypes.c_int, _I64]
+        lib.dot_peak.restype = _I64
+        lib.pack_bytes.argtypes = [ctypes.c_int, _I64, _I64]   # csrc/pack.c
+        lib.pack_bytes.restype = _I64
+        lib.pack_panels.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P]
+        lib.pack_panels.restype = None
+        lib.unpack_rows.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P]
+        lib.unpack_rows.restype = None
+        lib.dot_variants.argtypes = []   # csrc/dot.c
+        lib.dot_variants.restype = ctypes.c_int
+        lib.dot_variant.argtypes = [ctypes.c_int]
+        lib.dot_variant.restype = ctypes.c_int
+        lib.dot_variant_name.argtypes = [ctypes.c_int]
+        lib.dot_variant_name.restype = ctypes.c_char_p
+        lib.dot_x_bytes.argtypes = [ctypes.c_int, _I64, _I64]
+        lib.dot_x_bytes.restype = ctypes.c_size_t
+        lib.dot_quantize_x.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P]
+        lib.dot_quantize_x.restype = None
         lib.decode_layers.argtypes = [_P]   # csrc/step.c, wrapped by step.py
         lib.decode_layers.restype = ctypes.c_int
     return lib
@@ -129,15 +143,15 @@ def int_variants() -> list[str]:
     without the library."""
     if lib is None:
         return []
-    mask = lib.qdot_variants()
-    return [lib.qdot_variant_name(v).decode() for v in range(7) if mask >> v & 1]
+    mask = lib.dot_variants()
+    return [lib.dot_variant_name(v).decode() for v in range(7) if mask >> v & 1]
 
 
 def int_variant() -> str:
     """The variant the INT_FORMATS use now ("" without the library)."""
     if lib is None:
         return ""
-    return lib.qdot_variant_name(lib.qdot_variant(-1)).decode()
+    return lib.dot_variant_name(lib.dot_variant(-1)).decode()
 
 
 def set_int_variant(name: str) -> None:
@@ -145,11 +159,11 @@ def set_int_variant(name: str) -> None:
     if name not in int_variants():
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
     assert lib is not None  # int_variants() is empty without it
-    lib.qdot_variant(INT_VARIANTS[name])
+    lib.dot_variant(INT_VARIANTS[name])
 
 
 # model.activations -> the variants that serve it, best first ("float" where none of them runs)
-ACTIVATIONS = {"exact": ("avx512vnni-i16", "avx2-i16", "neon-i16"),
+ACTIVATIONS = {"exact": ("avx512vnni-i16", "avx2-i16", "neon-dotprod-i16", "neon-i16"),
                "int8": ("avx512vnni", "neon-dotprod", "avx2", "neon"), "float": ()}
 
 
@@ -174,8 +188,25 @@ def pool_run(fn: int, arg: int, parts: int) -> None:
     lib.matmul_pool_run(fn, arg, int(parts))
 
 
+_pinned = False
+
+
+def pin_threads(on: bool) -> None:
+    """model.pin_threads: pins the pool's thread i (the calling thread, which joins every team, being 0) to
+    the i-th CPU of the process's allowed set, or unpins them (back to that set). Nothing to do without the
+    library, nor to unpin what was never pinned."""
+    global _pinned
+    if not isinstance(on, bool):
+        raise ValueError(f"model.pin_threads must be true or false, got {on!r}")
+    if lib is None or on == _pinned:
+        return
+    if lib.matmul_pin_threads(int(on)) != 0:
+        raise OSError("model.pin_threads: could not read the CPUs this process may use (sched_getaffinity)")
+    _pinned = on
+
+
 class _PeakJob(ctypes.Structure):
-    _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # qdot.c's peak_job_t
+    _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # dot.c's peak_job_t
 
 
 def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
@@ -190,13 +221,13 @@ def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
     reps = 1 << 12
     while True:   # rounds enough for `seconds` on one thread
         t = time.perf_counter()
-        lib.qdot_peak(v, reps)
+        lib.dot_peak(v, reps)
         dt = time.perf_counter() - t
         if dt >= seconds / 4 or reps >= 1 << 40:
             break
         reps *= 4
     job = _PeakJob(v, max(1, int(reps * seconds / max(dt, 1e-9))))
-    part = ctypes.cast(lib.qdot_peak_part, ctypes.c_void_p).value or 0
+    part = ctypes.cast(lib.dot_peak_part, ctypes.c_void_p).value or 0
     best = 0.0
     for _ in range(3):
         t = time.perf_counter()
@@ -230,17 +261,56 @@ def _check_weight(w: BlockMatrix) -> None:
                          f"got strides {b.strides}")
 
 
-def weight_args(w: BlockMatrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
-    """(blocks, shape, GGUF type id, blocks' address, row bytes) of a checked weight, kept on it: a decode
-    step multiplies by each weight again and again, and checking it and taking its address cost as much as
-    the product by a small matrix. Checked again if its blocks or shape are replaced."""
+def pack(w: BlockMatrix) -> PackedMatrix:
+    """w's blocks repacked into panels (quant/packed.py's layout) by csrc/pack.c; by the NumPy twin without
+    the library."""
+    _check_weight(w)
+    if lib is None or not packable(w.fmt):
+        return PackedMatrix(w.fmt, pack_twin(w), w.shape)   # the twin refuses a format not packed, naming it
+    rows, n_in = w.shape
+    data = np.empty(lib.pack_bytes(w.fmt.ggml_type, rows, n_in), np.uint8)
+    lib.pack_panels(w.fmt.ggml_type, w.blocks.ctypes.data, rows, n_in, 0, -(-rows // 8), data.ctypes.data)
+    return PackedMatrix(w.fmt, data, w.shape)
+
+
+def unpack_rows(pm: PackedMatrix, start: int, stop: int) -> np.ndarray:
+    """Rows start .. stop of a packed W as its GGUF blocks [stop - start, row bytes], byte for byte."""
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= pm.shape[0]):
+        raise ValueError(f"start, stop: need 0 <= start <= stop <= {pm.shape[0]}, got {start!r}, {stop!r}")
+    if lib is None:
+        return unpack_twin(pm, start, stop)
+    out = np.empty((stop - start, pm.row_bytes), np.uint8)
+    lib.unpack_rows(pm.fmt.ggml_type, pm.data.ctypes.data, pm.shape[1], start, stop, out.ctypes.data)
+    return out
+
+
+Matrix = BlockMatrix | PackedMatrix   # what the kernels multiply by
+
+
+def weight_args(w: Matrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
+    """(bytes, shape, format id for the C kernels, bytes' address, row bytes) of a checked weight, kept on it:
+    a decode step multiplies by each weight again and again, and checking it and taking its address cost as
+    much as the product by a small matrix. A BlockMatrix in a packable format is packed on first use (the
+    model's are packed at load: matrix.PackedWeight), its packed copy kept with the rest. Checked again if
+    its blocks or shape are replaced."""
+    if isinstance(w, PackedMatrix):
+        c = w.__dict__.get("_c_args")
+        if c is None or c[0] is not w.data:
+            c = w.__dict__["_c_args"] = (w.data, w.shape, w.fmt.ggml_type | PACKED_FLAG, w.data.ctypes.data,
+                                         w.row_bytes)
+        return c
     if not isinstance(w, BlockMatrix):
         _check_weight(w)
     c = w.__dict__.get("_c_args")
-    if c is None or c[0] is not w.blocks or c[1] is not w.shape:
+    if c is None or c[1] is not w.blocks or c[2] is not w.shape:
         _check_weight(w)
-        c = w.__dict__["_c_args"] = (w.blocks, w.shape, w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1])
-    return c
+        if lib is not None and packable(w.fmt):
+            pm = pack(w)
+            args = (pm.data, w.shape, w.fmt.ggml_type | PACKED_FLAG, pm.data.ctypes.data, w.blocks.shape[1])
+        else:
+            args = (w.blocks, w.shape, w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1])
+        c = w.__dict__["_c_args"] = (args, w.blocks, w.shape)
+    return c[0]
 
 
 def _check_x(x: np.ndarray, n_in: int) -> None:
@@ -294,7 +364,12 @@ def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | N
     return quant_matmul(float_blocks(w), x, threads, out)
 
 
-def quant_matmul(w: BlockMatrix, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+def _blocks(w: Matrix) -> BlockMatrix:
+    """w as a BlockMatrix, for the NumPy twins (a packed one unpacked: a copy)."""
+    return w if isinstance(w, BlockMatrix) else BlockMatrix(w.fmt, unpack_rows(w, 0, w.shape[0]), w.shape)
+
+
+def quant_matmul(w: Matrix, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32, W read in its format; into `out` when given. Built for
     decode-sized x (QuantizedWeight.apply sends it up to DECODE_ROWS rows; dequantized_matmul takes longer ones)."""
     _, _, ggml_type, blocks, row_bytes = weight_args(w)
@@ -307,7 +382,7 @@ def quant_matmul(w: BlockMatrix, x: np.ndarray, threads: int, out: np.ndarray | 
     else:
         _check_out(out, (T, n_out), x)
     if lib is None or w.fmt.name not in FORMATS:
-        out[...] = w.matmul(x)
+        out[...] = _blocks(w).matmul(x)
         return out
     if out.size == 0:
         return out
@@ -326,7 +401,7 @@ DEQUANT_CHUNK_VALUES = 1 << 21
 _scratch = threading.local()
 
 
-def dequantize_rows(w: BlockMatrix, start: int, stop: int, threads: int = 1,
+def dequantize_rows(w: Matrix, start: int, stop: int, threads: int = 1,
                     out: np.ndarray | None = None) -> np.ndarray:
     """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quant/dequantize.py's),
     on `threads` threads, into `out` when given; NumPy's where the library was not built or the format
@@ -342,28 +417,30 @@ def dequantize_rows(w: BlockMatrix, start: int, stop: int, threads: int = 1,
         raise ValueError(f"out: need a C-contiguous float32 [{stop - start}, {n_in}], got {out.dtype} "
                          f"{list(out.shape)}")
     if lib is None or w.fmt.name not in FORMATS:
-        out[...] = w.dequantize()[start:stop]
+        out[...] = _blocks(w).dequantize()[start:stop]
     elif out.size:
         lib.quant_dequantize(ggml_type, blocks, row_bytes, start, stop, n_in, _ptr(out), int(threads))
     return out
 
 
-def dequantized_matmul(w: BlockMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def dequantized_matmul(w: Matrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32 by BLAS on W's rows dequantized a chunk at a time (by
     the C decoders, each value exactly quant/dequantize.py's): for many rows of x (prefill), where BLAS's packed
     GEMM beats the tiles of quant_matmul. The NumPy twin is BlockMatrix.matmul itself, with NumPy's
     decoder. Into `out` when given (as quant_matmul takes it). The decoding (7 G values/s, 2-3% of the GEMM
     at 512 rows) stays on the calling thread: the pool's threads would compete with BLAS's, which spin a
     while after each GEMM (measured: up to 2x slower on 2 cores)."""
-    _check_weight(w)
+    weight_args(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
     if out is not None:
         _check_out(out, (x.shape[0], n_out), x)
     if lib is None or w.fmt.name not in FORMATS:
-        return w.matmul(x, out=out)
+        return _blocks(w).matmul(x, out=out)
+    if w.fmt.name == "F32":   # never packed: BLAS on the blocks themselves
+        return _blocks(w).matmul(x, out=out)
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.size != DEQUANT_CHUNK_VALUES:
         buf = _scratch.buf = np.empty(DEQUANT_CHUNK_VALUES, np.float32)
-    return w.matmul(x, decode=lambda start, stop, out: dequantize_rows(w, start, stop, 1, out), scratch=buf,
-                    out=out)
+    y = np.empty((x.shape[0], n_out), np.float32) if out is None else out
+    return chunked_matmul(w.shape, x, lambda start, stop, out: dequantize_rows(w, start, stop, 1, out), buf, y)

@@ -1,17 +1,18 @@
-"""x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of csrc/qdot.c.
+"""x @ W.T with x quantized to 16 or 8 bits and integer dot products: the NumPy twin of the kernels of
+csrc/dot_*.c (csrc/packed.h).
 
-For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's
-in 0..31 with Q4_1's min term), IQ4_NL (Q8_0's shape, its quants the table values its nibbles index),
-Q4_K and Q5_K (each 32-value sub-block taken as a Q4_1 block whose scale is d * sc and whose min is
--(dmin * m)), IQ4_XS (each sub-block an IQ4_NL block of scale d * (sc - 32)), Q6_K and Q3_K (each half
-of 16 values summed and scaled by its own d * sc) and Q2_K (as Q3_K, then each half's min -(dmin * m)
-times the sum of its 16 quants of x), the C kernels quantize each row of x, 32 values at a time, to int16 (the
-"-i16" variants, the default) or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with
-one float32 scale, sum each block's products of integers exactly in int32, then scale in float32. This
-module does the same arithmetic in the same order (qdot.c's header gives it), so its result equals the C
-kernels' bit for bit; the tests hold every C variant to it. It is a reference, not a fast path:
-BlockMatrix.matmul (weights decoded to float32, x kept float32) is the exact product the quantized one is
-compared with.
+For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (Q5_0's quants in -16..15, as Q4_0's are in -8..7; Q5_1's in
+0..31 with Q4_1's min term), IQ4_NL (Q8_0's shape, its quants the table values its nibbles index), Q4_K
+and Q5_K (each 32-value sub-block taken as a Q4_1 block whose scale is d * sc and whose min is -(dmin *
+m)), IQ4_XS (each sub-block an IQ4_NL block of scale d * (sc - 32)), Q6_K and Q3_K (each half of 16
+values summed and scaled by its own d * sc) and Q2_K (as Q3_K, then each half's min -(dmin * m) times
+the sum of its 16 quants of x), the C kernels quantize each row of x, 32 values at a time, to 16 bits
+(the "-i16" variants, the default: at most 32512, so that the kernels hold a quant as two int8 planes)
+or int8 (as llama.cpp quantizes activations to its Q8_0 / Q8_1 blocks) with one float32 scale, sum each
+block's products of integers exactly in int32, then scale in float32. This module does the same
+arithmetic in the same order (csrc/packed.h gives it), so its result equals the C kernels' bit for bit;
+the tests hold every C variant to it. It is a reference, not a fast path: BlockMatrix.matmul (weights
+decoded to float32, x kept float32) is the exact product the quantized one is compared with.
 """
 from __future__ import annotations
 
@@ -23,19 +24,19 @@ from nvllm.model.quant.formats import QK, QK_K
 
 # Those with integer kernels, for x in 16 or 8 bits alike.
 FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
-BITS = {8: (127, np.int8), 16: (32767, np.int16)}  # x's quants: largest magnitude, type
+# x's quants: largest magnitude, type. 16 bits: 127 * 255 + 127, so that the kernels hold each quant as two
+# int8 planes, q = 255 hi + lo (csrc/packed.h)
+BITS = {8: (127, np.int8), 16: (32512, np.int16)}
 _ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23: adding and taking it away rounds to an integer, ties to even
 
 
-def quantize_rows(x: np.ndarray, bits: int = 8, qmax: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_rows(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x float32 [T, in] (in a multiple of 32) -> (d [T, nb] float32, q [T, nb, 32] int8 or int16 for bits 8
-    or 16, s [T, nb] float32): each block of 32 values is d * q with d = amax / 127 (or / 32767), and
-    s = d * sum(q). A block with NaN or inf gets d = s = NaN, q = 0. `qmax` replaces 127 or 32767 (the
-    packed kernels' exact activations: packed.EXACT_QMAX)."""
+    or 16, s [T, nb] float32): each block of 32 values is d * q with d = amax / 127 (or / 32512), and
+    s = d * sum(q). A block with NaN or inf gets d = s = NaN, q = 0."""
     if bits not in BITS:
         raise ValueError(f"bits: need 8 or 16, got {bits!r}")
-    qmax = BITS[bits][0] if qmax is None else qmax
-    qtype = BITS[bits][1]
+    qmax, qtype = BITS[bits]
     x = np.asarray(x, dtype=np.float32)
     T, n_in = x.shape
     if n_in % QK:
@@ -103,15 +104,15 @@ def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return dw, np.ascontiguousarray(q), mw
 
 
-def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8, qmax: int | None = None) -> np.ndarray:
+def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8) -> np.ndarray:
     """x [T, in] float32 -> [T, out] float32 as csrc/qdot.c computes it with x in `bits` (8 or 16), bit for
-    bit. Each block's 32 products sum exactly in int32 (at most 32 * 128 * 32767 < 2^27)."""
+    bit. Each block's 32 products sum exactly in int32 (at most 32 * 128 * 32512 < 2^27)."""
     x = np.asarray(x, dtype=np.float32)
     n_out, n_in = w.shape
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"x: need [T, {n_in}], got {list(x.shape)}")
     T = x.shape[0]
-    dx, qx, sx = quantize_rows(x, bits, qmax)
+    dx, qx, sx = quantize_rows(x, bits)
     dw, qw, mw = weight_quants(w)
     nb = n_in // QK
     acc = np.zeros((T, n_out), np.float32)

@@ -3,8 +3,9 @@ norm, q|k|v, bias, q/k norms, rope and the KV write, paged attention, the output
 gate|up, SwiGLU and down, layer after layer, with no Python between them; Gemma 3's output norms, GeGLU,
 sliding windows and the local layers' rope too.
 
-Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c calls
-them in the same order, on the same buffers, with the same arguments, so the two give the same bits
+Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c runs the
+whole step as one team of the pool's threads (csrc/pool.c), each op split across them, every value computed
+with the same arithmetic in the same order as the whole-row kernels, so the two give the same bits
 (tests/model/kernels/test_decode_step.py). What goes is the ~10 Python calls per layer with their checks and
 temporaries, about a fifth of SmolLM2-135M's decode step on two threads.
 
@@ -26,6 +27,7 @@ from nvllm.model.kernels import matmul
 from nvllm.model.kernels.ops import PagedDecode, RopeWriteKV
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.kv_format import F32, of_pool
+from nvllm.model.quant.packed import PackedMatrix
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -36,11 +38,11 @@ class LayerSpec:
     """One layer as the C step multiplies it: each matrix as the BlockMatrix parts its rows are stored in,
     in output column order; the norms and bias float32 arrays."""
     input_norm: np.ndarray               # [H]
-    qkv: tuple[BlockMatrix, ...]         # ((nq + 2 nkv) hd, H) together
-    o: tuple[BlockMatrix, ...]           # (H, nq hd)
+    qkv: tuple[BlockMatrix | PackedMatrix, ...]   # ((nq + 2 nkv) hd, H) together
+    o: tuple[BlockMatrix | PackedMatrix, ...]     # (H, nq hd)
     post_norm: np.ndarray                # [H]
-    gate_up: tuple[BlockMatrix, ...]     # (2 I, H)
-    down: tuple[BlockMatrix, ...]        # (H, I)
+    gate_up: tuple[BlockMatrix | PackedMatrix, ...]   # (2 I, H)
+    down: tuple[BlockMatrix | PackedMatrix, ...]  # (H, I)
     qkv_bias: np.ndarray | None = None   # [(nq + 2 nkv) hd]
     q_norm: np.ndarray | None = None     # [hd]
     k_norm: np.ndarray | None = None     # [hd]
@@ -71,7 +73,7 @@ class _Step(ctypes.Structure):
                 ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
                 ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
                 ("slots", _P), ("block_tables", _P), ("table_stride", _P), ("context_lens", _P),
-                ("bounds", _P), ("attn_parts", _I64), ("threads", _I64), ("kv_fmt", _I64), ("cos_local", _P),
+                ("threads", _I64), ("kv_fmt", _I64), ("cos_local", _P),
                 ("sin_local", _P), ("gelu", _I64), ("nope_cos", _P), ("nope_sin", _P), ("qk_order", _P),
                 ("qk_scratch", _P)]
 
@@ -154,7 +156,7 @@ class DecodeLayers:
             c.nope = int(spec.nope)
             self._keep.append(spec)
 
-    def _matrix(self, parts: Sequence[BlockMatrix], n_in: int, n_out: int, name: str) -> _Matrix:
+    def _matrix(self, parts: Sequence[BlockMatrix | PackedMatrix], n_in: int, n_out: int, name: str) -> _Matrix:
         row = (_Part * len(parts))()
         col = 0
         for p, c in zip(parts, row):
@@ -206,20 +208,17 @@ class DecodeLayers:
         tables = (ctypes.c_void_p * G)(*(t for t, _, _ in addresses))
         strides = np.array([s for _, s, _ in addresses], np.int64)
         ctx = addresses[0][2]
-        parts = min(int(threads), T)
-        bounds = attention.bounds(parts) if parts > 1 else None
         width = (nq + 2 * nkv) * hd
         scratch = [np.empty((T, n), np.float32) for n in (H, width, nq * hd, 2 * inter, inter)]
         h, qkv, attn, gu, act = (a.ctypes.data for a in scratch)
         extra = [np.ones((T, hd // 2), np.float32), np.zeros((T, hd // 2), np.float32)] if self.nope else []
         nope_cos, nope_sin = (a.ctypes.data for a in extra) if extra else (0, 0)
         order = self.qk_order
-        qk_scratch = np.empty((nq + nkv) * hd, np.float32) if order is not None else None
+        qk_scratch = np.empty((T, (nq + nkv) * hd), np.float32) if order is not None else None
         scratch += extra
         step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
                      rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, ctypes.addressof(slots),
-                     ctypes.addressof(tables), strides.ctypes.data, ctx,
-                     bounds.ctypes.data if bounds is not None else 0, parts, int(threads), self.kv_format.code,
+                     ctypes.addressof(tables), strides.ctypes.data, ctx, int(threads), self.kv_format.code,
                      cos_local, sin_local, self._gelu, nope_cos, nope_sin,
                      order.ctypes.data if order is not None else 0,
                      qk_scratch.ctypes.data if qk_scratch is not None else 0)

@@ -9,6 +9,7 @@ from nvllm.model.kernels import threads
 from nvllm.model.kernels.matmul import float_blocks, float_matmul
 from nvllm.model.matrix.weight import DECODE_ROWS, Weight
 from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.packed import PackedMatrix
 
 
 class DenseWeight(Weight):
@@ -39,7 +40,7 @@ class DenseWeight(Weight):
         np.matmul(x, a.T, out=out)
         return out
 
-    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix | PackedMatrix, ...] | None:
         return (float_blocks(self.array),) if self._tile(rows) else None
 
     def rows(self, ids: np.ndarray) -> np.ndarray:

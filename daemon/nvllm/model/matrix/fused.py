@@ -9,6 +9,7 @@ import numpy as np
 
 from nvllm.model.matrix.weight import Weight, new_out
 from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.packed import PackedMatrix
 
 
 class FusedWeight(Weight):
@@ -29,7 +30,7 @@ class FusedWeight(Weight):
             at += p.shape[0]
         return y
 
-    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix | PackedMatrix, ...] | None:
         parts = [p.decode_blocks(rows) for p in self.parts]
         return None if any(p is None for p in parts) else tuple(b for p in parts for b in p or ())
 

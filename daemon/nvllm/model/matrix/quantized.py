@@ -9,6 +9,7 @@ from nvllm.model.kernels import threads
 from nvllm.model.kernels.matmul import FORMATS, dequantized_matmul, quant_matmul
 from nvllm.model.matrix.weight import DECODE_ROWS, Weight
 from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.packed import PackedMatrix
 
 
 class QuantizedWeight(BlockMatrix, Weight):
@@ -38,7 +39,7 @@ class QuantizedWeight(BlockMatrix, Weight):
             return dequantized_matmul(self, x, out)
         return quant_matmul(self, x, threads.count, out)
 
-    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix | PackedMatrix, ...] | None:
         return (self,) if self._decode(rows) and self.fmt.name in FORMATS else None
 
     def buffers(self) -> tuple[np.ndarray, ...]:

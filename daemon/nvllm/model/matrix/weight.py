@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.packed import PackedMatrix
 
 # Rows of x up to which a call is a decode step for the kernels (the C tiles and the integer dot
 # products); more rows (prefill) go to BLAS. Measured with 2 threads on SmolLM2-135M's matrices (a Zen 4
@@ -45,9 +46,9 @@ class Weight(ABC):
     def formats(self) -> tuple[str, ...]:
         """llama.cpp's name of each part's storage ("F32", "Q4_K", ...)."""
 
-    def decode_blocks(self, rows: int) -> tuple[BlockMatrix, ...] | None:
-        """What `apply` multiplies `rows` rows of x by through kernels.matmul.quant_matmul, as BlockMatrix
-        parts in output column order; None where it takes another path (BLAS, a NumPy twin). A decode
+    def decode_blocks(self, rows: int) -> tuple[BlockMatrix | PackedMatrix, ...] | None:
+        """What `apply` multiplies `rows` rows of x by through kernels.matmul.quant_matmul, as BlockMatrix or
+        PackedMatrix parts in output column order; None where it takes another path (BLAS, a NumPy twin). A decode
         step's layers run in one C call only when every matrix has them (kernels/step.py)."""
         return None
 

@@ -88,12 +88,20 @@ class BlockMatrix:
         if decode is None:
             def decode(start: int, stop: int, out: np.ndarray) -> None:
                 dequantize_into(self.fmt, self.blocks[start:stop].reshape(-1), out)
-        if scratch is None:
-            scratch = np.empty(_CHUNK_VALUES, np.float32)
-        step = max(1, min(n_out, scratch.size // max(1, n_in)))
-        for start in range(0, n_out, step):   # one chunk for most matrices: BLAS writes y itself
-            stop = min(n_out, start + step)
-            w = scratch[:(stop - start) * n_in].reshape(stop - start, n_in)
-            decode(start, stop, w)
-            np.matmul(x, w.T, out=y[:, start:stop])
-        return y
+        return chunked_matmul(self.shape, x, decode, scratch, y)
+
+
+def chunked_matmul(shape: tuple[int, int], x: np.ndarray, decode: Callable[[int, int, np.ndarray], object],
+                   scratch: np.ndarray | None, y: np.ndarray) -> np.ndarray:
+    """y = x @ W.T for W [out, in] of `shape` decoded a chunk of rows at a time into scratch by decode(start,
+    stop, out) and multiplied by BLAS (BlockMatrix.matmul's loop, for any storage that decodes rows)."""
+    n_out, n_in = shape
+    if scratch is None:
+        scratch = np.empty(_CHUNK_VALUES, np.float32)
+    step = max(1, min(n_out, scratch.size // max(1, n_in)))
+    for start in range(0, n_out, step):   # one chunk for most matrices: BLAS writes y itself
+        stop = min(n_out, start + step)
+        w = scratch[:(stop - start) * n_in].reshape(stop - start, n_in)
+        decode(start, stop, w)
+        np.matmul(x, w.T, out=y[:, start:stop])
+    return y

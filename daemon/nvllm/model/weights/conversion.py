@@ -10,6 +10,7 @@ import numpy as np
 
 from nvllm.model.config import ModelConfig
 from nvllm.model.kernels import matmul
+from nvllm.model.matrix.packed import in_kernel_layout
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.quant.quantize import choose_format, quantize
@@ -31,13 +32,14 @@ def matrix_rule(quantization: str) -> Callable[[np.ndarray, str, set[str]], Weig
     if quantization == "f32":
         return None
     if quantization:
-        return lambda w, name, dtypes: quantize_weight(w, quantization, name)
+        return lambda w, name, dtypes: in_kernel_layout(quantize_weight(w, quantization, name))
     if matmul.lib is None:   # BF16/F16 would go to the NumPy twin: float32 is faster there
         return None
 
     def as_stored(w: np.ndarray, name: str, dtypes: set[str]) -> Weight | None:
         kind = kept_kind(dtypes)
-        return quantize_weight(w, kind, name) if kind else None   # exact: the values came from that kind
+        # exact: the values came from that kind
+        return in_kernel_layout(quantize_weight(w, kind, name)) if kind else None
     return as_stored
 
 

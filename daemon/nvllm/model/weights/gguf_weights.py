@@ -19,10 +19,12 @@ from nvllm.model.config import ModelConfig, ModelLoadError
 from nvllm.model.kernels import matmul
 from nvllm.model.matrix.dense import DenseWeight
 from nvllm.model.matrix.fused import FusedWeight
+from nvllm.model.matrix.packed import in_kernel_layout
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import BlockFormat, raw_nbytes
+from nvllm.model.quant.packed import PANEL, packable
 from nvllm.model.weights.gguf_file import GGUFModel
 from nvllm.model.weights.gguf_names import ROPE_TABLES, hf_tensor_name, unpermute_rope_rows
 from nvllm.model.weights.layout import ModelWeights, Parts, lay_out
@@ -137,8 +139,9 @@ class _InPlaceTensors(_DequantizedTensors):
         return runs[0] if len(runs) == 1 else FusedWeight(runs)
 
     def _stacked(self, found: list[tuple[str, BlockFormat, np.ndarray]],
-                 shapes: list[tuple[int, ...]]) -> QuantizedWeight:
-        """The tensors' rows of blocks stacked into one new array [sum of rows, row bytes]."""
+                 shapes: list[tuple[int, ...]]) -> Weight:
+        """The tensors' rows of blocks stacked into one new array [sum of rows, row bytes], then repacked
+        for the kernels where the format is (matrix/packed.py; the stacked copy is let go)."""
         fmt = found[0][1]
         row_bytes = raw_nbytes(fmt, shapes[0][1:])
         out = np.empty((sum(s[0] for s in shapes), row_bytes), np.uint8)
@@ -159,7 +162,7 @@ class _InPlaceTensors(_DequantizedTensors):
                     dst[r0:r0 + step] = src[r0:r0 + step]
                     self.model.release(src[r0:r0 + step].reshape(-1))
             at += k
-        return QuantizedWeight(fmt, out, (len(out), shapes[0][1]))
+        return in_kernel_layout(QuantizedWeight(fmt, out, (len(out), shapes[0][1])))
 
 
 def _release_all(model: GGUFModel) -> None:
@@ -224,7 +227,11 @@ def resident_weight_bytes(model: GGUFModel, in_place: bool | None = None) -> int
         found = [model.tensors[name] for name in group]
         grouped.update(group)
         if in_place and all(fmt.name in IN_PLACE_FORMATS for fmt, _, _ in found):
-            total += sum(raw.size for _, raw, _ in found)
+            for fmt, run in itertools.groupby(found, key=lambda f: f[0]):   # as _stacked stacks them
+                tensors = list(run)
+                rows = sum(shape[0] for _, _, shape in tensors)
+                row_bytes = tensors[0][1].size // tensors[0][2][0]
+                total += (-(-rows // PANEL) * PANEL if packable(fmt) else rows) * row_bytes
         else:
             total += sum(4 * math.prod(shape) for _, _, shape in found)
     return total + sum(4 * math.prod(shape) for name, (_, _, shape) in model.tensors.items()

@@ -1,6 +1,6 @@
-/* What matmul.c and qdot.c share: the GGUF block layouts, fp16 -> float, the K-quants' 6-bit scales,
- * the vector types and the inline macro. One copy, so that the float path (matmul.c) and the integer
- * path (qdot.c) cannot come to read a block differently. */
+/* What matmul.c and the integer kernels (dot_*.c) share: the GGUF block layouts, fp16 -> float, the
+ * K-quants' 6-bit scales, the vector types and the inline macro. One copy, so that the float path
+ * (matmul.c) and the integer path (dot_*.c) cannot come to read a block differently. */
 #ifndef NVLLM_BLOCKS_H
 #define NVLLM_BLOCKS_H
 

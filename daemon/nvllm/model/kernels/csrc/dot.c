@@ -69,6 +69,27 @@ const char *dot_variant_name(int v) {
     return v >= 0 && v < V_COUNT && (v == 0 || isa_of(v) || v == V_SCALAR || v == V_SCALAR + V_EXACT) ? names[v] : "";
 }
 
+static int chosen = -1;   /* the variant in use; -1 until the first call picks the best */
+
+/* Makes packed weights use variant v (a bit of dot_variants; 0: decoded to float) from the next call on
+ * and returns v, or -1 if this machine cannot run it; a negative v changes nothing and returns the variant
+ * in use: unless set, the fastest SIMD one with exact activations, or 0 where there is none (the portable
+ * C is the reference, slower than decoding to float). */
+int dot_variant(int v) {
+    if (v >= 0) {
+        if (v >= V_COUNT || !(dot_variants() >> v & 1)) return -1;
+        __atomic_store_n(&chosen, v, __ATOMIC_RELAXED);
+        return v;
+    }
+    int c = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+    if (c < 0) {
+        const int mask = dot_variants();
+        c = mask >> (V_DOT + V_EXACT) & 1 ? V_DOT + V_EXACT : mask >> (V_SIMD + V_EXACT) & 1 ? V_SIMD + V_EXACT : 0;
+        __atomic_store_n(&chosen, c, __ATOMIC_RELAXED);
+    }
+    return c;
+}
+
 /* Bytes T rows of `in` values take quantized for variant v. */
 size_t dot_x_bytes(int v, int64_t T, int64_t in) {
     return (size_t)T * (size_t)(in / 32) * (v > V_EXACT ? sizeof(xq16_t) : sizeof(xq8_t));
@@ -135,4 +156,26 @@ int dot_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, in
     if (!isa) return -1;
     (v > V_EXACT ? isa->exact : isa->int8)(fmt, packed, in / block_elems(fmt), p0, p1, qx, T, y, ys, rows);
     return 0;
+}
+
+/* `reps` iterations of variant v's peak loop (peak.h): the multiply-accumulates made, in its activations' width
+ * (exact ones take two of the 8-bit instruction's: half as many); 0 for a variant this machine does not run. */
+int64_t dot_peak(int v, int64_t reps) {
+    const dot_isa_t *isa = isa_of(v);
+    if (!isa || !isa->peak || reps <= 0) return 0;
+    const int64_t macs = isa->peak(reps);
+    return v > V_EXACT ? macs / 2 : macs;
+}
+
+/* dot_peak on the matmul pool's threads (matmul_pool_run): part p runs job->reps iterations into job->done[p]. */
+#define PEAK_PARTS 64   /* pool.c's MAX_THREADS, and matmul.py's _PeakJob */
+typedef struct {
+    int v;
+    int64_t reps;
+    int64_t done[PEAK_PARTS];
+} peak_job_t;
+
+void dot_peak_part(void *arg, int part) {
+    peak_job_t *j = (peak_job_t *)arg;
+    if (part >= 0 && part < PEAK_PARTS) j->done[part] = dot_peak(j->v, j->reps);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "packed.h"
+#include "peak.h"
 
 /* Row r's block of a strip, as the file stored it. */
 static void row_block(int fmt, const uint8_t *strip, int r, uint8_t *blk) {
@@ -160,4 +161,21 @@ static void scalar_exact(int fmt, const uint8_t *packed, int64_t nb, int64_t p0,
     panels(fmt, packed, nb, p0, p1, qx, T, y, ys, rows, 1);
 }
 
-const dot_isa_t dot_scalar = {scalar_int8, scalar_exact};
+/* The portable kernels' own loop: what the compiler makes of int32 multiply-accumulates. Each sum is hidden
+ * after its step, or c + a * b + a' * b is made c + (a + a') * b, one product for two. */
+#define SCALAR_KEEP(a) __asm__ volatile("" : "+r"(a))
+static inline int32_t scalar_step(int32_t c, int32_t a, int32_t b) {
+    c += a * b;
+    SCALAR_KEEP(c);
+    return c;
+}
+
+static int64_t scalar_peak(int64_t reps) {
+    int32_t b = 3;
+#define SCALAR_SPLAT(i) (i)
+#define SCALAR_XOR(t, c) ((t) ^ (c))
+    PEAK_BODY(int32_t, int32_t, PEAK_EACH4, PEAK_EACH4, PEAK_OWN, SCALAR_KEEP, scalar_step, SCALAR_SPLAT, SCALAR_XOR)
+    return reps * steps;
+}
+
+const dot_isa_t dot_scalar = {scalar_int8, scalar_exact, scalar_peak};

@@ -7,10 +7,11 @@
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
  * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
  * Here activations are never quantized: a decoded weight is exactly what dequantize.py's NumPy
- * dequantizer gives, bit for bit, and the products are summed in float32. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
- * and the K-quants go to qdot.c instead (x quantized to 16 bits, or 8, per qdot_variant; integer dot
- * products) unless qdot_variant is 0. The caller sends only decode-sized x here (QuantizedWeight.apply: up to 64 rows); prefill goes
- * to BLAS on rows that quant_dequantize decodes (the same decoders, on the same pool).
+ * dequantizer gives, bit for bit, and the products are summed in float32. Weights packed at load
+ * (packed.h; PACKED_FLAG in the format id) go to dot.c's integer kernels instead (x quantized to 16 bits,
+ * or 8, per dot_variant) unless dot_variant is 0; then these tiles decode their rows from the panels. The
+ * caller sends only decode-sized x here (up to 64 rows); prefill goes to BLAS on rows that
+ * quant_dequantize decodes (the same decoders, on the same pool).
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
  * increasing k, and the lanes are added in one fixed tree at the end. That order does not depend on
@@ -18,26 +19,22 @@
  * bits alone or in a batch (the engine's exactness invariant) and with 1 or N threads. Within one
  * build: the AVX2 clone below fuses each multiply-add (FMA), the baseline one does not.
  *
- * Threads: the output tiles are split in contiguous ranges over `threads` threads, the caller's being
- * one of them. The others are a small persistent pool (created on first use, grown when a call asks for
- * more, reset in a forked child); one call runs at a time, later callers wait on a mutex. A pool, as
- * creating and joining a thread costs ~170 us here against ~7 us to wake a pooled one, and a step makes
- * ~100 calls.
+ * Threads: the output rows are handed out in chunks of PANEL-row panels to a team of `threads` threads
+ * of pool.c's persistent pool, the caller's being one of them ("on the pool", below). step.c runs a
+ * whole decode step as one team and calls matmul_rows for its chunks.
  *
  * Plain C99 with GCC vector extensions (one vector type, lowered to SSE2, AVX2 or NEON by the compiler)
  * and POSIX threads; no Python headers. Built without -ffinite-math-only: NaN and inf in x or W come out
  * as NaN or inf. Sizes are checked by the caller (matmul.py); the entry point checks only that
  * the format is known and the row stride fits it.
  */
-#include <pthread.h>
-#include <sched.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "blocks.h"
+#include "packed.h"
+#include "pool.h"
 
 /* As in ops.c: on x86-64 the entry points are also built for AVX2+FMA and picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -50,16 +47,20 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 14; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+int matmul_abi(void) { return 16; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
                                          13: the step's NoPE layers and partial rotary order;
-                                         14: its slots and block tables per group of layers */
+                                         14: its slots and block tables per group of layers;
+                                         15: one team per step (pool.c), qk_scratch per row, pinning;
+                                         16: packed weights (PACKED_FLAG in the format id) */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
 #define TT 64      /* rows of x per tile */
 #define KC 1024    /* values of a row decoded at a time: RT * KC floats = 16 KiB, in L1 */
-#define MAX_THREADS 64
+#define MAX_THREADS POOL_MAX_THREADS
+/* A product is handed out in chunks of whole panels (packed.h's PANEL rows: a multiple of RT and FR_MAX). */
+#define CHUNKS_PER_THREAD 4   /* chunks per thread and product: the first static, the rest for whoever is free */
 
 typedef float v8 __attribute__((vector_size(VL * sizeof(float))));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
@@ -383,23 +384,27 @@ typedef struct {
     int64_t x_stride, T;
     float *y;
     int64_t y_stride;
-    int parts;
-    const void *qx;   /* x quantized by qdot.c, or NULL: x stays float32 */
-    int qv;           /* qdot.c's variant for qx */
-    float *dq;        /* quant_dequantize's output, or NULL: a product */
-    void (*fn)(void *, int);   /* matmul_pool_run's function, or NULL */
-    void *arg;
-    int fn_parts;              /* the parts fn was asked to run in */
+    const void *qx;   /* x quantized by dot.c (w packed), or NULL: x stays float32 */
+    int qv;           /* the variant for qx */
+    int packed;       /* w is packed (packed.h) */
 } job_t;
 
-/* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (and the K-quants, 16-bit x only) by integer dot products on quantized x: qdot.c. */
-int qdot_format(int fmt, int v);
-int qdot_variant(int v);
-size_t qdot_x_bytes(int v, int64_t T, int64_t in);
-void qdot_quantize_x(int v, int fmt, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn,
-                     void *qx);
-void qdot_rows(int v, int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int64_t r0, int64_t r1,
-               const void *qx, int64_t T, float *y, int64_t y_stride);
+/* Values k0 .. k0+n of row `row` of W decoded (k0 and n as decode_span takes them): from the row's blocks,
+ * or from a packed W by way of a copy of them, KC values at a time. */
+INLINE void row_span(int fmt, const uint8_t *w, int64_t row_bytes, int64_t in, int packed, int64_t row, int64_t k0,
+                     int64_t n, float *out) {
+    if (!packed) {
+        decode_span(fmt, w + row * row_bytes, k0, n, out);
+        return;
+    }
+    const int be = block_elems(fmt);
+    uint8_t blocks[KC / QK * Q8_0_BYTES];   /* KC values' blocks in the widest format per value */
+    for (int64_t at = 0; at < n; at += KC) {
+        const int64_t m = n - at < KC ? n - at : KC, b0 = (k0 + at) / be;
+        unpack_row_blocks(fmt, w, in, row, b0, b0 + (m + be - 1) / be, blocks);
+        decode_span(fmt, blocks, 0, m, out + at);
+    }
+}
 
 /* Rows of x t0 .. t0+tn against output rows o0 .. o0+RT-1 (those past the end read as zeros). */
 INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf, v8 *acc) {
@@ -408,7 +413,7 @@ INLINE void tile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbuf
     for (int64_t k0 = 0; k0 < j->in; k0 += KC) {
         const int64_t n = j->in - k0 < KC ? j->in - k0 : KC;
         for (int64_t r = 0; r < RT; r++) {
-            if (r < live) decode_span(j->fmt, j->w + (o0 + r) * j->row_bytes, k0, n, wbuf + r * KC);
+            if (r < live) row_span(j->fmt, j->w, j->row_bytes, j->in, j->packed, o0 + r, k0, n, wbuf + r * KC);
             else memset(wbuf + r * KC, 0, (size_t)n * sizeof(float));
         }
         const float *w = wbuf;
@@ -580,39 +585,40 @@ INLINE void ftile(const job_t *j, int64_t t0, int64_t tn, int64_t o0, float *wbu
         for (int64_t r = 0; r < live; r++) j->y[(t0 + t) * j->y_stride + o0 + r] = acc_sum(acc + (t * R + r) * FL);
 }
 
-/* Part `part` of `parts` (a contiguous range of FR_MAX-row tiles, for every row of x), blocked R x M in
- * vectors of W floats. */
-INLINE void fpart(const job_t *j, int part, const int W, const int R, const int M) {
+/* Output rows r0 .. r1 (r0 a multiple of FR_MAX), for every row of x, blocked R x M in vectors of W floats. */
+INLINE void frows(const job_t *j, int64_t r0, int64_t r1, const int W, const int R, const int M) {
     float wbuf[FR_MAX * FKC] __attribute__((aligned(64)));
     float acc[FR_MAX * FTT * FL] __attribute__((aligned(64)));
-    const int64_t tiles = (j->rows + FR_MAX - 1) / FR_MAX;
-    const int64_t first = tiles * part / j->parts, last = tiles * (part + 1) / j->parts;
-    const int64_t end = last * FR_MAX < j->rows ? last * FR_MAX : j->rows;
+    const int64_t end = r1 < j->rows ? r1 : j->rows;
     for (int64_t t0 = 0; t0 < j->T; t0 += FTT) {
         const int64_t tn = j->T - t0 < FTT ? j->T - t0 : FTT;
-        for (int64_t o = first * FR_MAX; o < end; o += R) ftile(j, t0, tn, o, wbuf, acc, W, R, M);
+        for (int64_t o = r0; o < end; o += R) ftile(j, t0, tn, o, wbuf, acc, W, R, M);
     }
 }
 
 /* The register budgets: R * M accumulators, R vectors of w and one of x. */
-static void fpart_portable(const job_t *j, int part) {
+static void frows_portable(const job_t *j, int64_t r0, int64_t r1) {
 #if defined(__aarch64__)
-    fpart(j, part, 4, 2, 2);   /* 32 NEON registers, without the unrolling the neon variant has */
+    frows(j, r0, r1, 4, 2, 2);   /* 32 NEON registers, without the unrolling the neon variant has */
 #else
-    fpart(j, part, 4, 2, 5);   /* 16 SSE2 registers: 10 accumulators, a product apart from its sum */
+    frows(j, r0, r1, 4, 2, 5);   /* 16 SSE2 registers: 10 accumulators, a product apart from its sum */
 #endif
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 /* 16 AVX2 registers: 4 x 3 accumulators (measured: a little faster than 2 x 6) */
-__attribute__((target("arch=x86-64-v3"))) static void fpart_avx2(const job_t *j, int part) { fpart(j, part, 8, 4, 3); }
+__attribute__((target("arch=x86-64-v3"))) static void frows_avx2(const job_t *j, int64_t r0, int64_t r1) {
+    frows(j, r0, r1, 8, 4, 3);
+}
 /* 32 AVX-512 registers: 4 x 6 accumulators */
-__attribute__((target("arch=x86-64-v4"))) static void fpart_avx512(const job_t *j, int part) { fpart(j, part, 16, 4, 6); }
+__attribute__((target("arch=x86-64-v4"))) static void frows_avx512(const job_t *j, int64_t r0, int64_t r1) {
+    frows(j, r0, r1, 16, 4, 6);
+}
 #define FLOAT_X86 1
 #endif
 #if defined(__aarch64__)
 /* 32 NEON registers: 4 x 5 accumulators (GCC 12 spills three of 4 x 6) */
-static void fpart_neon(const job_t *j, int part) { fpart(j, part, 4, 4, 5); }
+static void frows_neon(const job_t *j, int64_t r0, int64_t r1) { frows(j, r0, r1, 4, 4, 5); }
 #endif
 
 #pragma GCC pop_options
@@ -640,7 +646,7 @@ static int best_float_variant(void) {
     return FV_PORTABLE;
 }
 
-static void float_part(const job_t *j, int part) {
+static void float_rows(const job_t *j, int64_t r0, int64_t r1) {
     int v = __atomic_load_n(&float_variant, __ATOMIC_RELAXED);
     if (v < 0) {
         v = best_float_variant();
@@ -648,196 +654,108 @@ static void float_part(const job_t *j, int part) {
     }
     switch (v) {
 #if defined(FLOAT_X86)
-    case FV_AVX2: fpart_avx2(j, part); break;
-    case FV_AVX512: fpart_avx512(j, part); break;
+    case FV_AVX2: frows_avx2(j, r0, r1); break;
+    case FV_AVX512: frows_avx512(j, r0, r1); break;
 #endif
 #if defined(__aarch64__)
-    case FV_NEON: fpart_neon(j, part); break;
+    case FV_NEON: frows_neon(j, r0, r1); break;
 #endif
-    default: fpart_portable(j, part); break;
+    default: frows_portable(j, r0, r1); break;
     }
 }
 
-/* Part `part` of `parts`: a contiguous range of output tiles, for every row of x. */
-ENTRY void matmul_part(const job_t *j, int part) {
-    if (j->fn) {   /* matmul_pool_run: its parts dealt round the threads there are */
-        for (int p = part; p < j->fn_parts; p += j->parts) j->fn(j->arg, p);
-        return;
-    }
-    if (j->dq) {   /* quant_dequantize: rows only, nothing multiplied */
-        const int64_t r0 = j->rows * part / j->parts, r1 = j->rows * (part + 1) / j->parts;
-        for (int64_t r = r0; r < r1; r++) decode_span(j->fmt, j->w + r * j->row_bytes, 0, j->in, j->dq + r * j->in);
-        return;
-    }
-    if (j->qx) {   /* the same split of the tiles, for qdot.c */
-        const int64_t tiles = (j->rows + RT - 1) / RT;
-        const int64_t r0 = tiles * part / j->parts * RT, r1 = tiles * (part + 1) / j->parts * RT;
-        qdot_rows(j->qv, j->fmt, j->w, j->row_bytes, j->in, r0, r1 < j->rows ? r1 : j->rows, j->qx, j->T, j->y,
-                  j->y_stride);
+/* Output rows r0 .. r1 of the product (r0 a multiple of PANEL; r1 one too, or past the end), for every row
+ * of x: whoever computes them, each gets the same bits. */
+ENTRY void job_rows(const job_t *j, int64_t r0, int64_t r1) {
+    if (r1 > j->rows) r1 = j->rows;
+    if (r0 >= r1) return;
+    if (j->qx) {   /* dot.c: whole panels */
+        dot_panels(j->qv, j->fmt, j->w, j->in, r0 / PANEL, (r1 + PANEL - 1) / PANEL, j->qx, j->T, j->y, j->y_stride,
+                   j->rows);
         return;
     }
     if (j->fmt == F32 || j->fmt == F16 || j->fmt == BF16) {   /* their own tile, above */
-        float_part(j, part);
+        float_rows(j, r0, r1);
         return;
     }
     float wbuf[RT * KC] __attribute__((aligned(64)));
     v8 acc[RT * (TT + 1)];
-    const int64_t tiles = (j->rows + RT - 1) / RT;
-    const int64_t first = tiles * part / j->parts, last = tiles * (part + 1) / j->parts;
     for (int64_t t0 = 0; t0 < j->T; t0 += TT) {
         const int64_t tn = j->T - t0 < TT ? j->T - t0 : TT;
-        for (int64_t i = first; i < last; i++) tile(j, t0, tn, i * RT, wbuf, acc);
+        for (int64_t o = r0; o < r1; o += RT) tile(j, t0, tn, o, wbuf, acc);
     }
 }
 
-/* ---------------------------------------------------------------- the pool */
+/* ---------------------------------------------------------------- on the pool (pool.c)
+ *
+ * A product is split by output panels of PANEL rows, handed out a chunk of panels at a time: each
+ * thread's first chunk is its own, the rest go by an atomic counter to whoever is free (pool_chunk),
+ * so a thread slowed by another process does not hold the others up. No lock per product: a team runs
+ * a whole decode step (step.c); a call from Python is a team run of one product. */
 
-static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;   /* one call at a time */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* guards what follows */
-static pthread_cond_t go = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
-static int workers;                      /* threads 1 .. workers exist */
-static unsigned long generation;         /* bumped for every job */
-static unsigned long born[MAX_THREADS];  /* the generation each worker was created in */
-static int pending;                      /* participants still working */
-static int cur_parts;
-static const job_t *cur_job;
-static int atfork_set;
-
-/* Waking a sleeping thread costs 60-70 us on the development VM (a futex round trip through the
- * hypervisor's scheduler), more than a decode step's matmul by a small matrix: so a worker that has
- * finished spins a while (SPIN turns, ~1 ms) for the next job before it sleeps, and the caller spins as
- * long for the workers to finish, as BLAS's own threads do; a call then costs ~5 us more than on one
- * thread. Each turn is a pause, every YIELD_EVERY-th a sched_yield: with the cores oversubscribed, a
- * spin that never yields holds up the very thread it waits for (~1 ms a call measured, against ~9 us).
- * generation and pending are read without the lock while spinning, then again under it. */
-#define SPIN 20000
-#define WAIT_SPIN 20000
-#define YIELD_EVERY 16
-
-/* One turn of a spin: a pause, and now and then the core offered to whatever else wants to run (another
- * process when the cores are oversubscribed: spinning on would only delay the thread waited for). */
-INLINE void cpu_relax(int i) {
-    if (i % YIELD_EVERY == YIELD_EVERY - 1) {
-        sched_yield();
-        return;
-    }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("isb" ::: "memory");
-#endif
+int64_t matmul_chunk_rows(int64_t rows, int threads) {
+    const int64_t want = (int64_t)(threads < 1 ? 1 : threads) * CHUNKS_PER_THREAD;
+    const int64_t panels = (rows + PANEL - 1) / PANEL, per = (panels + want - 1) / want;
+    return (per < 1 ? 1 : per) * PANEL;
 }
 
-static void *worker(void *arg) {
-    const int me = (int)(intptr_t)arg;
-    pthread_mutex_lock(&pool_lock);
-    unsigned long seen = born[me];
-    for (;;) {
-        if (generation == seen) {
-            pthread_mutex_unlock(&pool_lock);
-            for (int i = 0; i < SPIN && __atomic_load_n(&generation, __ATOMIC_ACQUIRE) == seen; i++) cpu_relax(i);
-            pthread_mutex_lock(&pool_lock);
-        }
-        while (generation == seen) pthread_cond_wait(&go, &pool_lock);
-        seen = generation;
-        if (me >= cur_parts) continue;   /* not needed this time */
-        const job_t *j = cur_job;
-        pthread_mutex_unlock(&pool_lock);
-        matmul_part(j, me);
-        if (__atomic_sub_fetch(&pending, 1, __ATOMIC_ACQ_REL) == 0) {
-            pthread_mutex_lock(&pool_lock);   /* the caller checks pending under the lock before it sleeps */
-            pthread_cond_signal(&done);
-        } else {
-            pthread_mutex_lock(&pool_lock);
-        }
-    }
-    return NULL;
+void matmul_rows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
+                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int qv, const void *qx, int64_t r0,
+                 int64_t r1) {
+    const job_t j = {fmt & ~PACKED_FLAG, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, qx, qv,
+                     (fmt & PACKED_FLAG) != 0};
+    job_rows(&j, r0, r1);
 }
 
-/* In a forked child only the forking thread exists: start the pool afresh. */
-static void pool_after_fork(void) {
-    pthread_mutex_init(&call_lock, NULL);
-    pthread_mutex_init(&pool_lock, NULL);
-    pthread_cond_init(&go, NULL);
-    pthread_cond_init(&done, NULL);
-    workers = 0;
-}
-
-/* Threads 1 .. want-1 exist when this returns, or as many as could be made; returns the parts usable. */
-static int grow_pool(int want) {
-    if (!atfork_set) {
-        pthread_atfork(NULL, NULL, pool_after_fork);
-        atfork_set = 1;
-    }
-    if (want <= workers + 1) return want;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);   /* workers take no signals: Python's stay on its threads */
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 1 << 20);
-    while (workers + 1 < want) {
-        pthread_t th;
-        born[workers + 1] = generation;
-        if (pthread_create(&th, &attr, worker, (void *)(intptr_t)(workers + 1)) != 0) break;
-        workers++;
-    }
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return workers + 1 < want ? workers + 1 : want;
-}
-
-/* Runs job j in j->parts parts: part 0 on the calling thread, the others on the pool's (fewer if it
- * could not grow); one job at a time. */
-static void run(job_t *j) {
-    if (j->parts <= 1) {
-        matmul_part(j, 0);
-        return;
-    }
-    pthread_mutex_lock(&call_lock);
-    pthread_mutex_lock(&pool_lock);
-    const int parts = j->parts = grow_pool(j->parts);
-    if (parts > 1) {
-        cur_job = j;
-        cur_parts = parts;
-        __atomic_store_n(&pending, parts - 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);   /* what spinning workers see */
-        pthread_cond_broadcast(&go);
-    }
-    pthread_mutex_unlock(&pool_lock);
-    matmul_part(j, 0);
-    for (int i = 0; i < WAIT_SPIN && __atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0; i++) cpu_relax(i);
-    pthread_mutex_lock(&pool_lock);
-    while (__atomic_load_n(&pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&done, &pool_lock);
-    pthread_mutex_unlock(&pool_lock);
-    pthread_mutex_unlock(&call_lock);
+static void product_team(void *arg, pool_ctx_t *ctx) {
+    const job_t *j = arg;
+    const int64_t step = matmul_chunk_rows(j->rows, ctx->count), n = (j->rows + step - 1) / step;
+    int64_t state = -1;
+    for (int64_t c; (c = pool_chunk(ctx, 0, n, &state)) >= 0;) job_rows(j, c * step, (c + 1) * step);
 }
 
 /* y [T, rows] (row stride y_stride) = x [T, in] (row stride x_stride) @ W.T, W of `rows` rows of
- * row_bytes bytes in format fmt (the GGUF type id). The formats qdot_format names quantize x and use
- * integer dot products (qdot.c), unless qdot_variant was set to 0. Returns 0, or -1 for an unknown
+ * row_bytes bytes in format fmt (the GGUF type id, PACKED_FLAG added where packed). Packed weights quantize x
+ * and use integer dot products (dot.c), unless dot_variant was set to 0. Returns 0, or -1 for an unknown
  * format, -2 for a row stride that does not fit `in` values of the format, -3 when out of memory for
  * the quantized x. threads < 1 counts as 1. */
 int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
                  int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads) {
+    const int packed = (fmt & PACKED_FLAG) != 0;
+    fmt &= ~PACKED_FLAG;
     const int be = block_elems(fmt);
-    if (be == 0) return -1;
+    if (be == 0 || (packed && !pack_format(fmt))) return -1;
     if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
     if (rows <= 0 || T <= 0) return 0;
-    const int64_t tiles = (rows + RT - 1) / RT;
+    const int64_t panels = (rows + PANEL - 1) / PANEL;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
-    if (parts > tiles) parts = (int)tiles;
-    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, parts, NULL, 0, NULL, NULL, NULL, 0};
+    if (parts > panels) parts = (int)panels;
+    job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, NULL, 0, packed};
     void *qx = NULL;
-    if (in > 0 && (j.qv = qdot_variant(-1)) > 0 && qdot_format(fmt, j.qv)) {
-        if (!(qx = malloc(qdot_x_bytes(j.qv, T, in)))) return -3;
-        qdot_quantize_x(j.qv, fmt, x, x_stride, in, 0, T, qx);
-        j.qx = qx;
+    if (packed) {   /* dot.c's kernels, unless the float path was chosen */
+        if (in > 0 && (j.qv = dot_variant(-1)) > 0) {
+            if (!(qx = malloc(dot_x_bytes(j.qv, T, in)))) return -3;
+            dot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
+            j.qx = qx;
+        }
     }
-    run(&j);
+    pool_team_run(product_team, &j, parts);
     free(qx);
     return 0;
+}
+
+typedef struct {
+    int fmt, packed;
+    const uint8_t *w;
+    int64_t row_bytes, row0, rows, in;
+    float *out;
+} dequant_job_t;
+
+static void dequant_team(void *arg, pool_ctx_t *ctx) {
+    const dequant_job_t *j = arg;
+    const int64_t r0 = j->rows * ctx->index / ctx->count, r1 = j->rows * (ctx->index + 1) / ctx->count;
+    for (int64_t r = r0; r < r1; r++)
+        row_span(j->fmt, j->w, j->row_bytes, j->in, j->packed, j->row0 + r, 0, j->in, j->out + r * j->in);
 }
 
 /* Rows r0 .. r1 of W (as quant_matmul's) decoded to float32 into out [r1 - r0, in] (row stride in),
@@ -845,19 +763,30 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
  * (matmul.py, for prefill-sized x). Returns 0, or quant_matmul's -1 / -2. */
 int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t in, float *out,
                      int threads) {
+    const int packed = (fmt & PACKED_FLAG) != 0;
+    fmt &= ~PACKED_FLAG;
     const int be = block_elems(fmt);
-    if (be == 0) return -1;
+    if (be == 0 || (packed && !pack_format(fmt))) return -1;
     if (in < 0 || in % be || row_bytes != in / be * block_bytes(fmt)) return -2;
     if (r1 <= r0 || in == 0) return 0;
     /* a part is at least 16 rows: waking a thread for less costs more than it saves */
     const int64_t most = (r1 - r0 + 15) / 16;
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > most) parts = (int)most;
-    job_t j = {0};
-    j.fmt = fmt, j.w = w + r0 * row_bytes, j.row_bytes = row_bytes, j.rows = r1 - r0, j.in = in;
-    j.parts = parts, j.dq = out;
-    run(&j);
+    dequant_job_t j = {fmt, packed, w, row_bytes, r0, r1 - r0, in, out};
+    pool_team_run(dequant_team, &j, parts);
     return 0;
+}
+
+typedef struct {
+    void (*fn)(void *, int);
+    void *arg;
+    int parts;
+} parts_job_t;
+
+static void parts_team(void *arg, pool_ctx_t *ctx) {
+    const parts_job_t *j = arg;
+    for (int p = ctx->index; p < j->parts; p += ctx->count) j->fn(j->arg, p);   /* dealt round the team */
 }
 
 /* Runs fn(arg, p) for p = 0 .. parts - 1 on the pool's threads and the caller's, one part per thread
@@ -865,31 +794,27 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, i
  * rather than start their own (ops.c's paged_decode_part, through ops.py). Returns 0. */
 int matmul_pool_run(void (*fn)(void *, int), void *arg, int parts) {
     if (parts < 1) return 0;
-    job_t j = {0};
-    j.fn = fn, j.arg = arg, j.fn_parts = parts;
-    j.parts = parts > MAX_THREADS ? MAX_THREADS : parts;
-    run(&j);
+    parts_job_t j = {fn, arg, parts};
+    pool_team_run(parts_team, &j, parts > MAX_THREADS ? MAX_THREADS : parts);
     return 0;
 }
 
 /* Worker threads in the pool now (for the wrapper's describe()). */
-int matmul_pool_threads(void) {
-    pthread_mutex_lock(&pool_lock);
-    const int n = workers;
-    pthread_mutex_unlock(&pool_lock);
-    return n;
-}
+int matmul_pool_threads(void) { return pool_workers(); }
+
+/* 1: pin the pool's threads to the process's CPUs one each (model.pin_threads); 0: unpin. Returns 0, or -1
+ * when the allowed CPUs could not be read. */
+int matmul_pin_threads(int on) { return pool_pin(on); }
 
 /* Makes plain floats use variant v (a bit of matmul_float_variants) from the next call on and returns v,
- * or -1 if this machine cannot run it; a negative v changes nothing and returns the variant in use. */
+ * or -1 if this machine cannot run it; a negative v changes nothing and returns the variant in use.
+ * Not while a product runs: its chunks could then use different variants. */
 int matmul_float_variant(int v) {
     if (v < 0) {
         const int cur = __atomic_load_n(&float_variant, __ATOMIC_RELAXED);
         return cur < 0 ? best_float_variant() : cur;
     }
     if (v >= FV_COUNT || !(matmul_float_variants() & (1 << v))) return -1;
-    pthread_mutex_lock(&call_lock);   /* not while a call runs */
     __atomic_store_n(&float_variant, v, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&call_lock);
     return v;
 }

@@ -40,7 +40,8 @@
 /* Bumped with every change to an entry point's arguments or meaning: ops.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
 int kernels_abi(void) { return 5; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats;
-                                         5: sliding windows (decode window, softmax starts) */
+                                         5: sliding windows (decode window, softmax starts)
+                                         (step.c's entry points per head, column and row: not called from Python) */
 
 /* exp(x) for x <= 0 (scores after subtracting the row max), within 2 ulp; no calls, so loops vectorise.
  * x = n*ln2 + r with |r| <= ln2/2, e^r by Cephes' polynomial, 2^n built in the exponent bits. n is
@@ -211,23 +212,28 @@ static void kv_load(const uint8_t *src, float *dst, int64_t n, int fmt) {
 
 /* q [S, nh, hd] (already scaled; q_stride floats from one sequence's row to the next), k_pool and v_pool
  * [num_blocks, bs, nkv, hd] in KV format fmt, block_tables [S, table_stride], context_lens [S] -> out
- * [S, nh, hd]; window > 0 (a sliding-window layer) attends to the last `window` keys only, and pages before
+ * [S, nh, hd], for query heads q0 .. q1 (the others are neither read nor written; a thread of a team takes
+ * some heads of a sequence, step.c); window > 0 (a sliding-window layer) attends to the last `window` keys only, and pages before
  * them are not read. Pages are read front to back, every head of a token row at once, so each page streams from
  * memory once for keys and once for values; a page in another format than F32 is first converted into a
- * page of floats in scratch (it stays in cache), so the loops below are the same for every format.
+ * page of floats in scratch (it stays in cache; only the KV heads of q0 .. q1), so the loops below are the
+ * same for every format. A head's arithmetic does not depend on which other heads are computed with it.
  * Returns 0, or -1 if scratch could not be allocated. */
 static inline __attribute__((always_inline)) int
 decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8_t *v_pool, const int32_t *block_tables,
             int64_t table_stride, const int64_t *context_lens, float *out, int64_t S, int64_t nh, int64_t nkv,
-            int64_t hd, int64_t bs, int fmt, int64_t window) {
+            int64_t hd, int64_t bs, int fmt, int64_t window, int64_t q0, int64_t q1) {
     const int64_t g = nh / nkv, row = nkv * hd;                    /* floats of one token */
     const int64_t row_bytes = kv_bytes(fmt, row), page = bs * row_bytes;
+    const int64_t kh0 = q0 / g, kh1 = (q1 - 1) / g + 1, nq = q1 - q0;   /* the KV heads read */
+    const int64_t whole = kh0 == 0 && kh1 == nkv, crow = (kh1 - kh0) * hd, skip = kv_bytes(fmt, kh0 * hd);
     int64_t max_ctx = 0;
     for (int64_t s = 0; s < S; s++) max_ctx = context_lens[s] > max_ctx ? context_lens[s] : max_ctx;
-    const int64_t converted = fmt == F32 ? 0 : bs * row;
-    float *scores = malloc(sizeof(float) * (size_t)(nh * max_ctx + nh * hd + nh + converted));
+    const int64_t converted = fmt == F32 ? 0 : bs * crow;
+    const int64_t ks = fmt == F32 ? row : crow;                   /* floats from one token's keys to the next */
+    float *scores = malloc(sizeof(float) * (size_t)(nq * max_ctx + nq * hd + nq + converted));
     if (!scores) return -1;
-    float *acc = scores + nh * max_ctx, *sums = acc + nh * hd, *floats = sums + nh;
+    float *acc = scores + nq * max_ctx, *sums = acc + nq * hd, *floats = sums + nq;
     for (int64_t s = 0; s < S; s++) {
         const int64_t ctx = context_lens[s];
         const int32_t *table = block_tables + s * table_stride;
@@ -239,61 +245,69 @@ decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8
             const uint8_t *kp = k_pool + (int64_t)table[b] * page;
             const uint8_t *next = b + 1 < pages ? k_pool + (int64_t)table[b + 1] * page : v_pool + (int64_t)table[b0] * page;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
-            const float *k = (const float *)kp;
-            if (converted) kv_load(kp, floats, n * row, fmt), k = floats;
+            const float *k = (const float *)kp + kh0 * hd;
+            if (converted) {
+                if (whole) kv_load(kp, floats, n * row, fmt);
+                else for (int64_t o = 0; o < n; o++) kv_load(kp + o * row_bytes + skip, floats + o * crow, crow, fmt);
+                k = floats;
+            }
             int64_t o = 0;
-            for (; o + 4 <= n; o += 4, k += 4 * row) {    /* four keys per pass: each query load serves four */
+            for (; o + 4 <= n; o += 4, k += 4 * ks) {    /* four keys per pass: each query load serves four */
                 prefetch(next + o * row_bytes, 4 * row_bytes);   /* the next page, a slice per pass, as fast as it is used */
-                for (int64_t h = 0; h < nkv; h++)
-                    for (int64_t j = 0; j < g; j++) {
-                        const float *qi = qs + (h * g + j) * hd, *k0 = k + h * hd;
-                        float *sc = scores + (h * g + j) * ctx + t0 + o;
-                        dot4(qi, k0, k0 + row, k0 + 2 * row, k0 + 3 * row, hd, sc);
+                for (int64_t h = kh0; h < kh1; h++)
+                    for (int64_t i = h * g > q0 ? h * g : q0; i < (h + 1) * g && i < q1; i++) {
+                        const float *qi = qs + i * hd, *k0 = k + (h - kh0) * hd;
+                        float *sc = scores + (i - q0) * ctx + t0 + o;
+                        dot4(qi, k0, k0 + ks, k0 + 2 * ks, k0 + 3 * ks, hd, sc);
                     }
             }
             if (o < bs) prefetch(next + o * row_bytes, (bs - o) * row_bytes);
-            for (; o < n; o++, k += row)
-                for (int64_t h = 0; h < nkv; h++)
-                    for (int64_t j = 0; j < g; j++)
-                        scores[(h * g + j) * ctx + t0 + o] = dot(qs + (h * g + j) * hd, k + h * hd, hd);
+            for (; o < n; o++, k += ks)
+                for (int64_t h = kh0; h < kh1; h++)
+                    for (int64_t i = h * g > q0 ? h * g : q0; i < (h + 1) * g && i < q1; i++)
+                        scores[(i - q0) * ctx + t0 + o] = dot(qs + i * hd, k + (h - kh0) * hd, hd);
         }
-        for (int64_t i = 0; i < nh; i++) {
+        for (int64_t i = 0; i < nq; i++) {
             sums[i] = softmax_row(scores + i * ctx + first, ctx - first);
             if (first > b0 * bs) memset(scores + i * ctx + b0 * bs, 0, sizeof(float) * (size_t)(first - b0 * bs));
         }
-        memset(acc, 0, sizeof(float) * (size_t)(nh * hd));
+        memset(acc, 0, sizeof(float) * (size_t)(nq * hd));
         for (int64_t b = b0; b < pages; b++) {
             const uint8_t *vp = v_pool + (int64_t)table[b] * page;
             const uint8_t *next = b + 1 < pages ? v_pool + (int64_t)table[b + 1] * page
                                   : s + 1 < S ? k_pool + (int64_t)block_tables[(s + 1) * table_stride] * page : NULL;
             const int64_t t0 = b * bs, n = ctx - t0 < bs ? ctx - t0 : bs;
-            const float *v = (const float *)vp;
-            if (converted) kv_load(vp, floats, n * row, fmt), v = floats;
+            const float *v = (const float *)vp + kh0 * hd;
+            if (converted) {
+                if (whole) kv_load(vp, floats, n * row, fmt);
+                else for (int64_t o = 0; o < n; o++) kv_load(vp + o * row_bytes + skip, floats + o * crow, crow, fmt);
+                v = floats;
+            }
             int64_t o = 0;
-            for (; o + 4 <= n; o += 4, v += 4 * row) {    /* four values per pass: a quarter of the acc traffic */
+            for (; o + 4 <= n; o += 4, v += 4 * ks) {    /* four values per pass: a quarter of the acc traffic */
                 if (next) prefetch(next + o * row_bytes, 4 * row_bytes);
-                for (int64_t h = 0; h < nkv; h++)
-                    for (int64_t j = 0; j < g; j++) {
-                        const float *p = scores + (h * g + j) * ctx + t0 + o, *v0 = v + h * hd;
-                        const float *v1 = v0 + row, *v2 = v1 + row, *v3 = v2 + row;
+                for (int64_t h = kh0; h < kh1; h++)
+                    for (int64_t i = h * g > q0 ? h * g : q0; i < (h + 1) * g && i < q1; i++) {
+                        const float *p = scores + (i - q0) * ctx + t0 + o, *v0 = v + (h - kh0) * hd;
+                        const float *v1 = v0 + ks, *v2 = v1 + ks, *v3 = v2 + ks;
                         const float p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
-                        float *a = acc + (h * g + j) * hd;
+                        float *a = acc + (i - q0) * hd;
 #pragma omp simd
                         for (int64_t d = 0; d < hd; d++) a[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
                     }
             }
             if (next && o < bs) prefetch(next + o * row_bytes, (bs - o) * row_bytes);
-            for (; o < n; o++, v += row)
-                for (int64_t h = 0; h < nkv; h++)
-                    for (int64_t j = 0; j < g; j++) {
-                        const float p = scores[(h * g + j) * ctx + t0 + o], *vh = v + h * hd;
-                        float *a = acc + (h * g + j) * hd;
+            for (; o < n; o++, v += ks)
+                for (int64_t h = kh0; h < kh1; h++)
+                    for (int64_t i = h * g > q0 ? h * g : q0; i < (h + 1) * g && i < q1; i++) {
+                        const float p = scores[(i - q0) * ctx + t0 + o], *vh = v + (h - kh0) * hd;
+                        float *a = acc + (i - q0) * hd;
 #pragma omp simd
                         for (int64_t d = 0; d < hd; d++) a[d] += p * vh[d];
                     }
         }
-        for (int64_t i = 0; i < nh; i++) {
-            float *o = out + (s * nh + i) * hd;
+        for (int64_t i = 0; i < nq; i++) {
+            float *o = out + (s * nh + q0 + i) * hd;
             const float inv = 1.0f / sums[i];
             for (int64_t d = 0; d < hd; d++) o[d] = acc[i * hd + d] * inv;
         }
@@ -303,19 +317,28 @@ decode_impl(const float *q, int64_t q_stride, const uint8_t *k_pool, const uint8
 }
 
 /* The common head sizes get their own copy of the loops, unrolled for a length known when compiled. */
-ENTRY int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
-                                 const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
-                                 float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt,
-                                 int64_t window) {
+ENTRY int paged_decode_heads(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
+                             const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
+                             float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt,
+                             int64_t window, int64_t q0, int64_t q1) {
     const uint8_t *k = k_pool, *v = v_pool;
+    if (q1 <= q0) return 0;
     if (hd == 64)
         return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 64, bs, fmt,
-                           window);
+                           window, q0, q1);
     if (hd == 128)
         return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, 128, bs, fmt,
-                           window);
+                           window, q0, q1);
     return decode_impl(q, q_stride, k, v, block_tables, table_stride, context_lens, out, S, nh, nkv, hd, bs, fmt,
-                           window);
+                       window, q0, q1);
+}
+
+int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
+                           const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens,
+                           float *out, int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt,
+                           int64_t window) {
+    return paged_decode_heads(q, q_stride, k_pool, v_pool, block_tables, table_stride, context_lens, out, S, nh, nkv,
+                              hd, bs, fmt, window, 0, nh);
 }
 
 /* scores [rows, width] in place: row r keeps keys [starts[r % period], limits[r % period]) (starts NULL: from
@@ -332,70 +355,91 @@ ENTRY void softmax_causal_rows(float *scores, int64_t rows, int64_t width, const
     }
 }
 
-/* gate_up [T, 2I] (gate then up, per row) -> out [T, I] = silu(gate) * up. */
-ENTRY void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *gt = gate_up + t * 2 * inter, *up = gt + inter;
-        float *o = out + t * inter;
+/* Columns c0 .. c1 of one row: gate_up [2I] (gate then up) -> out [I] = silu(gate) * up. Each value on its own,
+ * so a row split across threads gets the same bits. */
+ENTRY void silu_mul_cols(const float *gate_up, float *out, int64_t inter, int64_t c0, int64_t c1) {
+    const float *gt = gate_up, *up = gt + inter;
 #pragma omp simd
-        for (int64_t i = 0; i < inter; i++) {
-            /* sigmoid from e = exp(-|x|), which cannot overflow: 1/(1+e) for x >= 0, e/(1+e) below (NaN
-             * takes the second, so it stays NaN); a select, not a branch, so that the loop vectorises */
-            const float x = gt[i], e = exp_nonpos(-fabsf(x));
-            o[i] = x * (x >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
-        }
+    for (int64_t i = c0; i < c1; i++) {
+        /* sigmoid from e = exp(-|x|), which cannot overflow: 1/(1+e) for x >= 0, e/(1+e) below (NaN
+         * takes the second, so it stays NaN); a select, not a branch, so that the loop vectorises */
+        const float x = gt[i], e = exp_nonpos(-fabsf(x));
+        out[i] = x * (x >= 0.0f ? 1.0f : e) / (1.0f + e) * up[i];
+    }
+}
+
+/* gate_up [T, 2I] (gate then up, per row) -> out [T, I] = silu(gate) * up. */
+void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
+    for (int64_t t = 0; t < T; t++) silu_mul_cols(gate_up + t * 2 * inter, out + t * inter, inter, 0, inter);
+}
+
+/* gelu_tanh_mul's columns c0 .. c1 of one row, as silu_mul_cols. */
+ENTRY void gelu_tanh_mul_cols(const float *gate_up, float *out, int64_t inter, int64_t c0, int64_t c1) {
+    const float *gt = gate_up, *up = gt + inter;
+    for (int64_t i = c0; i < c1; i++) {
+        const float x = gt[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * up[i];
     }
 }
 
 /* gate_up [T, 2I] -> out [T, I] = gelu_tanh(gate) * up: GeGLU, with PyTorch's tanh approximation of gelu. */
-ENTRY void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *gt = gate_up + t * 2 * inter, *up = gt + inter;
-        float *o = out + t * inter;
-        for (int64_t i = 0; i < inter; i++) {
-            const float x = gt[i];
-            o[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * up[i];
-        }
-    }
+void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
+    for (int64_t t = 0; t < T; t++) gelu_tanh_mul_cols(gate_up + t * 2 * inter, out + t * inter, inter, 0, inter);
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of one row of H: rms_norm's scale. Not inlined, so the sum of squares is the same
+ * code (the same order of additions) wherever it is called: step.c's threads each compute it for a row
+ * whose columns they share out. */
+ENTRY __attribute__((noinline)) float rms_inv(const float *x, int64_t H, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < H; i++) ss += x[i] * x[i];
+    return 1.0f / sqrtf(ss / (float)H + eps);
+}
+
+/* Columns c0 .. c1 of one row: out = x * inv * weight (inv from rms_inv). */
+ENTRY void rms_scale(const float *x, const float *weight, float *out, float inv, int64_t c0, int64_t c1) {
+#pragma omp simd
+    for (int64_t i = c0; i < c1; i++) out[i] = x[i] * inv * weight[i];
 }
 
 /* x [T, H] -> out [T, H] = x / sqrt(mean(x^2) + eps) * weight, one row at a time. */
-ENTRY void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *xt = x + t * H;
-        float *ot = out + t * H, ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < H; i++) ss += xt[i] * xt[i];
-        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps) {
+    for (int64_t t = 0; t < T; t++) rms_scale(x + t * H, weight, out + t * H, rms_inv(x + t * H, H, eps), 0, H);
+}
+
+/* One head of one row of rope_write_kv: head h < nq is a q head (rope and scale in place); head nq + i is
+ * KV head i (rope on its keys in place, then its keys and values stored at the row's slot). Heads are
+ * independent, so a team may share a row's heads out. */
+ENTRY void rope_write_kv_head(float *row, int64_t nq, int64_t nk, int64_t hd, const float *c, const float *s,
+                              float q_scale, int64_t slot, void *k_pool, void *v_pool, int fmt, int64_t h) {
+    const int64_t half = hd / 2;
+    float *x1 = row + h * hd, *x2 = x1 + half;
+    const float f = h < nq ? q_scale : 1.0f;
 #pragma omp simd
-        for (int64_t i = 0; i < H; i++) ot[i] = xt[i] * inv * weight[i];
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x1[i], b = x2[i];
+        x1[i] = (a * c[i] - b * s[i]) * f;
+        x2[i] = (b * c[i] + a * s[i]) * f;
     }
+    if (h < nq) return;
+    const int64_t kv = h - nq, row_bytes = kv_bytes(fmt, nk * hd), at = slot * row_bytes + kv_bytes(fmt, kv * hd);
+    kv_store(row + h * hd, (uint8_t *)k_pool + at, hd, fmt);
+    kv_store(row + (nq + nk + kv) * hd, (uint8_t *)v_pool + at, hd, fmt);
 }
 
 /* One layer's new q, k and v, in the qkv rows [T, row_stride] the projection wrote (q heads, then k,
  * then v): q and k get the rotary embedding in place, as transformers' rotate_half does for Llama and
  * Qwen2 (a head's two halves are the pairs; cos and sin are [T, hd/2]), q also the softmax scale; then
  * k and v are stored in KV format fmt at their slots of the page pools [num_slots, nk * hd]. */
-ENTRY void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
-                         const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots,
-                         void *k_pool, void *v_pool, int fmt) {
-    const int64_t half = hd / 2, row_bytes = kv_bytes(fmt, nk * hd);
-    for (int64_t t = 0; t < T; t++) {
-        float *row = qkv + t * row_stride;
-        const float *c = cos_t + t * half, *s = sin_t + t * half;
-        for (int64_t h = 0; h < nq + nk; h++) {
-            float *x1 = row + h * hd, *x2 = x1 + half;
-            const float f = h < nq ? q_scale : 1.0f;
-#pragma omp simd
-            for (int64_t i = 0; i < half; i++) {
-                const float a = x1[i], b = x2[i];
-                x1[i] = (a * c[i] - b * s[i]) * f;
-                x2[i] = (b * c[i] + a * s[i]) * f;
-            }
-        }
-        kv_store(row + nq * hd, (uint8_t *)k_pool + slots[t] * row_bytes, nk * hd, fmt);
-        kv_store(row + (nq + nk) * hd, (uint8_t *)v_pool + slots[t] * row_bytes, nk * hd, fmt);
-    }
+void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
+                   const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots,
+                   void *k_pool, void *v_pool, int fmt) {
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < nq + nk; h++)
+            rope_write_kv_head(qkv + t * row_stride, nq, nk, hd, cos_t + t * half, sin_t + t * half, q_scale,
+                               slots[t], k_pool, v_pool, fmt, h);
 }
 
 /* decode_job_t: ops.h. */

@@ -16,6 +16,21 @@ void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_
                    const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots, void *k_pool,
                    void *v_pool, int fmt);
 
+/* The same split finer, for step.c's team: query heads q0 .. q1 of every sequence; columns c0 .. c1 of one
+ * row; rms_norm's scale of a row (rms_inv) and its columns c0 .. c1 (rms_scale); one head of one row of
+ * rope_write_kv (h < nq: a q head; nq + i: KV head i, stored at `slot`). Each gives the bits the whole
+ * call gives for its part. */
+int paged_decode_heads(const float *q, int64_t q_stride, const void *k_pool, const void *v_pool,
+                       const int32_t *block_tables, int64_t table_stride, const int64_t *context_lens, float *out,
+                       int64_t S, int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int fmt, int64_t window, int64_t q0,
+                       int64_t q1);
+void silu_mul_cols(const float *gate_up, float *out, int64_t inter, int64_t c0, int64_t c1);
+void gelu_tanh_mul_cols(const float *gate_up, float *out, int64_t inter, int64_t c0, int64_t c1);
+float rms_inv(const float *x, int64_t H, float eps);
+void rms_scale(const float *x, const float *weight, float *out, float inv, int64_t c0, int64_t c1);
+void rope_write_kv_head(float *row, int64_t nq, int64_t nk, int64_t hd, const float *c, const float *s,
+                        float q_scale, int64_t slot, void *k_pool, void *v_pool, int fmt, int64_t h);
+
 /* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
  * matmul_pool_run): part p takes sequences bounds[p] .. bounds[p+1]. Each sequence is computed exactly
  * as alone, so the split changes no bit. failed is set when a part could not allocate its scratch. */

@@ -38,6 +38,11 @@ int pack_fields(int fmt, field_t *out) {
     return n;
 }
 
+int pack_format(int fmt) {
+    field_t f[PACK_FIELDS];
+    return pack_fields(fmt, f) > 0;
+}
+
 int64_t pack_bytes(int fmt, int64_t rows, int64_t in) {
     field_t f[PACK_FIELDS];
     const int be = block_elems(fmt);
@@ -45,16 +50,21 @@ int64_t pack_bytes(int fmt, int64_t rows, int64_t in) {
     return (rows + PANEL - 1) / PANEL * PANEL * (in / be) * block_bytes(fmt);
 }
 
-/* One strip from the 8 rows' blocks (rows at or past `live` are zeros), or back (to_blocks). */
+/* One strip from the 8 rows' blocks (rows at or past `live` are zeros), or back (to_blocks): each field's
+ * chunks of g bytes moved whole. */
 static void strip_copy(const field_t *f, int nf, uint8_t *strip, uint8_t *const *blk, int live, int to_blocks) {
-    for (int i = 0; i < nf; i++)
-        for (int r = 0; r < PANEL; r++)
-            for (int k = 0; k < f[i].size; k++) {
-                uint8_t *s = (uint8_t *)strip_byte(strip, f[i].offset, f[i].size, r, k);
+    for (int i = 0; i < nf; i++) {
+        const int g = f[i].size < 4 ? f[i].size : 4;
+        for (int c = 0; c < f[i].size / g; c++)
+            for (int r = 0; r < PANEL; r++) {
+                uint8_t *s = strip + PANEL * f[i].offset + PANEL * g * c + g * r;
+                uint8_t *b = blk[r] + f[i].offset + g * c;
                 if (to_blocks) {
-                    if (r < live) blk[r][f[i].offset + k] = *s;
-                } else *s = r < live ? blk[r][f[i].offset + k] : 0;
+                    if (r < live) memcpy(b, s, (size_t)g);
+                } else if (r < live) memcpy(s, b, (size_t)g);
+                else memset(s, 0, (size_t)g);
             }
+    }
 }
 
 void pack_panels(int fmt, const uint8_t *blocks, int64_t rows, int64_t in, int64_t p0, int64_t p1, uint8_t *packed) {
@@ -86,6 +96,22 @@ void unpack_rows(int fmt, const uint8_t *packed, int64_t in, int64_t r0, int64_t
                 blk[r] = row >= r0 && row < r1 ? blocks + (row - r0) * row_bytes + b * bb : spare;
             }
             strip_copy(f, nf, (uint8_t *)packed + (p * nb + b) * PANEL * bb, blk, PANEL, 1);
+        }
+    }
+}
+
+void unpack_row_blocks(int fmt, const uint8_t *packed, int64_t in, int64_t row, int64_t b0, int64_t b1, uint8_t *out) {
+    field_t f[PACK_FIELDS];
+    const int nf = pack_fields(fmt, f), bb = block_bytes(fmt);
+    const int64_t nb = in / block_elems(fmt), p = row / PANEL;
+    const int r = (int)(row % PANEL);
+    for (int64_t b = b0; b < b1; b++) {
+        const uint8_t *strip = packed + (p * nb + b) * PANEL * bb;
+        uint8_t *blk = out + (b - b0) * bb;
+        for (int i = 0; i < nf; i++) {
+            const int g = f[i].size < 4 ? f[i].size : 4;
+            for (int c = 0; c < f[i].size / g; c++)
+                memcpy(blk + f[i].offset + g * c, strip + PANEL * f[i].offset + PANEL * g * c + g * r, (size_t)g);
         }
     }
 }

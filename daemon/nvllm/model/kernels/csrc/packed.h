@@ -48,6 +48,7 @@
 #include "blocks.h"
 
 #define PANEL 8            /* rows per panel */
+#define PACKED_FLAG 0x100  /* in a format id passed to matmul.c: the weights are packed (this layout) */
 #define QMAX8 127.0f
 #define QMAX16 32512.0f    /* 127 * 255 + 127: hi and lo both in -127 .. 127 */
 
@@ -76,12 +77,17 @@ typedef struct {
  * that is not packed). */
 #define PACK_FIELDS 6
 int pack_fields(int fmt, field_t *out);
+/* 1 if fmt is packed, 0 if not. */
+int pack_format(int fmt);
 /* Bytes of the packed form of W [rows, in]: rows rounded up to a panel. 0 for a format not packed. */
 int64_t pack_bytes(int fmt, int64_t rows, int64_t in);
 /* Panels p0 .. p1 of W's blocks [rows, row_bytes] into packed (laid out as pack_bytes counts). */
 void pack_panels(int fmt, const uint8_t *blocks, int64_t rows, int64_t in, int64_t p0, int64_t p1, uint8_t *packed);
 /* Rows r0 .. r1 of the packed W back to GGUF blocks [r1 - r0, row_bytes]. */
 void unpack_rows(int fmt, const uint8_t *packed, int64_t in, int64_t r0, int64_t r1, uint8_t *blocks);
+
+/* Blocks b0 .. b1 of row `row` of the packed W back to GGUF blocks, one after the other into out. */
+void unpack_row_blocks(int fmt, const uint8_t *packed, int64_t in, int64_t row, int64_t b0, int64_t b1, uint8_t *out);
 
 /* Byte k of the field at `offset` (`size` bytes) of row r in a strip. */
 static inline const uint8_t *strip_byte(const uint8_t *strip, int offset, int size, int r, int k) {
@@ -97,9 +103,11 @@ static inline const uint8_t *strip_byte(const uint8_t *strip, int offset, int si
 typedef void (*dot_panels_fn)(int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx,
                               int64_t T, float *y, int64_t ys, int64_t rows);
 
-/* A variant: the kernels of one instruction set, for each mode. */
+/* An instruction set: its kernels for each mode, and its peak loop (peak.h): the multiply-accumulates of
+ * `reps` iterations of its 8-bit dot instruction on registers. */
 typedef struct {
     dot_panels_fn int8, exact;
+    int64_t (*peak)(int64_t reps);
 } dot_isa_t;
 
 extern const dot_isa_t dot_scalar;
@@ -109,5 +117,16 @@ extern const dot_isa_t dot_avx2, dot_avx512vnni;
 #if defined(__aarch64__)
 extern const dot_isa_t dot_neon, dot_dotprod;
 #endif
+
+/* ---------------------------------------------------------------- dot.c: the entry points (matmul.c's) */
+
+int dot_variants(void);
+const char *dot_variant_name(int v);
+int dot_variant(int v);
+size_t dot_x_bytes(int v, int64_t T, int64_t in);
+void dot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx);
+int dot_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, int64_t p1, const void *qx, int64_t T,
+               float *y, int64_t ys, int64_t rows);
+int64_t dot_peak(int v, int64_t reps);
 
 #endif

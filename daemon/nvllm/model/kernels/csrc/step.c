@@ -1,21 +1,35 @@
 /* A decode step's layers in one call (nvllm/model/kernels/step.py): for every layer, the kernels that
  * decoder.py's forward pass calls one by one from Python (ops.c's norm, rope with the KV write, paged
- * attention and SwiGLU; matmul.c's products), called here in the same order on the same buffers with
- * the same arguments, and the few additions between them (bias, residual) done as NumPy does them. So a
+ * attention and SwiGLU; matmul.c's products), on the same buffers with the same per-value arithmetic in
+ * the same order, and the few additions between them (bias, residual) done as NumPy does them. So a
  * step gives the same bits either way; what goes is ~10 Python calls per layer, their checks and
  * temporaries (~5 us each: a fifth of SmolLM2-135M's decode step on two threads).
+ *
+ * The whole step is one team job on pool.c's threads: every op is split across the team (norms, adds and
+ * SwiGLU by rows, or by columns for one row; x's quantization by rows; the products by output panels,
+ * handed out by an atomic counter, the parts of a fused matrix in one panel space; bias, head norms,
+ * rope and the KV write by head; attention by sequence and query heads), with a barrier only where an op
+ * reads what another thread wrote. Who computes a value never changes how: every result has the bits
+ * of the one-thread step, whatever the thread count and whatever the other rows (the engine's exactness
+ * invariant), which tests/model/kernels/test_decode_step.py holds.
  *
  * Everything is checked by step.py before the call (shapes, formats, block ids and slots against the
  * pool); this file trusts its sizes, as the kernels it calls do.
  */
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops.h"
+#include "packed.h"
+#include "pool.h"
 
-int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
-                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int threads);
-int matmul_pool_run(void (*fn)(void *, int), void *arg, int parts);
+/* matmul.c's products by output rows. */
+int64_t matmul_chunk_rows(int64_t rows, int threads);
+void matmul_rows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t in, const float *x,
+                 int64_t x_stride, int64_t T, float *y, int64_t y_stride, int qv, const void *qx, int64_t r0,
+                 int64_t r1);
 
 /* One storage of a matrix: `rows` output rows in GGUF type fmt, written to columns col .. col+rows of
  * the product (a fused q|k|v or gate|up whose parts the file stores in different formats has several). */
@@ -55,90 +69,264 @@ typedef struct {
     const int32_t *const *block_tables;   /* per group: [T, table_stride[group]], one sequence per row */
     const int64_t *table_stride;          /* per group */
     const int64_t *context_lens;    /* [T] */
-    const int64_t *bounds;          /* [attn_parts + 1]: the sequences each thread attends for */
-    int64_t attn_parts, threads;
+    int64_t threads;
     int64_t kv_fmt;                 /* the pool's KV format, a GGUF type id (ops.c) */
     const float *cos_local, *sin_local;   /* [T, hd/2], or NULL where no layer is local */
     int64_t gelu;                   /* 1: GeGLU (gelu_tanh_mul), 0: SwiGLU (silu_mul) */
     const float *nope_cos, *nope_sin;   /* [T, hd/2] of 1 and 0, or NULL: no layer is NoPE */
     const int64_t *qk_order;        /* [(nq + nkv) hd] or NULL: partial rotary's column order (decoder.py) */
-    float *qk_scratch;              /* [(nq + nkv) hd] when qk_order is set */
+    float *qk_scratch;              /* [T, (nq + nkv) hd] when qk_order is set */
 } step_t;
 
-/* y [T, width] = x [T, in] @ W.T, part by part, as FusedWeight.apply and quant_matmul's wrapper do. */
-static int product(const step_matrix_t *m, const float *x, int64_t x_stride, int64_t T, float *y, int64_t width,
-                   int threads) {
+/* The step as the team shares it. */
+typedef struct {
+    const step_t *s;
+    int qv;               /* dot.c's variant (0: x stays float for every format) */
+    uint8_t *qx;          /* quantized x of the product being prepared: one per distinct format of its parts */
+    int failed;           /* set (atomically) when attention could not allocate its scratch */
+    int split;            /* 1: one row's blocks are quantized a range per thread */
+} run_t;
+
+/* [*a, *b): share i of k of n things, the bounds multiples of `align` (but n). */
+static void share(int64_t n, int i, int k, int64_t align, int64_t *a, int64_t *b) {
+    const int64_t units = (n + align - 1) / align;
+    *a = units * i / k * align;
+    *b = units * (i + 1) / k * align;
+    if (*a > n) *a = n;
+    if (*b > n) *b = n;
+}
+
+/* Where part i's quantized x starts in run->qx, or -1 where the part takes float x (its weights not packed):
+ * the packed parts share one (dot.c's x does not depend on the format). Returns the bytes needed. */
+static size_t qx_plan(const run_t *r, const step_matrix_t *m, int64_t T, int64_t *at) {
+    size_t bytes = 0;
     for (int64_t i = 0; i < m->count; i++) {
         const step_part_t *p = m->parts + i;
-        const int rc = quant_matmul((int)p->fmt, p->w, p->row_bytes, p->rows, p->in, x, x_stride, T, y + p->col,
-                                    T > 1 ? width : p->rows, threads);
-        if (rc != 0) return rc;
+        at[i] = -1;
+        if (p->in <= 0 || r->qv <= 0 || !(p->fmt & PACKED_FLAG)) continue;
+        for (int64_t j = 0; j < i; j++)
+            if (at[j] >= 0) at[i] = at[j];
+        if (at[i] < 0) {
+            at[i] = (int64_t)bytes;
+            bytes += dot_x_bytes(r->qv, T, p->in);
+        }
     }
-    return 0;
+    return bytes;
 }
 
-/* x += y over n values: decoder.py's x = x + y, the same single rounding per value. */
-static void add(float *x, const float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+/* x [T, in] quantized once for m's packed parts: by rows (the rows this thread owns for T > 1, so the norm
+ * before needs no barrier); for one row, the blocks of the columns this thread normed (r->split: dot.c
+ * quantizes each block of 32 on its own, at t * nb + b). Returns 1 if anything was quantized (the team then needs a barrier
+ * before the product). */
+static int quantize(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
+                    int64_t T) {
+    int64_t at[m->count];
+    qx_plan(r, m, T, at);
+    int any = 0, k = 0;
+    int64_t t0, t1, done = -1;
+    share(T, c->index, c->count, 1, &t0, &t1);
+    for (int64_t i = 0; i < m->count; i++) {
+        if (at[i] <= done) continue;   /* float x, or the x an earlier part has */
+        done = at[i], any = 1;
+        const step_part_t *p = m->parts + i;
+        if (T > 1) {
+            if (t1 > t0) dot_quantize_x(r->qv, x, x_stride, p->in, t0, t1 - t0, r->qx + at[i]);
+        } else if (r->split) {
+            int64_t b0, b1;
+            share(p->in / 32, c->index, c->count, 1, &b0, &b1);
+            if (b1 > b0)
+                dot_quantize_x(r->qv, x + 32 * b0, x_stride, 32 * (b1 - b0), 0, 1,
+                               r->qx + at[i] + (size_t)b0 * dot_x_bytes(r->qv, 1, 32));
+        } else if (k++ % c->count == c->index) {
+            dot_quantize_x(r->qv, x, x_stride, p->in, 0, 1, r->qx + at[i]);
+        }
+    }
+    return any;
 }
 
-/* Every layer of the step on s->x. Returns 0; -3 when a product could not allocate its quantized x,
- * -4 when attention could not allocate its scratch (quant_matmul's other codes cannot happen after
- * step.py's checks, but are passed on all the same). */
-int decode_layers(const step_t *s) {
-    const int64_t T = s->T, H = s->H, hd = s->hd, q_width = s->nq * hd;
-    const int64_t width = (s->nq + 2 * s->nkv) * hd;
-    const int threads = (int)s->threads;
+/* y [T, width] = x [T, in] @ W.T, part by part as FusedWeight.apply does, the parts' output rows in one
+ * space of chunks (a chunk never spans two parts), handed out by the atomic counter. */
+static void product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
+                    int64_t T, float *y, int64_t width) {
+    int64_t at[m->count];
+    qx_plan(r, m, T, at);
+    int64_t rows = 0;
+    for (int64_t i = 0; i < m->count; i++) rows += m->parts[i].rows;
+    const int64_t step = matmul_chunk_rows(rows, c->count);
+    int64_t n = 0;
+    for (int64_t i = 0; i < m->count; i++) n += (m->parts[i].rows + step - 1) / step;
+    int64_t state = -1;
+    for (int64_t ch; (ch = pool_chunk(c, 0, n, &state)) >= 0;) {
+        int64_t i = 0, first = ch;
+        while (first >= (m->parts[i].rows + step - 1) / step) first -= (m->parts[i++].rows + step - 1) / step;
+        const step_part_t *p = m->parts + i;
+        matmul_rows((int)p->fmt, p->w, p->row_bytes, p->rows, p->in, x, x_stride, T, y + p->col,
+                    T > 1 ? width : p->rows, r->qv, at[i] >= 0 ? r->qx + at[i] : NULL, first * step,
+                    (first + 1) * step);
+    }
+}
+
+/* out = rms_norm(x) [T, H]: by rows, or by columns of the one row (each thread computing the row's scale
+ * itself, in the same order; in place, once every thread has read the row). */
+static void norm(pool_ctx_t *c, const float *x, const float *w, float *out, int64_t T, int64_t H, float eps) {
+    int64_t a, b;
+    if (T > 1) {
+        share(T, c->index, c->count, 1, &a, &b);
+        for (int64_t t = a; t < b; t++) rms_scale(x + t * H, w, out + t * H, rms_inv(x + t * H, H, eps), 0, H);
+        return;
+    }
+    const float inv = rms_inv(x, H, eps);
+    if (out == x) pool_barrier(c);
+    share(H, c->index, c->count, 32, &a, &b);
+    rms_scale(x, w, out, inv, a, b);
+}
+
+/* x += y over [T, H], decoder.py's x = x + y: the rows (or columns of the one row) norm gave this thread. */
+static void add(pool_ctx_t *c, float *x, const float *y, int64_t T, int64_t H) {
+    int64_t a, b;
+    share(T > 1 ? T : H, c->index, c->count, T > 1 ? 1 : 32, &a, &b);
+    if (T > 1) a *= H, b *= H;
+    for (int64_t i = a; i < b; i++) x[i] += y[i];
+}
+
+/* One head's bias, head norm and rope (with the KV write for a KV head), as the whole-row calls do them in
+ * turn: item h < nq is q head h; nq + i is KV head i with its values' bias. rope: 0 when qk_order moves the
+ * columns first (rope comes later, by row). */
+static void head_item(const step_t *s, const step_layer_t *L, int64_t t, int64_t h, int rope) {
+    const int64_t hd = s->hd, nq = s->nq, nkv = s->nkv, width = (nq + 2 * nkv) * hd, half = hd / 2;
+    float *row = s->qkv + t * width;
+    const int kv = h >= nq;
+    for (int pass = 0; pass < 1 + kv; pass++) {   /* a KV head's keys, then its values */
+        const int64_t col = pass ? (nq + nkv + h - nq) * hd : h * hd;
+        if (L->qkv_bias)
+            for (int64_t i = col; i < col + hd; i++) row[i] += L->qkv_bias[i];
+        if (L->q_norm && !pass) {
+            const float *w = kv ? L->k_norm : L->q_norm;
+            rms_scale(row + col, w, row + col, rms_inv(row + col, hd, s->eps), 0, hd);
+        }
+    }
+    if (!rope) return;
+    const float *cos = L->nope ? s->nope_cos : L->local ? s->cos_local : s->cos;
+    const float *sin = L->nope ? s->nope_sin : L->local ? s->sin_local : s->sin;
+    rope_write_kv_head(row, nq, nkv, hd, cos + t * half, sin + t * half, s->q_scale, s->slots[L->group][t],
+                       L->k_pool, L->v_pool, (int)s->kv_fmt, h);
+}
+
+/* Bias, head norms, rope and the KV write: by (row, head). With qk_order (partial rotary), the bias and
+ * norms first, then each row's columns reordered and roped by the thread that owns the row. */
+static void heads(pool_ctx_t *c, const step_t *s, const step_layer_t *L) {
+    const int64_t T = s->T, nq = s->nq, nkv = s->nkv, hd = s->hd, width = (nq + 2 * nkv) * hd, per = nq + nkv;
+    int64_t a, b;
+    share(T * per, c->index, c->count, 1, &a, &b);
+    for (int64_t k = a; k < b; k++) head_item(s, L, k / per, k % per, !s->qk_order);
+    if (!s->qk_order) return;
+    pool_barrier(c);
+    const int64_t qk = (nq + nkv) * hd;
+    share(T, c->index, c->count, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) {   /* as decoder.py's qkv[:, :qk] = qkv[:, rope_perm] */
+        float *row = s->qkv + t * width, *old = s->qk_scratch + t * qk;
+        memcpy(old, row, (size_t)qk * sizeof(float));
+        for (int64_t j = 0; j < qk; j++) row[j] = old[s->qk_order[j]];
+        for (int64_t h = 0; h < per; h++) {
+            const float *cos = L->nope ? s->nope_cos : L->local ? s->cos_local : s->cos;
+            const float *sin = L->nope ? s->nope_sin : L->local ? s->sin_local : s->sin;
+            rope_write_kv_head(row, nq, nkv, hd, cos + t * (hd / 2), sin + t * (hd / 2), s->q_scale,
+                               s->slots[L->group][t], L->k_pool, L->v_pool, (int)s->kv_fmt, h);
+        }
+    }
+}
+
+/* Paged attention, by (sequence, query heads): whole sequences when there are enough to go round, else
+ * each sequence's heads in pieces (whole KV groups where that makes enough), handed out by the counter. */
+static void attention(pool_ctx_t *c, run_t *r, const step_layer_t *L) {
+    const step_t *s = r->s;
+    const int64_t T = s->T, nq = s->nq, nkv = s->nkv, width = (nq + 2 * nkv) * s->hd;
+    int64_t pieces = T >= 2 * c->count ? 1 : (2 * c->count + T - 1) / T;
+    if (pieces > nq) pieces = nq;
+    const int kv_whole = pieces <= nkv;
+    const int32_t *tables = s->block_tables[L->group];
+    const int64_t stride = s->table_stride[L->group], g = nq / nkv;
+    int64_t state = -1;
+    for (int64_t it; (it = pool_chunk(c, 0, T * pieces, &state)) >= 0;) {
+        const int64_t t = it / pieces, p = it % pieces;
+        const int64_t q0 = kv_whole ? nkv * p / pieces * g : nq * p / pieces;
+        const int64_t q1 = kv_whole ? nkv * (p + 1) / pieces * g : nq * (p + 1) / pieces;
+        if (paged_decode_heads(s->qkv + t * width, width, L->k_pool, L->v_pool, tables + t * stride, stride,
+                               s->context_lens + t, s->attn + t * nq * s->hd, 1, nq, nkv, s->hd, s->bs,
+                               (int)s->kv_fmt, L->window, q0, q1) != 0)
+            __atomic_store_n(&r->failed, 1, __ATOMIC_RELAXED);
+    }
+}
+
+/* x [T, in] -> its quantized rows (if any part takes them), a barrier, the product, a barrier. For T > 1 (and
+ * for one row split by blocks) the rows or columns of x were written by their owners just before, so the
+ * product waits for them all in any case; else the caller has waited already. */
+static void full_product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
+                         float *y, int64_t width) {
+    const int64_t T = r->s->T;
+    if (quantize(c, r, m, x, x_stride, T) || T > 1 || r->split) pool_barrier(c);
+    product(c, r, m, x, x_stride, T, y, width);
+    pool_barrier(c);
+}
+
+/* SwiGLU or GeGLU: this thread's rows, or its columns of the one row. */
+static void glu(pool_ctx_t *c, const step_t *s) {
+    const int64_t T = s->T, I = s->inter;
+    int64_t a, b;
+    share(T > 1 ? T : I, c->index, c->count, T > 1 ? 1 : 32, &a, &b);
+    for (int64_t t = T > 1 ? a : 0; t < (T > 1 ? b : 1); t++) {
+        const int64_t c0 = T > 1 ? 0 : a, c1 = T > 1 ? I : b;
+        if (s->gelu) gelu_tanh_mul_cols(s->gu + t * 2 * I, s->act + t * I, I, c0, c1);
+        else silu_mul_cols(s->gu + t * 2 * I, s->act + t * I, I, c0, c1);
+    }
+}
+
+static void layers_team(void *arg, pool_ctx_t *c) {
+    run_t *r = arg;
+    const step_t *s = r->s;
+    const int64_t T = s->T, H = s->H, q_width = s->nq * s->hd, width = (s->nq + 2 * s->nkv) * s->hd;
     for (int64_t l = 0; l < s->num_layers; l++) {
         const step_layer_t *L = s->layers + l;
-        int rc;
-        rms_norm(s->x, L->input_norm, s->h, T, H, s->eps);
-        if ((rc = product(&L->qkv, s->h, H, T, s->qkv, width, threads))) return rc;
-        if (L->qkv_bias)
-            for (int64_t t = 0; t < T; t++) add(s->qkv + t * width, L->qkv_bias, width);
-        if (L->q_norm)   /* each head's values normed in place, as decoder.py's _norm_heads */
-            for (int64_t t = 0; t < T; t++) {
-                float *row = s->qkv + t * width;
-                rms_norm(row, L->q_norm, row, s->nq, hd, s->eps);
-                rms_norm(row + q_width, L->k_norm, row + q_width, s->nkv, hd, s->eps);
-            }
-        if (s->qk_order)   /* as decoder.py's qkv[:, :qk] = qkv[:, rope_perm] */
-            for (int64_t t = 0; t < T; t++) {
-                float *row = s->qkv + t * width;
-                const int64_t qk = (s->nq + s->nkv) * hd;
-                memcpy(s->qk_scratch, row, (size_t)qk * sizeof(float));
-                for (int64_t j = 0; j < qk; j++) row[j] = s->qk_scratch[s->qk_order[j]];
-            }
-        rope_write_kv(s->qkv, T, width, s->nq, s->nkv, hd,
-                      L->nope ? s->nope_cos : L->local ? s->cos_local : s->cos,
-                      L->nope ? s->nope_sin : L->local ? s->sin_local : s->sin,
-                      s->q_scale, s->slots[L->group], L->k_pool, L->v_pool, (int)s->kv_fmt);
-        const int32_t *tables = s->block_tables[L->group];
-        const int64_t stride = s->table_stride[L->group];
-        if (s->attn_parts < 2) {
-            rc = paged_decode_attention(s->qkv, width, L->k_pool, L->v_pool, tables, stride,
-                                        s->context_lens, s->attn, T, s->nq, s->nkv, hd, s->bs, (int)s->kv_fmt,
-                                        L->window);
-        } else {
-            decode_job_t job = {s->qkv, width, L->k_pool, L->v_pool, tables, stride,
-                                s->context_lens, s->attn, s->nq, s->nkv, hd, s->bs, s->bounds, 0, (int)s->kv_fmt,
-                                L->window};
-            matmul_pool_run(paged_decode_part, &job, (int)s->attn_parts);
-            rc = job.failed;
-        }
-        if (rc != 0) return -4;
-        if ((rc = product(&L->o, s->attn, q_width, T, s->h, H, threads))) return rc;
-        if (L->attn_out_norm) rms_norm(s->h, L->attn_out_norm, s->h, T, H, s->eps);
-        add(s->x, s->h, T * H);
-        rms_norm(s->x, L->post_norm, s->h, T, H, s->eps);
-        if ((rc = product(&L->gate_up, s->h, H, T, s->gu, 2 * s->inter, threads))) return rc;
-        if (s->gelu)
-            gelu_tanh_mul(s->gu, s->act, T, s->inter);
-        else
-            silu_mul(s->gu, s->act, T, s->inter);
-        if ((rc = product(&L->down, s->act, s->inter, T, s->h, H, threads))) return rc;
-        if (L->ffn_out_norm) rms_norm(s->h, L->ffn_out_norm, s->h, T, H, s->eps);
-        add(s->x, s->h, T * H);
+        /* T > 1: the norms, adds, SwiGLU and quantizing of a row are all its owner's: no barrier between them */
+        norm(c, s->x, L->input_norm, s->h, T, H, s->eps);
+        if (T == 1 && !r->split) pool_barrier(c);
+        full_product(c, r, &L->qkv, s->h, H, s->qkv, width);
+        heads(c, s, L);
+        pool_barrier(c);
+        attention(c, r, L);
+        pool_barrier(c);
+        full_product(c, r, &L->o, s->attn, q_width, s->h, H);
+        if (L->attn_out_norm) norm(c, s->h, L->attn_out_norm, s->h, T, H, s->eps);
+        add(c, s->x, s->h, T, H);
+        if (T == 1) pool_barrier(c);
+        norm(c, s->x, L->post_norm, s->h, T, H, s->eps);
+        if (T == 1 && !r->split) pool_barrier(c);
+        full_product(c, r, &L->gate_up, s->h, H, s->gu, 2 * s->inter);
+        glu(c, s);
+        if (T == 1 && !r->split) pool_barrier(c);
+        full_product(c, r, &L->down, s->act, s->inter, s->h, H);
+        if (L->ffn_out_norm) norm(c, s->h, L->ffn_out_norm, s->h, T, H, s->eps);
+        add(c, s->x, s->h, T, H);
+        if (T == 1) pool_barrier(c);
     }
-    return 0;
+}
+
+/* Every layer of the step on s->x, on s->threads threads. Returns 0; -3 when the quantized x could not be
+ * allocated, -4 when attention could not allocate its scratch. */
+int decode_layers(const step_t *s) {
+    run_t r = {s, dot_variant(-1), NULL, 0, s->T == 1};
+    size_t bytes = 0;
+    for (int64_t l = 0; l < s->num_layers; l++) {
+        const step_layer_t *L = s->layers + l;
+        const step_matrix_t *ms[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
+        for (int i = 0; i < 4; i++) {
+            int64_t at[ms[i]->count];
+            const size_t b = qx_plan(&r, ms[i], s->T, at);
+            bytes = b > bytes ? b : bytes;
+        }
+    }
+    if (bytes && !(r.qx = malloc(bytes))) return -3;
+    pool_team_run(layers_team, &r, (int)s->threads);
+    free(r.qx);
+    return r.failed ? -4 : 0;
 }

@@ -1,0 +1,64 @@
+"""A matrix repacked at load into panels of 8 rows (quant/packed.py's layout), multiplied by the integer
+kernels of kernels/csrc/dot_*.c: what the loaders make of every matrix in a packable GGUF format when the C
+kernels are built (QuantizedWeight keeps the file's blocks as they are, for the NumPy paths and tests)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nvllm.model.kernels import matmul, threads
+from nvllm.model.kernels.matmul import dequantize_rows, dequantized_matmul, pack, quant_matmul
+from nvllm.model.matrix.quantized import QuantizedWeight
+from nvllm.model.matrix.weight import DECODE_ROWS, Weight
+from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.packed import PackedMatrix, packable
+
+
+class PackedWeight(PackedMatrix, Weight):
+    """W as its panels. Up to DECODE_ROWS rows of x (decode) the C kernels multiply by the panels in place
+    (x quantized to 16 or 8 bits, integer dot products; kernels.matmul.quant_matmul); more rows (prefill) go
+    to BLAS on rows decoded a chunk at a time from the panels. The panels hold the file's bytes, no more."""
+
+    @classmethod
+    def of(cls, w: BlockMatrix) -> PackedWeight:
+        pm = pack(w)
+        return cls(pm.fmt, pm.data, pm.shape)
+
+    def apply(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape[0] > DECODE_ROWS:
+            return dequantized_matmul(self, x, out)
+        return quant_matmul(self, x, threads.count, out)
+
+    def decode_blocks(self, rows: int) -> tuple[PackedMatrix, ...] | None:
+        return (self,) if rows <= DECODE_ROWS else None
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        n_rows = self.shape[0]
+        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+            raise ValueError(f"rows of a {self.fmt.name} weight need 1-D integer ids, got {ids.dtype} {ids.shape}")
+        bad = ids[(ids < 0) | (ids >= n_rows)]
+        if bad.size:
+            raise ValueError(f"row id {int(bad[0])} is out of range for a {self.fmt.name} weight of {n_rows} rows")
+        out = np.empty((len(ids), self.shape[1]), np.float32)
+        for i, r in enumerate(ids.tolist()):
+            dequantize_rows(self, r, r + 1, 1, out[i:i + 1])
+        return out
+
+    def dequantize(self) -> np.ndarray:
+        return dequantize_rows(self, 0, self.shape[0], threads.count)
+
+    def buffers(self) -> tuple[np.ndarray, ...]:
+        return (self.data,)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return (self.fmt.name,)
+
+
+def in_kernel_layout(w: Weight) -> Weight:
+    """w packed where the C kernels are built and its format is packed; w itself otherwise."""
+    if matmul.lib is not None and isinstance(w, QuantizedWeight) and packable(w.fmt):
+        return PackedWeight.of(w)
+    return w
