@@ -3,6 +3,7 @@ read them (every variant of csrc/dot_*.c against kernels/qdot.py, bit for bit)."
 
 from __future__ import annotations
 
+import ctypes
 import zlib
 
 import numpy as np
@@ -131,6 +132,35 @@ def test_extreme_weights_against_extreme_x_sum_exactly(name: str, variant: str) 
     x[3, ::3] = -3.0
     y = run(mk.pack(w), x, variant)
     np.testing.assert_array_equal(y, twin(w, x, variant))
+
+
+@needs_lib
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_a_range_of_panels_writes_those_rows_only(name: str, variant: str) -> None:
+    # what each thread is given: panels p0 .. p1 (a kernel may take two panels at once: an odd range ends
+    # on a single one, and the panel after it is another thread's)
+    rng = rng_for("range", name)
+    w = weight(name, 37, 8, rng)   # 5 panels, the last with 5 rows
+    pm = mk.pack(w)
+    v = mk.INT_VARIANTS[variant]
+    lib = mk.lib
+    assert lib is not None
+    i64 = ctypes.c_int64
+    for T in (1, 5):
+        x = rng.standard_normal((T, w.shape[1])).astype(np.float32)
+        full = run(pm, x, variant)
+        qx = np.empty(lib.dot_x_bytes(v, T, w.shape[1]), np.uint8)
+        lib.dot_quantize_x(v, x.ctypes.data, w.shape[1], w.shape[1], 0, T, qx.ctypes.data)
+        for p0, p1 in ((0, 1), (1, 4), (3, 5), (2, 3), (4, 5)):
+            y = np.full((T, 37), np.inf, np.float32)
+            rc = lib.dot_panels(ctypes.c_int(v), ctypes.c_int(w.fmt.ggml_type), ctypes.c_void_p(pm.data.ctypes.data),
+                                i64(w.shape[1]), i64(p0), i64(p1), ctypes.c_void_p(qx.ctypes.data), i64(T),
+                                ctypes.c_void_p(y.ctypes.data), i64(37), i64(37))
+            assert rc == 0
+            r0, r1 = 8 * p0, min(37, 8 * p1)
+            np.testing.assert_array_equal(y[:, r0:r1], full[:, r0:r1], err_msg=f"T={T} panels {p0}..{p1}")
+            assert np.isinf(np.delete(y, np.s_[r0:r1], axis=1)).all()
 
 
 @needs_lib

@@ -13,6 +13,8 @@
 #include "peak.h"
 
 #define DOT_X86_SIGNED 1
+#define X86_WIDE 0
+#define X86_SFX _avx2
 #define X86_TB 2   /* rows of x a pass: 16 registers hold two rows' sums (four spill) */
 #include "dot_x86.h"
 

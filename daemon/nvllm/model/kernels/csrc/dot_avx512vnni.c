@@ -13,31 +13,50 @@
 #include "peak.h"
 
 #define DOT_X86_SIGNED 0
-#define X86_WIDE 1
-#include "dot_x86.h"
 
 /* A unit's products with x's 32 quants xq: two chains (vectors 0..3, 4..7), the halves or summed. */
-INLINE void isa_dot(int fmt, const vi w[8], const int8_t *xq, int halves, vi *p0, vi *p1) {
-    (void)fmt;
-    vi a = vzero(), b = vzero();
-    for (int k = 0; k < 4; k++) {
-        a = _mm512_dpbusd_epi32(a, w[k], x86_x4(xq + 4 * k));
-        b = _mm512_dpbusd_epi32(b, w[k + 4], x86_x4(xq + 16 + 4 * k));
+#define VNNI_ISA_DOT(dpbusd)                                                                                           \
+    INLINE void isa_dot(int fmt, const vi w[8], const int8_t *xq, int halves, vi *p0, vi *p1) {                        \
+        (void)fmt;                                                                                                     \
+        vi a = vzero(), b = vzero();                                                                                   \
+        for (int k = 0; k < 4; k++) {                                                                                  \
+            a = dpbusd(a, w[k], x86_x4(xq + 4 * k));                                                                   \
+            b = dpbusd(b, w[k + 4], x86_x4(xq + 16 + 4 * k));                                                          \
+        }                                                                                                              \
+        if (halves) {                                                                                                  \
+            *p0 = a;                                                                                                   \
+            *p1 = b;                                                                                                   \
+        } else *p0 = vadd32(a, b);                                                                                     \
     }
-    if (halves) {
-        *p0 = a;
-        *p1 = b;
-    } else *p0 = vadd32(a, b);
-}
+
+/* 512 bits, two panels a vector: x86_panels_w */
+#define X86_WIDE 1
+#define X86_SFX _w
+#include "dot_x86.h"
+VNNI_ISA_DOT(_mm512_dpbusd_epi32)
+
+/* 256 bits, one panel: x86_panels_1_n, for Q6_K's one row of x */
+#undef X86_WIDE
+#undef X86_SFX
+#define X86_WIDE 0
+#define X86_SFX _n
+#include "dot_x86.h"
+VNNI_ISA_DOT(_mm256_dpbusd_epi32)
+
+/* Q6_K's one row of x goes on one panel a vector: read two panels at once, its strips (the scales at their
+ * end, the units out of the order of their bytes) stream from DRAM at 16 GB/s, one at once at 29 (Zen 4,
+ * one thread); everything else on two panels a vector, as fast or faster. */
 
 static void vnni_int8(int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx, int64_t T,
                       float *y, int64_t ys, int64_t rows) {
-    x86_panels(0, fmt, packed, nb, p0, p1, qx, T, y, ys, rows);
+    if (fmt == Q6_K && T == 1) x86_panels_1_n(Q6_K, 0, packed, nb, p0, p1, qx, y, rows);
+    else x86_panels_w(0, fmt, packed, nb, p0, p1, qx, T, y, ys, rows);
 }
 
 static void vnni_exact(int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx, int64_t T,
                        float *y, int64_t ys, int64_t rows) {
-    x86_panels(1, fmt, packed, nb, p0, p1, qx, T, y, ys, rows);
+    if (fmt == Q6_K && T == 1) x86_panels_1_n(Q6_K, 1, packed, nb, p0, p1, qx, y, rows);
+    else x86_panels_w(1, fmt, packed, nb, p0, p1, qx, T, y, ys, rows);
 }
 
 /* The peak (peak.h): a 512-bit vpdpbusd, as the kernels use it (64 products), twelve chains sharing one a. */

@@ -1,30 +1,147 @@
 /* What dot_avx2.c and dot_avx512vnni.c share: reading a strip (packed.h) into vectors of 32-bit lanes, a
- * lane an output row, and the loops over panels, strips, units and rows of x. Each file includes it once, after its
+ * lane an output row, and the loops over panels, strips, units and rows of x. A file includes it after its
  * `#pragma GCC target` (so this code is compiled for that instruction set) and after defining
  *   DOT_X86_SIGNED  1 where Q8_0's and the IQ4 tables' weights stay signed (AVX2's sign trick), 0 where
  *                   they are made unsigned by + 128 (VNNI's dpbusd takes unsigned weights);
+ *   X86_WIDE        0: 256-bit vectors, one panel each; 1: 512 bits, two panels (below);
+ *   X86_SFX         a suffix for every name defined here, so that a file may include it once for each
+ *                   width: the plain names stay mapped to the last inclusion's, and x86_panels##X86_SFX
+ *                   (the entry) names each;
+ * and then defines (as isa_dot, after each inclusion) the one function declared here:
  *   isa_dot(fmt, w, xq, halves, &p0, &p1)  the exact int32 products of a unit's 8 weight vectors with 32
  *                   int8 values of x (xq; vector k meets xq[4k .. 4k + 3]): *p0 the whole sum, or with
  *                   halves the sums of vectors 0..3 (*p0) and 4..7 (*p1).
  *
  * A unit (32 values of each row) is 8 vectors of bytes, vector k lane r holding values 4k .. 4k + 3 of
  * row r, as integers w + off >= 0 (off: the format's offset, taken away afterwards as off * x's sum). Its
- * scales are float lanes: dw (per half for Q6_K, Q3_K, Q2_K), mw (the min of Q4_1,
- * Q5_1, Q4_K, Q5_K; Q2_K's two half mins). Every product and sum is packed.h's, in its order. */
-#ifndef NVLLM_DOT_X86_H
-#define NVLLM_DOT_X86_H
-
+ * scales are float lanes: dw (per half for Q6_K, Q3_K, Q2_K), mw (the min of Q4_1, Q5_1, Q4_K, Q5_K;
+ * Q2_K's two half mins). Every product and sum is packed.h's, in its order. */
 #include <immintrin.h>
 
 #include "packed.h"
+
+#ifndef X86_SFX
+#error "dot_x86.h: define X86_SFX (and X86_WIDE, DOT_X86_SIGNED) first"
+#endif
+#ifndef X86_CAT
+#define X86_CAT_(a, b) a##b
+#define X86_CAT(a, b) X86_CAT_(a, b)
+#endif
+/* every name below, suffixed: this inclusion's */
+#undef vi
+#define vi X86_CAT(vi, X86_SFX)
+#undef vf
+#define vf X86_CAT(vf, X86_SFX)
+#undef vld
+#define vld X86_CAT(vld, X86_SFX)
+#undef vld16x2
+#define vld16x2 X86_CAT(vld16x2, X86_SFX)
+#undef vhalf
+#define vhalf X86_CAT(vhalf, X86_SFX)
+#undef vu16
+#define vu16 X86_CAT(vu16, X86_SFX)
+#undef vand
+#define vand X86_CAT(vand, X86_SFX)
+#undef vor
+#define vor X86_CAT(vor, X86_SFX)
+#undef vxor
+#define vxor X86_CAT(vxor, X86_SFX)
+#undef vadd32
+#define vadd32 X86_CAT(vadd32, X86_SFX)
+#undef vsub32
+#define vsub32 X86_CAT(vsub32, X86_SFX)
+#undef vmullo32
+#define vmullo32 X86_CAT(vmullo32, X86_SFX)
+#undef vsrl32
+#define vsrl32 X86_CAT(vsrl32, X86_SFX)
+#undef vsll32
+#define vsll32 X86_CAT(vsll32, X86_SFX)
+#undef vsra32
+#define vsra32 X86_CAT(vsra32, X86_SFX)
+#undef vsrl16
+#define vsrl16 X86_CAT(vsrl16, X86_SFX)
+#undef vshuf8
+#define vshuf8 X86_CAT(vshuf8, X86_SFX)
+#undef vset32
+#define vset32 X86_CAT(vset32, X86_SFX)
+#undef vset8
+#define vset8 X86_CAT(vset8, X86_SFX)
+#undef vzero
+#define vzero X86_CAT(vzero, X86_SFX)
+#undef vtable16
+#define vtable16 X86_CAT(vtable16, X86_SFX)
+#undef vcvt
+#define vcvt X86_CAT(vcvt, X86_SFX)
+#undef vmul
+#define vmul X86_CAT(vmul, X86_SFX)
+#undef vaddf
+#define vaddf X86_CAT(vaddf, X86_SFX)
+#undef vsetf
+#define vsetf X86_CAT(vsetf, X86_SFX)
+#undef vzerof
+#define vzerof X86_CAT(vzerof, X86_SFX)
+#undef vneg
+#define vneg X86_CAT(vneg, X86_SFX)
+#undef vlow
+#define vlow X86_CAT(vlow, X86_SFX)
+#undef vhigh
+#define vhigh X86_CAT(vhigh, X86_SFX)
+#undef x86_st_t
+#define x86_st_t X86_CAT(x86_st_t, X86_SFX)
+#undef x86_scales_t
+#define x86_scales_t X86_CAT(x86_scales_t, X86_SFX)
+#undef x86_ld
+#define x86_ld X86_CAT(x86_ld, X86_SFX)
+#undef x86_half8
+#define x86_half8 X86_CAT(x86_half8, X86_SFX)
+#undef x86_c32
+#define x86_c32 X86_CAT(x86_c32, X86_SFX)
+#undef x86_byte
+#define x86_byte X86_CAT(x86_byte, X86_SFX)
+#undef x86_x4
+#define x86_x4 X86_CAT(x86_x4, X86_SFX)
+#undef isa_dot
+#define isa_dot X86_CAT(isa_dot, X86_SFX)
+#undef x86_units
+#define x86_units X86_CAT(x86_units, X86_SFX)
+#undef x86_halves
+#define x86_halves X86_CAT(x86_halves, X86_SFX)
+#undef x86_min32
+#define x86_min32 X86_CAT(x86_min32, X86_SFX)
+#undef x86_offset
+#define x86_offset X86_CAT(x86_offset, X86_SFX)
+#undef x86_iq4_table
+#define x86_iq4_table X86_CAT(x86_iq4_table, X86_SFX)
+#undef x86_nib
+#define x86_nib X86_CAT(x86_nib, X86_SFX)
+#undef x86_q5_high
+#define x86_q5_high X86_CAT(x86_q5_high, X86_SFX)
+#undef x86_bit_to
+#define x86_bit_to X86_CAT(x86_bit_to, X86_SFX)
+#undef x86_unit_w
+#define x86_unit_w X86_CAT(x86_unit_w, X86_SFX)
+#undef x86_strip_scales
+#define x86_strip_scales X86_CAT(x86_strip_scales, X86_SFX)
+#undef x86_step
+#define x86_step X86_CAT(x86_step, X86_SFX)
+#undef x86_store8
+#define x86_store8 X86_CAT(x86_store8, X86_SFX)
+#undef x86_store
+#define x86_store X86_CAT(x86_store, X86_SFX)
+#undef x86_panels_1
+#define x86_panels_1 X86_CAT(x86_panels_1, X86_SFX)
+#undef x86_tile
+#define x86_tile X86_CAT(x86_tile, X86_SFX)
+#undef x86_panels_t
+#define x86_panels_t X86_CAT(x86_panels_t, X86_SFX)
+#undef x86_panels
+#define x86_panels X86_CAT(x86_panels, X86_SFX)
+#undef X86_NP
 
 /* The vector: 256 bits, one panel (lane r row r); or with X86_WIDE 512 bits, two panels side by side
  * (lanes 0..7 panel p, 8..15 panel p + 1: each load is a strip's 32 bytes and the next panel's, so every
  * instruction serves 16 rows; AVX-512 VNNI's dpbusd on 512 bits is as many instructions a cycle as on 256
  * on the machines measured, twice the products). Everything below is per lane, whichever. */
-#ifndef X86_WIDE
-#define X86_WIDE 0
-#endif
 #if X86_WIDE
 typedef __m512i vi;
 typedef __m512 vf;
@@ -474,5 +591,3 @@ INLINE void x86_panels(int wide, int fmt, const uint8_t *packed, int64_t nb, int
     default: break;
     }
 }
-
-#endif
