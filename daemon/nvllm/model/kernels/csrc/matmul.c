@@ -755,8 +755,25 @@ typedef struct {
 static void dequant_team(void *arg, pool_ctx_t *ctx) {
     const dequant_job_t *j = arg;
     const int64_t r0 = j->rows * ctx->index / ctx->count, r1 = j->rows * (ctx->index + 1) / ctx->count;
-    for (int64_t r = r0; r < r1; r++)
-        row_span(j->fmt, j->w, j->row_bytes, j->in, j->packed, j->row0 + r, 0, j->in, j->out + r * j->in);
+    if (!j->packed) {
+        for (int64_t r = r0; r < r1; r++)
+            decode_span(j->fmt, j->w + (j->row0 + r) * j->row_bytes, 0, j->in, j->out + r * j->in);
+        return;
+    }
+    /* a packed W a panel at a time: its strips read once for the 8 rows (row by row, each strip would come
+     * from memory for every row), the rows' blocks put back in a scratch, then decoded */
+    uint8_t *blocks = malloc((size_t)PANEL * (size_t)j->row_bytes);
+    for (int64_t r = r0; r < r1;) {
+        const int64_t row = j->row0 + r, end = (row / PANEL + 1) * PANEL - j->row0, n = (end < r1 ? end : r1) - r;
+        if (blocks) unpack_rows(j->fmt, j->w, j->in, row, row + n, blocks);
+        for (int64_t i = 0; i < n; i++) {
+            float *out = j->out + (r + i) * j->in;
+            if (blocks) decode_span(j->fmt, blocks + i * j->row_bytes, 0, j->in, out);
+            else row_span(j->fmt, j->w, j->row_bytes, j->in, 1, row + i, 0, j->in, out);   /* no memory: the slow way */
+        }
+        r += n;
+    }
+    free(blocks);
 }
 
 /* Rows r0 .. r1 of W (as quant_matmul's) decoded to float32 into out [r1 - r0, in] (row stride in),

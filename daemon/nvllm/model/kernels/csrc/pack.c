@@ -50,6 +50,12 @@ int64_t pack_bytes(int fmt, int64_t rows, int64_t in) {
     return (rows + PANEL - 1) / PANEL * PANEL * (in / be) * block_bytes(fmt);
 }
 
+/* g bytes (2 or 4: the fields' chunks) from s to d, as one load and store. */
+static inline void chunk(uint8_t *d, const uint8_t *s, int g) {
+    if (g == 4) memcpy(d, s, 4);
+    else memcpy(d, s, 2);
+}
+
 /* One strip from the 8 rows' blocks (rows at or past `live` are zeros), or back (to_blocks): each field's
  * chunks of g bytes moved whole. */
 static void strip_copy(const field_t *f, int nf, uint8_t *strip, uint8_t *const *blk, int live, int to_blocks) {
@@ -60,8 +66,8 @@ static void strip_copy(const field_t *f, int nf, uint8_t *strip, uint8_t *const 
                 uint8_t *s = strip + PANEL * f[i].offset + PANEL * g * c + g * r;
                 uint8_t *b = blk[r] + f[i].offset + g * c;
                 if (to_blocks) {
-                    if (r < live) memcpy(b, s, (size_t)g);
-                } else if (r < live) memcpy(s, b, (size_t)g);
+                    if (r < live) chunk(b, s, g);
+                } else if (r < live) chunk(s, b, g);
                 else memset(s, 0, (size_t)g);
             }
     }
@@ -111,7 +117,7 @@ void unpack_row_blocks(int fmt, const uint8_t *packed, int64_t in, int64_t row, 
         for (int i = 0; i < nf; i++) {
             const int g = f[i].size < 4 ? f[i].size : 4;
             for (int c = 0; c < f[i].size / g; c++)
-                memcpy(blk + f[i].offset + g * c, strip + PANEL * f[i].offset + PANEL * g * c + g * r, (size_t)g);
+                chunk(blk + f[i].offset + g * c, strip + PANEL * f[i].offset + PANEL * g * c + g * r, g);
         }
     }
 }
