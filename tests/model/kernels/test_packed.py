@@ -68,6 +68,22 @@ def test_pack_is_the_twin_and_unpack_gives_the_blocks_back(name: str, layout: tu
     np.testing.assert_array_equal(mk.unpack_rows(pm, *mid), w.blocks[mid[0]:mid[1]])
 
 
+@needs_lib
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
+def test_packing_a_chunk_of_rows_at_a_time_is_packing_the_whole(name: str) -> None:
+    # as a loader packs from the mapped file: whole panels a chunk at a time (8 rows here), the last short
+    w = weight(name, 37, 8, rng_for("chunks", name))
+    asked = []
+
+    def fill(start: int, stop: int, out: np.ndarray) -> None:
+        asked.append((start, stop))
+        out[...] = w.blocks[start:stop]
+
+    got = mk.pack_rows(w.fmt, w.shape, fill, chunk_bytes=1)
+    assert asked == [(r, min(37, r + 8)) for r in range(0, 37, 8)]
+    np.testing.assert_array_equal(got.data, mk.pack(w).data)
+
+
 def test_the_twin_unpacks_what_it_packs() -> None:
     for name in packed.FIELDS:
         w = weight(name, 11, 9, rng_for("twin", name))

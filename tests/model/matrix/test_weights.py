@@ -248,6 +248,16 @@ def test_in_place_weights_are_the_dequantized_layout(random_gguf: Path):
             assert isinstance(w, KEPT) and not np.shares_memory(w.buffers()[0], mapped)
 
 
+def test_weights_packed_a_few_rows_at_a_time_are_the_same(random_gguf: Path, monkeypatch: pytest.MonkeyPatch):
+    # the loader packs a chunk of rows at a time (Q and K unpermuted on the way): chunks of one panel here
+    whole = load_gguf_weights(read_gguf(random_gguf), in_place=True)
+    monkeypatch.setattr(gguf_weights, "_CHUNK_BYTES", 1)
+    small = load_gguf_weights(read_gguf(random_gguf), in_place=True)
+    for a, b in zip(whole.layers, small.layers):
+        for name in MATRICES:
+            np.testing.assert_array_equal(getattr(a, name).dequantize(), getattr(b, name).dequantize(), err_msg=name)
+
+
 def test_in_place_logits_equal_the_dequantized_models(random_gguf: Path, matmul_path: str, kernel_path: str):
     m = read_gguf(random_gguf)
     in_place = Model(m.config, load_gguf_weights(m, in_place=True))

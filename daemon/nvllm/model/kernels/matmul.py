@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from nvllm.model.kernels.library import load_library
 from nvllm.model.kernels.threads import MAX as MAX_THREADS
 from nvllm.model.quant.blocks import BlockMatrix, chunked_matmul
 from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
+from nvllm.model.quant.formats import BlockFormat
 from nvllm.model.quant.packed import PackedMatrix, pack_twin, packable, unpack_twin
 
 ABI = 16  # must equal matmul_abi() in csrc/matmul.c
@@ -271,6 +273,25 @@ def pack(w: BlockMatrix) -> PackedMatrix:
     data = np.empty(lib.pack_bytes(w.fmt.ggml_type, rows, n_in), np.uint8)
     lib.pack_panels(w.fmt.ggml_type, w.blocks.ctypes.data, rows, n_in, 0, -(-rows // 8), data.ctypes.data)
     return PackedMatrix(w.fmt, data, w.shape)
+
+
+def pack_rows(fmt: BlockFormat, shape: tuple[int, int], fill: Callable[[int, int, np.ndarray], None],
+              chunk_bytes: int = 16 << 20) -> PackedMatrix:
+    """W [rows, in] of format fmt packed from its rows as fill(start, stop, out) writes their blocks into out
+    (uint8 [stop - start, row bytes]), about chunk_bytes at a time: no whole copy of the blocks is made (a
+    loader's rows come from the mapped file)."""
+    rows, n_in = shape
+    if lib is None or not packable(fmt) or n_in % fmt.block_elems:
+        raise ValueError(f"w: a {fmt.name} weight {tuple(shape)} is not packed here")
+    row_bytes = n_in // fmt.block_elems * fmt.block_bytes
+    data = np.empty(lib.pack_bytes(fmt.ggml_type, rows, n_in), np.uint8)
+    step = max(1, chunk_bytes // max(1, 8 * row_bytes)) * 8   # whole panels
+    stage = np.empty((min(step, max(rows, 1)), row_bytes), np.uint8)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        fill(r0, r1, stage[:r1 - r0])
+        lib.pack_panels(fmt.ggml_type, stage.ctypes.data, rows, n_in, r0 // 8, -(-r1 // 8), data.ctypes.data)
+    return PackedMatrix(fmt, data, (rows, n_in))
 
 
 def unpack_rows(pm: PackedMatrix, start: int, stop: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from nvllm.model.config import ModelConfig, ModelLoadError
 from nvllm.model.kernels import matmul
 from nvllm.model.matrix.dense import DenseWeight
 from nvllm.model.matrix.fused import FusedWeight
-from nvllm.model.matrix.packed import in_kernel_layout
+from nvllm.model.matrix.packed import PackedWeight
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.quant.dequantize import dequantize
@@ -140,29 +140,47 @@ class _InPlaceTensors(_DequantizedTensors):
 
     def _stacked(self, found: list[tuple[str, BlockFormat, np.ndarray]],
                  shapes: list[tuple[int, ...]]) -> Weight:
-        """The tensors' rows of blocks stacked into one new array [sum of rows, row bytes], then repacked
-        for the kernels where the format is (matrix/packed.py; the stacked copy is let go)."""
+        """The tensors' rows of blocks stacked into one matrix [sum of rows, row bytes]: packed for the
+        kernels where the format is (matrix/packed.py), a chunk of rows at a time; otherwise one new array.
+        Q and K rows are unpermuted on the way (unpermute_rope_rows on whole rows of blocks, exact: HF row
+        j*d/2 + i of a head is GGUF row 2*i + j). Each tensor's mapped pages are dropped once copied."""
         fmt = found[0][1]
         row_bytes = raw_nbytes(fmt, shapes[0][1:])
-        out = np.empty((sum(s[0] for s in shapes), row_bytes), np.uint8)
+        rows = sum(s[0] for s in shapes)
+        parts = []   # (first row, rows, source rows, source row of each row or None)
         at = 0
         for (gname, _, raw), shape in zip(found, shapes):
             k = shape[0]
-            src, dst = raw.reshape(k, row_bytes), out[at:at + k]
             heads = self._rope_heads(gname)
-            if heads:
-                # unpermute_rope_rows on whole rows of blocks, exact: HF row j*d/2 + i of a head is
-                # GGUF row 2*i + j.  [heads, d/2, 2, bytes] -> [heads, 2, d/2, bytes]
+            order = None
+            if heads:   # [heads, 2, d/2] <- [heads, d/2, 2]
                 d = k // heads
-                dst.reshape(heads, 2, d // 2, row_bytes)[...] = src.reshape(heads, d // 2, 2, row_bytes).swapaxes(1, 2)
-                self.model.release(raw)
-            else:
-                step = max(1, _CHUNK_BYTES // max(1, row_bytes))
-                for r0 in range(0, k, step):                    # a chunk at a time, then drop its pages
-                    dst[r0:r0 + step] = src[r0:r0 + step]
-                    self.model.release(src[r0:r0 + step].reshape(-1))
+                order = np.arange(k).reshape(heads, d // 2, 2).swapaxes(1, 2).reshape(-1)
+            parts.append((at, k, raw.reshape(k, row_bytes), order, raw))
             at += k
-        return in_kernel_layout(QuantizedWeight(fmt, out, (len(out), shapes[0][1])))
+
+        def fill(r0: int, r1: int, out: np.ndarray) -> None:
+            for first, k, src, order, raw in parts:
+                a, b = max(r0, first), min(r1, first + k)
+                if a >= b:
+                    continue
+                dst = out[a - r0:b - r0]
+                if order is not None:
+                    dst[...] = src[order[a - first:b - first]]
+                    if b == first + k:
+                        self.model.release(raw)
+                else:
+                    dst[...] = src[a - first:b - first]
+                    self.model.release(src[a - first:b - first].reshape(-1))
+
+        if matmul.lib is not None and packable(fmt):
+            pm = matmul.pack_rows(fmt, (rows, shapes[0][1]), fill, _CHUNK_BYTES)
+            return PackedWeight(pm.fmt, pm.data, pm.shape)
+        out = np.empty((rows, row_bytes), np.uint8)
+        step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+        for r0 in range(0, rows, step):   # a chunk at a time, then drop its pages
+            fill(r0, min(rows, r0 + step), out[r0:r0 + step])
+        return QuantizedWeight(fmt, out, (rows, shapes[0][1]))
 
 
 def _release_all(model: GGUFModel) -> None:

@@ -82,7 +82,8 @@ void pack_panels(int fmt, const uint8_t *blocks, int64_t rows, int64_t in, int64
         const int live = rows - r0 < PANEL ? (int)(rows - r0) : PANEL;
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *blk[PANEL];
-            for (int r = 0; r < PANEL; r++) blk[r] = (uint8_t *)blocks + (r0 + (r < live ? r : 0)) * row_bytes + b * bb;
+            for (int r = 0; r < PANEL; r++)
+                blk[r] = (uint8_t *)blocks + (r0 - p0 * PANEL + (r < live ? r : 0)) * row_bytes + b * bb;
             strip_copy(f, nf, packed + (p * nb + b) * PANEL * bb, blk, live, 0);
         }
     }

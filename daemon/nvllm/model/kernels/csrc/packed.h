@@ -81,7 +81,8 @@ int pack_fields(int fmt, field_t *out);
 int pack_format(int fmt);
 /* Bytes of the packed form of W [rows, in]: rows rounded up to a panel. 0 for a format not packed. */
 int64_t pack_bytes(int fmt, int64_t rows, int64_t in);
-/* Panels p0 .. p1 of W's blocks [rows, row_bytes] into packed (laid out as pack_bytes counts). */
+/* Panels p0 .. p1 of W [rows, in] into packed (the whole matrix's, laid out as pack_bytes counts) from
+ * `blocks`, W's rows from row 8 p0 on [.., row_bytes] (so a matrix can be packed a chunk at a time). */
 void pack_panels(int fmt, const uint8_t *blocks, int64_t rows, int64_t in, int64_t p0, int64_t p1, uint8_t *packed);
 /* Rows r0 .. r1 of the packed W back to GGUF blocks [r1 - r0, row_bytes]. */
 void unpack_rows(int fmt, const uint8_t *packed, int64_t in, int64_t r0, int64_t r1, uint8_t *blocks);
