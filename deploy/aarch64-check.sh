@@ -13,7 +13,8 @@
 #
 # Emulation is slow (gcc and Python run 4 to 7 times slower there), so only what must run as arm64 runs
 # emulated. On a 2-core x86-64 a cold run takes about 11 minutes, 8 of them gcc building the kernels
-# (qdot.c above all: about 7 minutes, its debug information left out as said below).
+# (measured with the old one-file qdot.c: about 7 minutes of it; the kernels are one file per instruction
+# set now; its debug information left out as said below).
 #  - The root: debootstrap's first stage (on the host) fetches minbase with python3, python3-venv, gcc and
 #    libc6-dev and unpacks the required packages; the rest are unpacked on the host too (dpkg-deb), and of
 #    debootstrap's second stage (dpkg and the maintainer scripts under emulation) only what this check
@@ -27,7 +28,7 @@
 #    the dependencies and the tiny test models are written; pip installs the built wheel with [test]; then
 #    pytest, on every core (at most 4). The build runs with CFLAGS=-g0: without the debug information that
 #    Python's flags ask for GCC makes the same code, and under emulation writing it more than doubles the
-#    build (qdot.c). setup.py's flags (-O3 ...) stay as they are.
+#    build. setup.py's flags (-O3 ...) stay as they are.
 #
 # Needs root (debootstrap, chroot, mounts) and, when missing, installs debootstrap, qemu-user-static,
 # binfmt-support and python3 with apt-get. Works from nothing; what can be kept between runs is kept in
@@ -226,7 +227,7 @@ run_inside() {
     wait "$pid_fetch" || { tail -n 30 "$work/download.log" >&2; die "fetching the wheels failed (log above)"; }
     say "venv made and $(find "$wheels/run" -name '*.whl' | wc -l) wheels fetched in $(elapsed "$t")"
 
-    # Building nvllm is the long part (its C kernels, qdot.c above all, by gcc under emulation): pip builds
+    # Building nvllm is the long part (its C kernels, by gcc under emulation): pip builds
     # the wheel from /src while a second pip installs the dependencies on the other core and the tiny test
     # models are written; then pip installs the built wheel with its [test] extra, checking the set. CFLAGS=-g0
     # drops the debug information Python's own flags ask for (-g): GCC makes the same code either way, and

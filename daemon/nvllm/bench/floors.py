@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from nvllm.model.kernels import matmul
+from nvllm.model.kernels import matmul, peak
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.weights.layout import ModelWeights
 
@@ -85,7 +85,7 @@ def measure_int_peak_gops(threads: int) -> tuple[str, float] | None:
     variant = matmul.int_variant()
     if variant in ("", "float"):
         return None
-    return variant, matmul.int_peak_gops(variant, threads)
+    return variant, peak.int_peak_gops(variant, threads)
 
 
 def one_row_rates(w: ModelWeights, repeats: int = 5) -> dict[str, float]:

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.schedule import run_schedule
 from nvllm.model.decoder import Model
-from nvllm.model.kernels import matmul, ops, threads
+from nvllm.model.kernels import matmul, ops, peak, threads
 
 pytestmark = pytest.mark.skipif(matmul.lib is None or ops.lib is None, reason="the C kernels are not built")
 
@@ -46,7 +46,7 @@ def test_a_step_gives_the_same_bits_on_any_number_of_threads(tiny_models: dict[s
 
 def test_matmul_pool_run_runs_every_part_once() -> None:
     """dot.c's peak measurement: each part writes its count, here on fewer threads than parts too."""
-    job = matmul._PeakJob(matmul.INT_VARIANTS["scalar"], 1)
+    job = peak.PeakJob(matmul.INT_VARIANTS["scalar"], 1)
     part = ctypes.cast(matmul.lib.dot_peak_part, ctypes.c_void_p).value or 0   # type: ignore[union-attr]
     matmul.pool_run(part, ctypes.addressof(job), 5)
     assert [job.done[i] > 0 for i in range(6)] == [True] * 5 + [False]

@@ -12,16 +12,17 @@ decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARI
 used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
 float32 array [out, in] in the same way, with no BlockMatrix around it (a folder's weights).
 
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants, IQ4_XS among them (INT_FORMATS), quantize each row of x
-to 16 bits (blocks of 32, one float scale each) and multiply by the weights' quants with integer dot products
-(csrc/qdot.c; its NumPy twin, bit for bit, is qdot.py beside this file): 3-6 times faster for a one-row decode
-step than decoding the weights to float. Their results then differ from the exact float product by the
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants, IQ4_XS among them (INT_FORMATS), are multiplied
+packed into panels of 8 rows (`pack`, quant/packed.py's layout; the loaders pack at load, and a BlockMatrix
+given here is packed on first use): each row of x is quantized to 16 bits (blocks of 32, one float scale
+each, held as two int8 planes) and met with 8-bit integer dot instructions (csrc/dot_*.c; their NumPy twin,
+bit for bit, is qdot.py beside this file). Their results then differ from the exact float product by the
 rounding of x to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32
-rounding alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: 1.2-1.3x
-faster for a K-quant's one row, but ~0.5% of |x||W| at worst, which changed 3% of SmolLM2's top-1 tokens. The
-variant is picked at run time from what the CPU has (INT_VARIANTS; "float", the exact float path, where no
-SIMD one runs: the portable C is slower than it); `set_activations` picks the best one for model.activations
-(the engine calls it), `set_int_variant` any one, for tests and measurements.
+rounding alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: 1.1-1.7x
+faster per kernel, but ~0.5% of |x||W| at worst. The variant is picked at run time from what the CPU has
+(INT_VARIANTS; "float", the exact float path on rows decoded from the panels, where no SIMD one runs: the
+portable C is slower than it); `set_activations` picks the best one for model.activations (the engine calls
+it), `set_int_variant` any one, for tests and measurements.
 
 For prefill-sized x, `dequantized_matmul` hands BLAS the weights' rows decoded a chunk at a time by the
 same C decoders (`dequantize_rows`): BLAS's packed GEMM is 1.3-2x the tiles there.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -52,8 +52,8 @@ FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
            "IQ4_NL", "IQ4_XS")
 # The plain float tile's variants, by their number in csrc/matmul.c (portable: the build's baseline target).
 FLOAT_VARIANTS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
-# The integer dot products' formats and variants, by their number in csrc/qdot.c (float: x stays float32
-# and the weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones).
+# The integer kernels' formats and variants, by their number in csrc/dot.c (float: x stays float32 and the
+# weights are decoded, as for the other formats; scalar: portable C; then the SIMD ones; "-i16": exact x).
 INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
                 "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5, "neon-dotprod-i16": 6}
@@ -205,38 +205,6 @@ def pin_threads(on: bool) -> None:
     if lib.matmul_pin_threads(int(on)) != 0:
         raise OSError("model.pin_threads: could not read the CPUs this process may use (sched_getaffinity)")
     _pinned = on
-
-
-class _PeakJob(ctypes.Structure):
-    _fields_ = [("v", ctypes.c_int), ("reps", _I64), ("done", _I64 * MAX_THREADS)]   # dot.c's peak_job_t
-
-
-def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
-    """The integer peak of `variant` (one of int_variants(), not "float") on `threads` of the pool's threads:
-    its dot instruction's multiply-accumulates per second, counted as two operations each (as a GFLOP/s
-    figure counts a multiply-add), in billions; the best of three runs of about `seconds` each."""
-    if variant not in int_variants() or variant == "float":
-        raise ValueError(f"variant: {variant!r} has no integer peak here (runs: {', '.join(int_variants())})")
-    check_threads(threads)
-    assert lib is not None  # int_variants() is empty without it
-    v = INT_VARIANTS[variant]
-    reps = 1 << 12
-    while True:   # rounds enough for `seconds` on one thread
-        t = time.perf_counter()
-        lib.dot_peak(v, reps)
-        dt = time.perf_counter() - t
-        if dt >= seconds / 4 or reps >= 1 << 40:
-            break
-        reps *= 4
-    job = _PeakJob(v, max(1, int(reps * seconds / max(dt, 1e-9))))
-    part = ctypes.cast(lib.dot_peak_part, ctypes.c_void_p).value or 0
-    best = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
-        pool_run(part, ctypes.addressof(job), threads)
-        dt = time.perf_counter() - t
-        best = max(best, 2 * sum(job.done[:threads]) / dt / 1e9)
-    return best
 
 
 def _ptr(a: np.ndarray) -> int:

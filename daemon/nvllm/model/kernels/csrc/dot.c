@@ -168,7 +168,7 @@ int64_t dot_peak(int v, int64_t reps) {
 }
 
 /* dot_peak on the matmul pool's threads (matmul_pool_run): part p runs job->reps iterations into job->done[p]. */
-#define PEAK_PARTS 64   /* pool.c's MAX_THREADS, and matmul.py's _PeakJob */
+#define PEAK_PARTS 64   /* pool.c's MAX_THREADS, and peak.py's PeakJob */
 typedef struct {
     int v;
     int64_t reps;
