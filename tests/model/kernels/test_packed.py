@@ -104,24 +104,6 @@ def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant
         np.testing.assert_array_equal(run(pm, x, variant), twin(w, x, variant), err_msg=f"T={T}")
 
 
-@needs_lib
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_the_largest_products_sum_exactly(variant: str) -> None:
-    # Q8_0's quants at -128 (the blocks allow it) against x at its largest quant everywhere
-    n_in = 64
-    blocks = np.zeros((3, 2 * 34), np.uint8)
-    for r, q in enumerate((-128, 127, -1)):
-        for b in range(2):
-            blocks[r, 34 * b:34 * b + 2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
-            blocks[r, 34 * b + 2:34 * b + 34] = np.uint8(q & 255)
-    w = BlockMatrix(FORMAT["Q8_0"], blocks, (3, n_in))
-    x = np.full((2, n_in), 3.0, np.float32)
-    x[1, ::2] = -3.0
-    y = run(mk.pack(w), x, variant)
-    np.testing.assert_array_equal(y, twin(w, x, variant))
-    np.testing.assert_allclose(y, w.matmul(x), rtol=1e-6, atol=1e-3)
-
-
 # Where each format's fp16 scales (d, m, dmin) lie in its block: the other bytes are its integer quants and
 # 6-bit scales, which the extreme weights below set all to one value.
 FLOAT_AT = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82),
@@ -257,3 +239,17 @@ def test_the_float_variant_decodes_the_panels() -> None:
         x = rng.standard_normal((3, w.shape[1])).astype(np.float32)
         np.testing.assert_allclose(run(pm, x, "float"), w.matmul(x), rtol=2e-5, atol=1e-5 * np.abs(x).sum())
         np.testing.assert_array_equal(mk.dequantize_rows(pm, 2, 11), w.dequantize()[2:11])
+
+
+@needs_lib
+def test_a_packed_weight_looks_up_rows_and_decodes_as_its_blocks_do() -> None:
+    from nvllm.model.matrix.packed import PackedWeight
+
+    w = weight("Q4_K", 13, 8, rng_for("rows"))
+    pw = PackedWeight.of(w)
+    ids = np.array([0, 12, 5, 5])
+    np.testing.assert_array_equal(pw.rows(ids), w.rows(ids))
+    np.testing.assert_array_equal(pw.dequantize(), w.dequantize())
+    assert pw.nbytes == 16 * w.blocks.shape[1]   # the file's bytes and three zero rows to a whole panel
+    with pytest.raises(ValueError, match="row id 13 is out of range for a Q4_K weight of 13 rows"):
+        pw.rows(np.array([13]))

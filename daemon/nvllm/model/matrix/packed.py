@@ -10,7 +10,7 @@ from nvllm.model.kernels import matmul, threads
 from nvllm.model.kernels.matmul import dequantize_rows, dequantized_matmul, pack, quant_matmul
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.matrix.weight import DECODE_ROWS, Weight
-from nvllm.model.quant.blocks import BlockMatrix
+from nvllm.model.quant.blocks import BlockMatrix, checked_row_ids
 from nvllm.model.quant.packed import PackedMatrix, packable
 
 
@@ -34,13 +34,7 @@ class PackedWeight(PackedMatrix, Weight):
         return (self,) if rows <= DECODE_ROWS else None
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids)
-        n_rows = self.shape[0]
-        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-            raise ValueError(f"rows of a {self.fmt.name} weight need 1-D integer ids, got {ids.dtype} {ids.shape}")
-        bad = ids[(ids < 0) | (ids >= n_rows)]
-        if bad.size:
-            raise ValueError(f"row id {int(bad[0])} is out of range for a {self.fmt.name} weight of {n_rows} rows")
+        ids = checked_row_ids(ids, self.shape[0], self.fmt.name)
         out = np.empty((len(ids), self.shape[1]), np.float32)
         for i, r in enumerate(ids.tolist()):
             dequantize_rows(self, r, r + 1, 1, out[i:i + 1])

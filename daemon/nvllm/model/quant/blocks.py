@@ -59,14 +59,7 @@ class BlockMatrix:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` (1-D integers, each in 0..out-1) as float32 [len(ids), in], dequantizing only those
         rows: an embedding lookup in a token table kept in its file format."""
-        ids = np.asarray(ids)
-        n_rows = self.shape[0]
-        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-            raise ValueError(f"rows of a {self.fmt.name} weight need 1-D integer ids, got {ids.dtype} {ids.shape}")
-        bad = ids[(ids < 0) | (ids >= n_rows)]
-        if bad.size:
-            raise ValueError(f"row id {int(bad[0])} is out of range for a {self.fmt.name} weight of "
-                             f"{n_rows} rows")
+        ids = checked_row_ids(ids, self.shape[0], self.fmt.name)
         raw = self.blocks[ids.astype(np.intp)].reshape(-1)  # [n, row_bytes] gathered, then flat
         return dequantize(self.fmt, raw, (len(ids), self.shape[1]))
 
@@ -89,6 +82,17 @@ class BlockMatrix:
             def decode(start: int, stop: int, out: np.ndarray) -> None:
                 dequantize_into(self.fmt, self.blocks[start:stop].reshape(-1), out)
         return chunked_matmul(self.shape, x, decode, scratch, y)
+
+
+def checked_row_ids(ids: np.ndarray, n_rows: int, fmt_name: str) -> np.ndarray:
+    """ids as a 1-D integer array of rows of a weight of n_rows rows, or a ValueError naming the bad one."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+        raise ValueError(f"rows of a {fmt_name} weight need 1-D integer ids, got {ids.dtype} {ids.shape}")
+    bad = ids[(ids < 0) | (ids >= n_rows)]
+    if bad.size:
+        raise ValueError(f"row id {int(bad[0])} is out of range for a {fmt_name} weight of {n_rows} rows")
+    return ids
 
 
 def chunked_matmul(shape: tuple[int, int], x: np.ndarray, decode: Callable[[int, int, np.ndarray], object],
