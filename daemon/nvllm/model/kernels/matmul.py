@@ -395,7 +395,7 @@ def dequantize_rows(w: Matrix, start: int, stop: int, threads: int = 1,
     """Rows start:stop of W as float32 [stop - start, in] by the C decoders (bit for bit quant/dequantize.py's),
     on `threads` threads, into `out` when given; NumPy's where the library was not built or the format
     has no kernel."""
-    _, _, ggml_type, blocks, row_bytes = weight_args(w)
+    _, _, ggml_type, blocks, row_bytes = _decode_args(w)
     check_threads(threads)
     n_out, n_in = w.shape
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= n_out):
@@ -412,6 +412,15 @@ def dequantize_rows(w: Matrix, start: int, stop: int, threads: int = 1,
     return out
 
 
+def _decode_args(w: Matrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
+    """weight_args for decoding rows: a BlockMatrix's own blocks (decoded in place: packing it first would
+    cost a copy and a slower decode), a PackedMatrix's panels."""
+    if isinstance(w, PackedMatrix):
+        return weight_args(w)
+    _check_weight(w)
+    return w.blocks, w.shape, w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1]
+
+
 def dequantized_matmul(w: Matrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x [T, in] float32 -> x @ W.T [T, out] float32 by BLAS on W's rows dequantized a chunk at a time (by
     the C decoders, each value exactly quant/dequantize.py's): for many rows of x (prefill), where BLAS's packed
@@ -419,7 +428,7 @@ def dequantized_matmul(w: Matrix, x: np.ndarray, out: np.ndarray | None = None) 
     decoder. Into `out` when given (as quant_matmul takes it). The decoding (7 G values/s, 2-3% of the GEMM
     at 512 rows) stays on the calling thread: the pool's threads would compete with BLAS's, which spin a
     while after each GEMM (measured: up to 2x slower on 2 cores)."""
-    weight_args(w)
+    _decode_args(w)
     n_out, n_in = w.shape
     _check_x(x, n_in)
     if out is not None:
