@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -383,3 +384,18 @@ def pings_while_stalled(daemon: DaemonProcess, notify: NotifySocket, window_s: f
     resumed = time.monotonic()
     wait_for(lambda: notify.ping_times() and notify.ping_times()[-1] > resumed, "a ping after the stall")
     return quiet
+
+
+async def drained(engine: Any, ae: Any) -> None:
+    """Waits (5 s at most) until the engine runs no request and the async engine has no stream open."""
+    for _ in range(500):
+        if engine.stats()["running"] == 0 and not ae.num_streams:
+            return
+        await asyncio.sleep(0.01)
+
+
+def assert_pages_all_back(engine: Any) -> None:
+    """Every page of the engine's pool is free or cached again, and its books agree."""
+    bm = engine.block_manager
+    assert len(bm.free_ids) + bm.num_cached_blocks == bm.num_blocks
+    bm.check_integrity()

@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1._async import HealthServicer
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers.daemon_util import assert_pages_all_back, drained
 from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import LLMEngine
@@ -58,17 +59,12 @@ def serve(engine: LLMEngine, body: Callable[[Client, DaemonState], Awaitable[Any
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://nvllm") as client:
                 result = await body(client, state)
-            for _ in range(500):
-                if engine.stats()["running"] == 0 and not ae.num_streams:
-                    break
-                await asyncio.sleep(0.01)
+            await drained(engine, ae)
             return result
         finally:
             ae.shutdown()
     result = asyncio.run(main())
-    bm = engine.block_manager
-    assert len(bm.free_ids) + bm.num_cached_blocks == bm.num_blocks
-    bm.check_integrity()
+    assert_pages_all_back(engine)
     return result
 
 

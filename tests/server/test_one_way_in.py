@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1._async import HealthServicer
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers.daemon_util import assert_pages_all_back, drained
 from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import LLMEngine
@@ -38,17 +39,12 @@ def run(engine: LLMEngine, body: Callable[[DaemonState], Awaitable[Any]], ready:
             await state.set_ready(ae, None)
         try:
             result = await body(state)
-            for _ in range(500):
-                if engine.stats()["running"] == 0 and not ae.num_streams:
-                    break
-                await asyncio.sleep(0.01)
+            await drained(engine, ae)
             return result
         finally:
             ae.shutdown()
     result = asyncio.run(main())
-    bm = engine.block_manager
-    assert len(bm.free_ids) + bm.num_cached_blocks == bm.num_blocks
-    bm.check_integrity()
+    assert_pages_all_back(engine)
     return result
 
 
