@@ -39,7 +39,7 @@ setup(
                      "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h",
                      "daemon/nvllm/model/kernels/csrc/matmul.h",
                      "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h",
-                     "daemon/nvllm/model/kernels/csrc/dot_arm.h"],
+                     "daemon/nvllm/model/kernels/csrc/dot_arm.h", "daemon/nvllm/model/kernels/csrc/dot_float.h"],
             # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",

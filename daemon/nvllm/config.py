@@ -115,10 +115,12 @@ class ModelSettings:
     # matrices at load as llama.cpp would (a matrix whose rows do not split into the format's blocks
     # falls back: q4_k -> q8_0 -> float32). A GGUF always keeps its formats.
     quantization: str = field(default="", metadata=one_of("", "f32", "q8_0", "q4_0", "q4_k", "bf16", "f16"))
-    # How a quantized weight meets x: "exact" rounds x to 16-bit integers per block of 32 (top-1 tokens
-    # as the float product's); "int8" to 8 bits, as llama.cpp does (faster, coarser); "float" decodes
-    # the weights and multiplies in float32 (the reference, slowest). One setting per process.
-    activations: str = field(default="exact", metadata=one_of("exact", "int8", "float"))
+    # How a quantized weight meets x: "int8" rounds x to 8-bit integers per block of 32, as llama.cpp
+    # does (the default: faster than "exact" in 21 of 24 measured cases, 1.1-1.45x at 16 streams, and
+    # SmolLM2's perplexity within 0.05% of the float path's); "exact" to 16 bits (top-1 tokens as the
+    # float product's); "float" decodes the weights and multiplies in float32 (the reference, slowest).
+    # One setting per process.
+    activations: str = field(default="int8", metadata=one_of("exact", "int8", "float"))
 
 
 @dataclass

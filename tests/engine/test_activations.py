@@ -1,6 +1,6 @@
 """model.activations: how quantized weights meet x, chosen per process by the engine that is built.
 
-"exact" (16-bit x) is the default; "int8" is llama.cpp's 8-bit x; "float" decodes the weights. Each is held
+"int8" (llama.cpp's 8-bit x) is the default; "exact" is 16-bit x; "float" decodes the weights. Each is held
 here to reach the kernels (the variant in use) and to change what a K-quant model computes, and the flag
 to reach the settings.
 """
@@ -41,7 +41,7 @@ def _logits(path: str, activations: str | None) -> tuple[str, np.ndarray]:
 def test_each_setting_picks_its_variant_and_changes_the_products(q4_k_model):
     runs = mk.int_variants()
     picked = {kind: _logits(q4_k_model, kind) for kind in ("exact", "int8", "float")}
-    assert _logits(q4_k_model, None)[0] == picked["exact"][0]      # the default is exact
+    assert _logits(q4_k_model, None)[0] == picked["int8"][0]       # the default is int8
     assert picked["float"][0] == "float"
     if any(v.endswith("-i16") and v != "scalar-i16" for v in runs):
         assert picked["exact"][0].endswith("-i16") and not picked["int8"][0].endswith("-i16")
@@ -59,7 +59,7 @@ def test_set_activations_refuses_other_values():
 def test_setting_is_checked_and_the_flags_reach_it():
     with pytest.raises(ConfigError, match="activations"):
         load_settings(overrides={"model": {"activations": "int4"}})
-    assert load_settings().model.activations == "exact"
+    assert load_settings().model.activations == "int8"
     for command in (["serve"], ["generate", "hi"], ["bench"]):
         assert cli.build_parser().parse_args(command + ["--activations", "int8"]).activations == "int8"
         assert cli.build_parser().parse_args(command).activations is None

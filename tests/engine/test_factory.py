@@ -162,12 +162,11 @@ class TestQuantizationAtLoad:
                              [("q8_0", 0.3), ("q4_0", 0.2), ("q4_k", 0.3), ("bf16", 0.55), ("f16", 0.55)])
     def test_a_folder_is_served_in_the_format_asked_for(self, tiny_models, kind, fraction):
         from nvllm.model.matrix.packed import PackedWeight
-        from nvllm.model.matrix.quantized import QuantizedWeight
 
         full = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization="f32")
         small = LLM(tiny_models["tiny-qwen2"], num_blocks=64, quantization=kind)
         w = small.engine.model.weights
-        kept = PackedWeight if kind.startswith("q") else QuantizedWeight   # block formats packed at load
+        kept = PackedWeight   # every block format packed at load, the 16-bit floats among them
         assert all(isinstance(getattr(layer, f), kept) for layer in w.layers for f in ("qkv", "o", "gate_up", "down"))
         assert isinstance(w.embed, kept)
         assert w.nbytes < fraction * full.engine.model.weights.nbytes

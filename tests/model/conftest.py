@@ -18,8 +18,8 @@ def paths(request, monkeypatch):
 @pytest.fixture
 def exact_float_matmuls():
     """GGUF logits are held to transformers within 1e-3 on the exact float path: blocks decoded to float,
-    x kept float32. The default, x quantized to 16 bits, moves SmolLM2's logits by up to ~0.007 and is
-    held to its own rule (test_qdot.py); the greedy continuations run on the default path and must still
+    x kept float32. Activations "exact", x quantized to 16 bits, move SmolLM2's logits by up to ~0.007
+    and are held to their own rule (test_qdot.py); the greedy continuations run on "exact" and must still
     be transformers' token for token."""
     from nvllm.model.kernels import matmul as mk
 

@@ -2,7 +2,8 @@
 
 Logits must agree within 1e-3 at every position however the tokens reach the model: the whole prompt
 at once, chunks of 7, one token at a time through the cache, several sequences packed in one batch,
-and steps that mix prefill chunks with decode tokens.
+and steps that mix prefill chunks with decode tokens (on the exact float path); the greedy continuations
+run with model.activations "exact" (x in 16 bits), whatever the default.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def test_mixed_prefill_and_decode_steps(loaded, kernel_path):
             check(g, ours, ref, f"{name} mixed steps, prompt {k}")
 
 
+@pytest.mark.usefixtures("keep_int_variant")
 @pytest.mark.parametrize("which", MODEL_PARAMS)
 def test_greedy_continuations_match_transformers(which, request):
     name, form = which
@@ -160,7 +162,7 @@ def test_greedy_continuations_match_transformers(which, request):
     cases = json.loads(path.read_text())
     if name == "smollm2-135m-instruct":
         assert len(cases) >= 8
-    llm = LLM(model_path(name, form, request), num_blocks=256, max_model_len=2048)
+    llm = LLM(model_path(name, form, request), num_blocks=256, max_model_len=2048, activations="exact")
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases],
                         SamplingParams(temperature=0, max_tokens=max(len(c["output_ids"]) for c in cases)))
     for c, o in zip(cases, outs):
@@ -175,8 +177,9 @@ def test_greedy_continuations_match_transformers(which, request):
         assert ids == c["prompt_ids"], f"{name} / {c['name']}: prompt tokenized differently"
 
 
+@pytest.mark.usefixtures("keep_int_variant")
 def test_smollm2_knows_the_capital_of_france(smollm2):
-    llm = LLM(smollm2, num_blocks=64, max_model_len=1024)
+    llm = LLM(smollm2, num_blocks=64, max_model_len=1024, activations="exact")
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0, max_tokens=32))[0]
     assert out.text == "The capital of France is Paris."

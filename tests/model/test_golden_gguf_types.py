@@ -2,7 +2,7 @@
 the files llama-quantize makes of SmolLM2 and of tiny256 (rows of 256) in Q5_0, IQ4_NL, Q3_K_M, Q2_K
 and IQ4_XS, remade here by nvllm's own quantizers (helpers/gguf_type_cases.py), load with each type in
 place and give transformers' logits (tiny256, within 1e-3, exact float path, both kernel paths) and its
-greedy tokens (default path, KV cache f32)."""
+greedy tokens (activations "exact", KV cache f32)."""
 from __future__ import annotations
 
 import json
@@ -79,7 +79,7 @@ def test_tiny256_logits_match_transformers(tiny256_model, tiny256, schedule, ker
 def check_greedy(key: str, path: Path, least: int) -> None:
     cases = golden(key, path)["cases"]
     assert len(cases) >= least, f"{key}: only {len(cases)} clear greedy cases in the golden"
-    llm = LLM(path, num_blocks=64, max_model_len=1024, kv_cache_dtype="f32")
+    llm = LLM(path, num_blocks=64, max_model_len=1024, kv_cache_dtype="f32", activations="exact")
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases],
                         SamplingParams(temperature=0, max_tokens=max(len(c["output_ids"]) for c in cases)))
     for c, o in zip(cases, outs):
@@ -89,12 +89,14 @@ def check_greedy(key: str, path: Path, least: int) -> None:
             assert o.finish_reason == "stop" and len(o.token_ids) == n, f"{key} / {c['name']}"
 
 
+@pytest.mark.usefixtures("keep_int_variant")
 @pytest.mark.parametrize("file_type", FILE_TYPES)
 def test_tiny256_greedy_matches_transformers(file_type, tiny256):
     check_greedy(f"tiny256-{file_type}", tiny256[file_type], least=2)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("keep_int_variant")
 @pytest.mark.parametrize("file_type", FILE_TYPES)
 def test_smollm2_greedy_matches_transformers(file_type, smollm2_typed):
     """SmolLM2 written again in each type by nvllm's quantizers (llama-quantize's bytes): transformers'

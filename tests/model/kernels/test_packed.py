@@ -1,5 +1,6 @@
-"""The repacked weights (csrc/pack.c against quant/packed.py's twin, and back) and the integer kernels that
-read them (every variant of csrc/dot_*.c against kernels/qdot.py, bit for bit)."""
+"""The repacked weights (csrc/pack.c against quant/packed.py's twin, and back) and the kernels that read them
+(every variant of csrc/dot_*.c against kernels/qdot.py, and for F16 and BF16 kernels/fdot.py, bit for
+bit)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from helpers.gguf_util import random_blocks
+from nvllm.model.kernels import fdot, qdot
 from nvllm.model.kernels import matmul as mk
-from nvllm.model.kernels import qdot
 from nvllm.model.quant import packed
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.formats import FORMATS
@@ -34,13 +35,25 @@ def rng_for(*what: object) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(what).encode()))
 
 
+def float_weight(name: str, rows: int, n_in: int, rng: np.random.Generator) -> BlockMatrix:
+    """F16 or BF16 values of both signs and many magnitudes (random_blocks' are small positive scales)."""
+    v = (rng.standard_normal((rows, n_in)) * np.exp2(rng.integers(-6, 4, (rows, n_in)))).astype(np.float32)
+    bf16 = (v.view(np.uint32) >> 16).astype("<u2")
+    raw = v.astype(np.float16).view(np.uint8) if name == "F16" else bf16.view(np.uint8)
+    return BlockMatrix(FORMAT[name], np.ascontiguousarray(raw.reshape(rows, 2 * n_in)), (rows, n_in))
+
+
 def weight(name: str, rows: int, blocks: int, rng: np.random.Generator) -> BlockMatrix:
     n_in = 256 * -(-blocks // 8) if name in K_QUANTS else 32 * blocks
+    if name in fdot.FORMATS:
+        return float_weight(name, rows, n_in, rng)
     raw = random_blocks(rng, GT[name], (rows, n_in))
     return BlockMatrix(FORMAT[name], np.ascontiguousarray(raw), (rows, n_in))
 
 
 def twin(w: BlockMatrix, x: np.ndarray, variant: str) -> np.ndarray:
+    if w.fmt.name in fdot.FORMATS:   # x stays float whatever the variant's activations
+        return fdot.matmul(w, x)
     return qdot.matmul(w, x, 16 if variant.endswith("-i16") else 8)
 
 
@@ -104,6 +117,39 @@ def test_every_variant_equals_the_twin_bitwise(name: str, layout: tuple, variant
         np.testing.assert_array_equal(run(pm, x, variant), twin(w, x, variant), err_msg=f"T={T}")
 
 
+@needs_lib
+@pytest.mark.parametrize("name", fdot.FORMATS)
+@pytest.mark.parametrize("n_in", [1, 3, 6, 37, 640])
+def test_floats_of_any_row_length_equal_the_twin_in_every_variant(name: str, n_in: int) -> None:
+    # rows not a multiple of the four sums (the last 1 .. 3 values go to sums 0 .. 2 only), and "float",
+    # the variant with no integer kernel, which still reads these panels
+    rng = rng_for("floats", name, n_in)
+    w = float_weight(name, 13, n_in, rng)
+    pm = mk.pack(w)
+    for variant in ["float", *VARIANTS]:
+        for T in (1, 2, 3, 4, 5, 9):
+            x = rng.standard_normal((T, n_in)).astype(np.float32)
+            np.testing.assert_array_equal(run(pm, x, variant), fdot.matmul(w, x), err_msg=f"{variant} T={T}")
+
+
+@needs_lib
+@pytest.mark.parametrize("name", fdot.FORMATS)
+def test_float_panels_read_the_format_exactly(name: str) -> None:
+    # one weight 1 in each row's own column, x a row of distinct values: y is the weight's exact value
+    # times x, so a conversion that rounds (or a BF16 read as F16) shows; subnormal halves included
+    rows, n_in = 9, 12
+    v = np.zeros((rows, n_in), np.float32)
+    vals = np.array([1.5, -2.0, 6.1e-5, -3.0e-6, 65504.0, 0.333, -7.25, 1e-7, 2.0 ** -14], np.float32)
+    v[np.arange(rows), np.arange(rows)] = vals
+    half = v.astype(np.float16) if name == "F16" else None
+    raw = half.view(np.uint8) if half is not None else (v.view(np.uint32) >> 16).astype("<u2").view(np.uint8)
+    w = BlockMatrix(FORMAT[name], np.ascontiguousarray(raw.reshape(rows, 2 * n_in)), (rows, n_in))
+    exact = half.astype(np.float32) if half is not None else ((v.view(np.uint32) >> 16) << 16).view(np.float32)
+    x = np.ones((1, n_in), np.float32)
+    for variant in VARIANTS:
+        np.testing.assert_array_equal(run(mk.pack(w), x, variant)[0], exact[np.arange(rows), np.arange(rows)])
+
+
 # Where each format's fp16 scales (d, m, dmin) lie in its block: the other bytes are its integer quants and
 # 6-bit scales, which the extreme weights below set all to one value.
 FLOAT_AT = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82),
@@ -112,7 +158,7 @@ FLOAT_AT = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_
 
 @needs_lib
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("name", packed.FIELDS)
+@pytest.mark.parametrize("name", qdot.FORMATS)
 def test_extreme_weights_against_extreme_x_sum_exactly(name: str, variant: str) -> None:
     # every quant byte 0x00 or 0xff (the largest weights and offsets each format has, and its largest
     # scales) against x at its largest quant, all of one sign or alternating: no partial sum may wrap
@@ -211,13 +257,13 @@ def test_every_exact_quant_has_two_planes_in_int8() -> None:
 
 
 def test_formats_without_a_packing_are_refused_naming_the_format() -> None:
-    w = BlockMatrix(FORMAT["F16"], np.zeros((2, 64), np.uint8), (2, 32))
-    with pytest.raises(ValueError, match="F16 is not packed"):
+    w = BlockMatrix(FORMAT["F32"], np.zeros((2, 128), np.uint8), (2, 32))
+    with pytest.raises(ValueError, match="F32 is not packed"):
         mk.pack(w)
 
 
 @needs_lib
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "F16", "BF16"])
 def test_threads_and_batch_neighbours_do_not_change_a_bit(name: str) -> None:
     rng = rng_for("threads", name)
     w = weight(name, 61, 16, rng)
@@ -232,6 +278,7 @@ def test_threads_and_batch_neighbours_do_not_change_a_bit(name: str) -> None:
 @needs_lib
 def test_the_float_variant_decodes_the_panels() -> None:
     # activations "float": matmul.c's tiles decode each row from the panels, exactly dequantize.py's values
+    # (F16 and BF16: their own float panels, as in every variant)
     rng = rng_for("float")
     for name in packed.FIELDS:
         w = weight(name, 13, 9, rng)

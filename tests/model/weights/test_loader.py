@@ -191,10 +191,10 @@ def _stored_dtypes(folder: Path) -> dict[str, str]:
 @pytest.mark.parametrize("name", ["tiny-llama-f16", "tiny-qwen2"])
 def test_as_stored_keeps_16_bit_matrices_in_16_bits_exactly(tiny_models, name):
     """model.quantization "" (the default): a matrix whose parts are all float16 (or all bfloat16) stays a
-    QuantizedWeight of that format holding exactly the file's values; a matrix with a float32 part, the
+    weight of that format (packed at load) holding exactly the file's values; a matrix with a float32 part, the
     norms and the biases are float32; bytes and formats are what stored_weights plans from the headers."""
     from nvllm.model.kernels import matmul as matmul_kernels
-    from nvllm.model.matrix.quantized import QuantizedWeight
+    from nvllm.model.matrix.packed import PackedWeight
     from nvllm.model.weights.folder import stored_weights
 
     if matmul_kernels.lib is None:
@@ -212,7 +212,7 @@ def test_as_stored_keeps_16_bit_matrices_in_16_bits_exactly(tiny_models, name):
         dtypes = {stored[n] for n in names}
         got, want = getattr(w.layers[1], field), getattr(f32.layers[1], field)
         if len(dtypes) == 1 and dtypes <= {"F16", "BF16"}:
-            assert isinstance(got, QuantizedWeight) and got.fmt.name == dtypes.pop(), field
+            assert isinstance(got, PackedWeight) and got.fmt.name == dtypes.pop(), field   # packed at load
             np.testing.assert_array_equal(got.dequantize(), want.array)
             kept += 1
         else:

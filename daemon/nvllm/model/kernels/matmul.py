@@ -7,19 +7,22 @@ nvllm.model.kernels._matmul and called through ctypes (which lets go of the GIL 
 does and sums in float32 in a fixed order per output, so its result is the twin's within float32
 rounding, and it does not depend on the thread count nor on the other rows of x.
 
-The plain float formats (F32, F16, BF16) have a tile of their own, built for the few rows of x of a
-decode step as much as for prefill, in variants for what the CPU has (FLOAT_VARIANTS: the best one is
-used; `set_float_variant` picks another, for tests and measurements). `float_matmul` multiplies by a
-float32 array [out, in] in the same way, with no BlockMatrix around it (a folder's weights).
+F32 has a tile of its own, built for the few rows of x of a decode step as much as for prefill, in
+variants for what the CPU has (FLOAT_VARIANTS: the best one is used; `set_float_variant` picks another,
+for tests and measurements). `float_matmul` multiplies by a float32 array [out, in] in the same way, with
+no BlockMatrix around it (a folder's weights). F16 and BF16 are packed as the block formats below are and
+multiplied in float32 by csrc/dot_float.h, each lane of a vector its own output row (x is never
+quantized; fdot.py beside this file is their twin, bit for bit, in every variant).
 
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants, IQ4_XS among them (INT_FORMATS), are multiplied
 packed into panels of 8 rows (`pack`, quant/packed.py's layout; the loaders pack at load, and a BlockMatrix
-given here is packed on first use): each row of x is quantized to 16 bits (blocks of 32, one float scale
-each, held as two int8 planes) and met with 8-bit integer dot instructions (csrc/dot_*.c; their NumPy twin,
-bit for bit, is qdot.py beside this file). Their results then differ from the exact float product by the
-rounding of x to 16 bits (~0.002% of |x||W| at worst; SmolLM2's top-1 tokens do not change), not by float32
-rounding alone. The variants whose names lack "-i16" quantize x to 8 bits instead, as llama.cpp does: 1.1-1.7x
-faster per kernel, but ~0.5% of |x||W| at worst. The variant is picked at run time from what the CPU has
+given here is packed on first use): each row of x is quantized to 8 bits (blocks of 32, one float scale
+each, as llama.cpp quantizes activations) and met with 8-bit integer dot instructions (csrc/dot_*.c; their
+NumPy twin, bit for bit, is qdot.py beside this file). Their results then differ from the exact float
+product by the rounding of x (~0.5% of |x||W| at worst; SmolLM2's perplexity moves by 0.05%), not by
+float32 rounding alone. The "-i16" variants quantize x to 16 bits instead, held as two int8 planes, both
+met by the 8-bit instructions: ~0.002% of |x||W| at worst (SmolLM2's top-1 tokens do not change), 1.1-1.7x
+slower per kernel. The variant is picked at run time from what the CPU has
 (INT_VARIANTS; "float", the exact float path on rows decoded from the panels, where no SIMD one runs: the
 portable C is slower than it); `set_activations` picks the best one for model.activations (the engine calls
 it), `set_int_variant` any one, for tests and measurements.
@@ -45,7 +48,7 @@ from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quant.formats import BlockFormat
 from nvllm.model.quant.packed import PackedMatrix, pack_twin, packable, unpack_twin
 
-ABI = 16  # must equal matmul_abi() in csrc/matmul.c
+ABI = 17  # must equal matmul_abi() in csrc/matmul.c
 PACKED_FLAG = 0x100  # csrc/packed.h: a format id's bit saying the weights are packed
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",

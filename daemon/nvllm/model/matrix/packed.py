@@ -1,6 +1,6 @@
-"""A matrix repacked at load into panels of 8 rows (quant/packed.py's layout), multiplied by the integer
-kernels of kernels/csrc/dot_*.c: what the loaders make of every matrix in a packable GGUF format when the C
-kernels are built (QuantizedWeight keeps the file's blocks as they are, for the NumPy paths and tests)."""
+"""A matrix repacked at load into panels of 8 rows (quant/packed.py's layout), multiplied by the kernels of
+kernels/csrc/dot_*.c: what the loaders make of every matrix in a packable GGUF format when the C kernels
+are built (QuantizedWeight keeps the file's blocks as they are, for the NumPy paths and tests)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from nvllm.model.quant.packed import PackedMatrix, packable
 
 class PackedWeight(PackedMatrix, Weight):
     """W as its panels. Up to DECODE_ROWS rows of x (decode) the C kernels multiply by the panels in place
-    (x quantized to 16 or 8 bits, integer dot products; kernels.matmul.quant_matmul); more rows (prefill) go
-    to BLAS on rows decoded a chunk at a time from the panels. The panels hold the file's bytes, no more."""
+    (kernels.matmul.quant_matmul: x quantized to 16 or 8 bits and integer dot products; F16 and BF16 in
+    float32, each lane of a vector its own row); more rows (prefill) go to BLAS on rows decoded a chunk at
+    a time from the panels. The panels hold the file's bytes, no more."""
 
     @classmethod
     def of(cls, w: BlockMatrix) -> PackedWeight:

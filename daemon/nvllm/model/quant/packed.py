@@ -1,5 +1,6 @@
-"""A matrix repacked into panels of 8 rows for the integer kernels: kernels/csrc/packed.h's layout, and
-its NumPy twin (what kernels/csrc/pack.c is tested against).
+"""A matrix repacked into panels of 8 rows for the kernels of kernels/csrc/dot_*.c (integer dot products;
+F16 and BF16 in float): kernels/csrc/packed.h's layout, and its NumPy twin (what kernels/csrc/pack.c is
+tested against).
 
 A panel holds 8 rows block by block: a strip per block of a row, each field of the 8 rows' blocks (d,
 m, qh, qs, scales, ...) interleaved in chunks of min(4, field bytes), so a SIMD lane of 32 bits is one
@@ -32,6 +33,8 @@ FIELDS: dict[str, tuple[tuple[int, int], ...]] = {
     "Q2_K": ((0, 16), (16, 64), (80, 2), (82, 2)),
     "Q3_K": ((0, 32), (32, 64), (96, 12), (108, 2)),
     "IQ4_XS": ((0, 2), (2, 2), (4, 4), (8, 128)),
+    "F16": ((0, 2),),    # one value a block: a strip is the 8 rows' values at one k, side by side
+    "BF16": ((0, 2),),
 }
 
 

@@ -73,8 +73,8 @@ static int chosen = -1;   /* the variant in use; -1 until the first call picks t
 
 /* Makes packed weights use variant v (a bit of dot_variants; 0: decoded to float) from the next call on
  * and returns v, or -1 if this machine cannot run it; a negative v changes nothing and returns the variant
- * in use: unless set, the fastest SIMD one with exact activations, or 0 where there is none (the portable
- * C is the reference, slower than decoding to float). */
+ * in use: unless set, the fastest SIMD one with int8 activations (model.activations' default), or 0 where
+ * there is none (the portable C is the reference, slower than decoding to float). */
 int dot_variant(int v) {
     if (v >= 0) {
         if (v >= V_COUNT || !(dot_variants() >> v & 1)) return -1;
@@ -84,7 +84,7 @@ int dot_variant(int v) {
     int c = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
     if (c < 0) {
         const int mask = dot_variants();
-        c = mask >> (V_DOT + V_EXACT) & 1 ? V_DOT + V_EXACT : mask >> (V_SIMD + V_EXACT) & 1 ? V_SIMD + V_EXACT : 0;
+        c = mask >> V_DOT & 1 ? V_DOT : mask >> V_SIMD & 1 ? V_SIMD : 0;
         __atomic_store_n(&chosen, c, __ATOMIC_RELAXED);
     }
     return c;
@@ -155,6 +155,18 @@ int dot_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, in
     const dot_isa_t *isa = isa_of(v);
     if (!isa) return -1;
     (v > V_EXACT ? isa->exact : isa->int8)(fmt, packed, in / block_elems(fmt), p0, p1, qx, T, y, ys, rows);
+    return 0;
+}
+
+/* y for the rows of panels p0 .. p1 of a packed F16 or BF16 W [rows, in], x float32: variant v's
+ * instruction set (the best this machine runs where v has none: 0, the float path, among them), each
+ * giving the same bits. 0, or -1 for a format that is not plain floats. */
+int dot_float_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, int64_t p1, const float *x,
+                     int64_t xs, int64_t T, float *y, int64_t ys, int64_t rows) {
+    if (!pack_floats(fmt)) return -1;
+    const dot_isa_t *isa = isa_of(v);
+    if (!isa) isa = isa_of(V_DOT) ? isa_of(V_DOT) : isa_of(V_SIMD) ? isa_of(V_SIMD) : &dot_scalar;
+    isa->floats(fmt, packed, in, p0, p1, x, xs, T, y, ys, rows);
     return 0;
 }
 

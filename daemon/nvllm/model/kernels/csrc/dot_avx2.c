@@ -69,6 +69,11 @@ static int64_t avx2_peak(int64_t reps) {
     return reps * steps * 32;
 }
 
-const dot_isa_t dot_avx2 = {avx2_int8, avx2_exact, avx2_peak};
+/* F16 and BF16 (dot_float.h): two rows of x a pass, eight ymm sums */
+#define FP_PREFIX avx2
+#define FP_M 2
+#include "dot_float.h"
+
+const dot_isa_t dot_avx2 = {avx2_int8, avx2_exact, avx2_floats, avx2_peak};
 
 #endif

@@ -69,6 +69,11 @@ static int64_t vnni_peak(int64_t reps) {
     return reps * steps * 64;
 }
 
-const dot_isa_t dot_avx512vnni = {vnni_int8, vnni_exact, vnni_peak};
+/* F16 and BF16 (dot_float.h): four rows of x a pass, sixteen ymm sums (AVX-512 has 32 registers) */
+#define FP_PREFIX vnni
+#define FP_M 4
+#include "dot_float.h"
+
+const dot_isa_t dot_avx512vnni = {vnni_int8, vnni_exact, vnni_floats, vnni_peak};
 
 #endif

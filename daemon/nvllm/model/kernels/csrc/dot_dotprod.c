@@ -84,6 +84,11 @@ static int64_t dotprod_peak(int64_t reps) {
     return reps * steps * 16;
 }
 
-const dot_isa_t dot_dotprod = {dotprod_int8, dotprod_exact, dotprod_peak};
+/* F16 and BF16 (dot_float.h): as plain NEON's, no dot instruction in float */
+#define FP_PREFIX dotprod
+#define FP_M 2
+#include "dot_float.h"
+
+const dot_isa_t dot_dotprod = {dotprod_int8, dotprod_exact, dotprod_floats, dotprod_peak};
 
 #endif

@@ -70,6 +70,11 @@ static int64_t neon_peak(int64_t reps) {
     return reps * steps * 16;
 }
 
-const dot_isa_t dot_neon = {neon_int8, neon_exact, neon_peak};
+/* F16 and BF16 (dot_float.h): two rows of x a pass, sixteen q registers of sums */
+#define FP_PREFIX neon
+#define FP_M 2
+#include "dot_float.h"
+
+const dot_isa_t dot_neon = {neon_int8, neon_exact, neon_floats, neon_peak};
 
 #endif

@@ -178,4 +178,10 @@ static int64_t scalar_peak(int64_t reps) {
     return reps * steps;
 }
 
-const dot_isa_t dot_scalar = {scalar_int8, scalar_exact, scalar_peak};
+/* F16 and BF16 (dot_float.h), in portable C: one row of x a pass */
+#define FP_PREFIX scalar
+#define FP_M 1
+#define FP_PORTABLE 1
+#include "dot_float.h"
+
+const dot_isa_t dot_scalar = {scalar_int8, scalar_exact, scalar_floats, scalar_peak};

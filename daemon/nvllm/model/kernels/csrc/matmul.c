@@ -5,7 +5,8 @@
  * blocks are decoded, KC values at a time, into a small float buffer that stays in L1, and multiplied
  * there by every row of x, three rows of x by four rows of W per pass of the micro-kernel (TT rows of x
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
- * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below).
+ * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below; F16 and BF16 packed at load go
+ * to dot.c's float panels instead).
  * Here activations are never quantized: a decoded weight is exactly what dequantize.py's NumPy
  * dequantizer gives, bit for bit, and the products are summed in float32. Weights packed at load
  * (packed.h; PACKED_FLAG in the format id) go to dot.c's integer kernels instead (x quantized to 16 bits,
@@ -48,12 +49,13 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 16; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+int matmul_abi(void) { return 17; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
                                          13: the step's NoPE layers and partial rotary order;
                                          14: its slots and block tables per group of layers;
                                          15: one team per step (pool.c), qk_scratch per row, pinning;
-                                         16: packed weights (PACKED_FLAG in the format id) */
+                                         16: packed weights (PACKED_FLAG in the format id);
+                                         17: F16 and BF16 packed too */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
@@ -670,6 +672,11 @@ static void float_rows(const job_t *j, int64_t r0, int64_t r1) {
 ENTRY void job_rows(const job_t *j, int64_t r0, int64_t r1) {
     if (r1 > j->rows) r1 = j->rows;
     if (r0 >= r1) return;
+    if (j->packed && pack_floats(j->fmt)) {   /* dot.c: packed F16 and BF16, x float */
+        dot_float_panels(j->qv, j->fmt, j->w, j->in, r0 / PANEL, (r1 + PANEL - 1) / PANEL, j->x, j->x_stride, j->T,
+                         j->y, j->y_stride, j->rows);
+        return;
+    }
     if (j->qx) {   /* dot.c: whole panels */
         dot_panels(j->qv, j->fmt, j->w, j->in, r0 / PANEL, (r1 + PANEL - 1) / PANEL, j->qx, j->T, j->y, j->y_stride,
                    j->rows);
@@ -733,8 +740,8 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     if (parts > panels) parts = (int)panels;
     job_t j = {fmt, w, row_bytes, rows, in, x, x_stride, T, y, y_stride, NULL, 0, packed};
     void *qx = NULL;
-    if (packed) {   /* dot.c's kernels, unless the float path was chosen */
-        if (in > 0 && (j.qv = dot_variant(-1)) > 0) {
+    if (packed) {   /* dot.c's kernels, unless the float path was chosen (F16 and BF16: x stays float) */
+        if ((j.qv = dot_variant(-1)) > 0 && in > 0 && !pack_floats(fmt)) {
             if (!(qx = malloc(dot_x_bytes(j.qv, T, in)))) return -3;
             dot_quantize_x(j.qv, x, x_stride, in, 0, T, qx);
             j.qx = qx;

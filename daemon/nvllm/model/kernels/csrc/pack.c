@@ -16,6 +16,7 @@ int pack_fields(int fmt, field_t *out) {
     static const field_t q2_k[] = {{0, 16}, {Q2_K_QS, 64}, {Q2_K_D, 2}, {Q2_K_DMIN, 2}};
     static const field_t q3_k[] = {{0, 32}, {Q3_K_QS, 64}, {Q3_K_SCALES, 12}, {Q3_K_D, 2}};
     static const field_t iq4_xs[] = {{0, 2}, {IQ4_XS_SCALES_H, 2}, {IQ4_XS_SCALES_L, 4}, {IQ4_XS_QS, 128}};
+    static const field_t half[] = {{0, 2}};   /* F16, BF16: a block is one value */
     const field_t *f;
     int n;
 #define USE(T) (f = (T), n = (int)(sizeof(T) / sizeof(T[0])))
@@ -31,6 +32,7 @@ int pack_fields(int fmt, field_t *out) {
     case Q2_K: USE(q2_k); break;
     case Q3_K: USE(q3_k); break;
     case IQ4_XS: USE(iq4_xs); break;
+    case F16: case BF16: USE(half); break;
     default: return 0;
     }
 #undef USE

@@ -38,6 +38,12 @@
  * How p is found is the kernel's business (an offset added to make the weights unsigned and taken away
  * as off * sum; byte planes; any order of the products): every variant, thread count and batch gives a
  * row the same bits.
+ *
+ * ---------------------------------------------------------------- plain floats: F16 and BF16
+ * Their blocks are one value (2 bytes), so a strip is the 8 rows' values at one k, side by side: a vector
+ * of 8 lanes, one per row. x stays float32. Per output, four sums from 0, sum j taking the products at
+ * k = j mod 4 in increasing k, each step s = s + w * x (two roundings, no FMA), then (s0 + s1) + (s2 + s3):
+ * kernels/fdot.py is the twin, dot_float.h the one body every instruction set compiles.
  */
 #ifndef NVLLM_PACKED_H
 #define NVLLM_PACKED_H
@@ -90,6 +96,9 @@ void unpack_rows(int fmt, const uint8_t *packed, int64_t in, int64_t r0, int64_t
 /* Blocks b0 .. b1 of row `row` of the packed W back to GGUF blocks, one after the other into out. */
 void unpack_row_blocks(int fmt, const uint8_t *packed, int64_t in, int64_t row, int64_t b0, int64_t b1, uint8_t *out);
 
+/* F16 and BF16: packed, multiplied in float (dot_floats_fn), x never quantized. */
+static inline int pack_floats(int fmt) { return fmt == F16 || fmt == BF16; }
+
 /* Byte k of the field at `offset` (`size` bytes) of row r in a strip. */
 static inline const uint8_t *strip_byte(const uint8_t *strip, int offset, int size, int r, int k) {
     const int g = size < 4 ? size : 4;
@@ -104,10 +113,15 @@ static inline const uint8_t *strip_byte(const uint8_t *strip, int offset, int si
 typedef void (*dot_panels_fn)(int fmt, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1, const void *qx,
                               int64_t T, float *y, int64_t ys, int64_t rows);
 
-/* An instruction set: its kernels for each mode, and its peak loop (peak.h): the multiply-accumulates of
- * `reps` iterations of its 8-bit dot instruction on registers. */
+/* The same for F16 and BF16 weights (pack_floats), x float32 [T, in] with row stride xs. */
+typedef void (*dot_floats_fn)(int fmt, const uint8_t *packed, int64_t in, int64_t p0, int64_t p1, const float *x,
+                              int64_t xs, int64_t T, float *y, int64_t ys, int64_t rows);
+
+/* An instruction set: its kernels for each mode and for plain floats, and its peak loop (peak.h): the
+ * multiply-accumulates of `reps` iterations of its 8-bit dot instruction on registers. */
 typedef struct {
     dot_panels_fn int8, exact;
+    dot_floats_fn floats;
     int64_t (*peak)(int64_t reps);
 } dot_isa_t;
 
@@ -128,6 +142,8 @@ size_t dot_x_bytes(int v, int64_t T, int64_t in);
 void dot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx);
 int dot_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, int64_t p1, const void *qx, int64_t T,
                float *y, int64_t ys, int64_t rows);
+int dot_float_panels(int v, int fmt, const uint8_t *packed, int64_t in, int64_t p0, int64_t p1, const float *x,
+                     int64_t xs, int64_t T, float *y, int64_t ys, int64_t rows);
 int64_t dot_peak(int v, int64_t reps);
 
 #endif

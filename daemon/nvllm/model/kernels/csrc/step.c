@@ -91,14 +91,15 @@ static void share(int64_t n, int i, int k, int64_t align, int64_t *a, int64_t *b
     if (*b > n) *b = n;
 }
 
-/* Where part i's quantized x starts in run->qx, or -1 where the part takes float x (its weights not packed):
+/* Where part i's quantized x starts in run->qx, or -1 where the part takes float x (its weights not packed,
+ * or packed F16 / BF16):
  * the packed parts share one (dot.c's x does not depend on the format). Returns the bytes needed. */
 static size_t qx_plan(const run_t *r, const step_matrix_t *m, int64_t T, int64_t *at) {
     size_t bytes = 0;
     for (int64_t i = 0; i < m->count; i++) {
         const step_part_t *p = m->parts + i;
         at[i] = -1;
-        if (p->in <= 0 || r->qv <= 0 || !(p->fmt & PACKED_FLAG)) continue;
+        if (p->in <= 0 || r->qv <= 0 || !(p->fmt & PACKED_FLAG) || pack_floats(p->fmt & ~PACKED_FLAG)) continue;
         for (int64_t j = 0; j < i; j++)
             if (at[j] >= 0) at[i] = at[j];
         if (at[i] < 0) {
