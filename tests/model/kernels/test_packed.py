@@ -289,14 +289,37 @@ def test_the_float_variant_decodes_the_panels() -> None:
 
 
 @needs_lib
-def test_a_packed_weight_looks_up_rows_and_decodes_as_its_blocks_do() -> None:
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "F16", "BF16"])
+def test_a_packed_weight_looks_up_rows_and_decodes_as_its_blocks_do(name: str) -> None:
     from nvllm.model.matrix.packed import PackedWeight
 
-    w = weight("Q4_K", 13, 8, rng_for("rows"))
+    w = weight(name, 13, 8, rng_for("rows", name))
     pw = PackedWeight.of(w)
-    ids = np.array([0, 12, 5, 5])
+    ids = np.array([0, 12, 5, 5, 7, 8])
     np.testing.assert_array_equal(pw.rows(ids), w.rows(ids))
     np.testing.assert_array_equal(pw.dequantize(), w.dequantize())
+    for start, stop in ((3, 6), (6, 11), (8, 13)):   # inside a panel, across one, the last (short) one
+        np.testing.assert_array_equal(mk.dequantize_rows(pw, start, stop, 2), w.dequantize()[start:stop])
     assert pw.nbytes == 16 * w.blocks.shape[1]   # the file's bytes and three zero rows to a whole panel
-    with pytest.raises(ValueError, match="row id 13 is out of range for a Q4_K weight of 13 rows"):
+    with pytest.raises(ValueError, match=f"row id 13 is out of range for a {name} weight of 13 rows"):
         pw.rows(np.array([13]))
+
+
+@needs_lib
+@pytest.mark.parametrize("activations", ["int8", "exact"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
+def test_prefill_rows_get_the_bits_of_decode_rows(name: str, activations: str) -> None:
+    # a prefill's rows (more than DECODE_ROWS) go to the integer kernels too, x quantized by the team
+    # (each thread its share of the rows): each row's product is the one it gets alone, in a decode step
+    from nvllm.model.matrix.packed import PackedWeight
+    from nvllm.model.matrix.weight import DECODE_ROWS
+
+    rng = rng_for("prefill", name, activations)
+    variant = mk.set_activations(activations)
+    w = weight(name, 40, 16, rng)
+    pw = PackedWeight.of(w)
+    x = rng.standard_normal((3 * DECODE_ROWS + 5, w.shape[1])).astype(np.float32)
+    got = pw.apply(x)
+    np.testing.assert_array_equal(got[::7], np.concatenate([pw.apply(x[t:t + 1]) for t in range(0, len(x), 7)]))
+    if variant != "float":
+        np.testing.assert_array_equal(got, twin(w, x, variant))

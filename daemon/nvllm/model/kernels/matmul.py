@@ -10,9 +10,8 @@ rounding, and it does not depend on the thread count nor on the other rows of x.
 F32 has a tile of its own, built for the few rows of x of a decode step as much as for prefill, in
 variants for what the CPU has (FLOAT_VARIANTS: the best one is used; `set_float_variant` picks another,
 for tests and measurements). `float_matmul` multiplies by a float32 array [out, in] in the same way, with
-no BlockMatrix around it (a folder's weights). F16 and BF16 are packed as the block formats below are and
-multiplied in float32 by csrc/dot_float.h, each lane of a vector its own output row (x is never
-quantized; fdot.py beside this file is their twin, bit for bit, in every variant).
+no BlockMatrix around it (a folder's weights). F16 and BF16 are packed as the formats below, multiplied
+in float32 by csrc/dot_float.h (x never quantized; fdot.py beside this file is their twin, bit for bit).
 
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants, IQ4_XS among them (INT_FORMATS), are multiplied
 packed into panels of 8 rows (`pack`, quant/packed.py's layout; the loaders pack at load, and a BlockMatrix
@@ -22,13 +21,12 @@ NumPy twin, bit for bit, is qdot.py beside this file). Their results then differ
 product by the rounding of x (~0.5% of |x||W| at worst; SmolLM2's perplexity moves by 0.05%), not by
 float32 rounding alone. The "-i16" variants quantize x to 16 bits instead, held as two int8 planes, both
 met by the 8-bit instructions: ~0.002% of |x||W| at worst (SmolLM2's top-1 tokens do not change), 1.1-1.7x
-slower per kernel. The variant is picked at run time from what the CPU has
-(INT_VARIANTS; "float", the exact float path on rows decoded from the panels, where no SIMD one runs: the
-portable C is slower than it); `set_activations` picks the best one for model.activations (the engine calls
-it), `set_int_variant` any one, for tests and measurements.
+slower per kernel. The variant is picked at run time from what the CPU has (INT_VARIANTS; "float", rows
+decoded from the panels, where no SIMD one runs); `set_activations` picks the best one for
+model.activations (the engine calls it), `set_int_variant` any one, for tests and measurements.
 
-For prefill-sized x, `dequantized_matmul` hands BLAS the weights' rows decoded a chunk at a time by the
-same C decoders (`dequantize_rows`): BLAS's packed GEMM is 1.3-2x the tiles there.
+Prefill-sized x goes to the same integer kernels (1.2-2.7x BLAS here, each row the bits of a decode step);
+F16, BF16 and activations "float" take `dequantized_matmul`: BLAS on rows decoded a chunk at a time.
 
 NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (library.py).
 """
@@ -165,6 +163,11 @@ def set_int_variant(name: str) -> None:
         raise ValueError(f"variant: {name!r} does not run here (runs: {', '.join(int_variants()) or 'none'})")
     assert lib is not None  # int_variants() is empty without it
     lib.dot_variant(INT_VARIANTS[name])
+
+
+def integer_products() -> bool:
+    """Whether the INT_FORMATS are multiplied by integer dot products now (a variant but "float")."""
+    return lib is not None and lib.dot_variant(-1) > 0
 
 
 # model.activations -> the variants that serve it, best first ("float" where none of them runs)

@@ -96,15 +96,20 @@ void unpack_rows(int fmt, const uint8_t *packed, int64_t in, int64_t r0, int64_t
     const int nf = pack_fields(fmt, f), bb = block_bytes(fmt);
     const int64_t nb = in / block_elems(fmt), row_bytes = nb * bb;
     for (int64_t p = r0 / PANEL; p * PANEL < r1; p++) {
-        /* the panel's rows inside r0 .. r1 to their places; the others to a scratch block */
-        uint8_t spare[QK_K + 64];
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *blk[PANEL];
-            for (int r = 0; r < PANEL; r++) {
-                const int64_t row = p * PANEL + r;
-                blk[r] = row >= r0 && row < r1 ? blocks + (row - r0) * row_bytes + b * bb : spare;
-            }
-            strip_copy(f, nf, (uint8_t *)packed + (p * nb + b) * PANEL * bb, blk, PANEL, 1);
+        /* the panel's rows inside r0 .. r1 to their places, a block further each strip; the others to a
+         * scratch block, over and over */
+        uint8_t spare[QK_K + 64], *blk[PANEL];
+        int64_t step[PANEL];
+        for (int r = 0; r < PANEL; r++) {
+            const int64_t row = p * PANEL + r;
+            const int in_range = row >= r0 && row < r1;
+            blk[r] = in_range ? blocks + (row - r0) * row_bytes : spare;
+            step[r] = in_range ? bb : 0;
+        }
+        const uint8_t *strip = packed + p * nb * PANEL * bb;
+        for (int64_t b = 0; b < nb; b++, strip += PANEL * bb) {
+            strip_copy(f, nf, (uint8_t *)strip, blk, PANEL, 1);
+            for (int r = 0; r < PANEL; r++) blk[r] += step[r];
         }
     }
 }
