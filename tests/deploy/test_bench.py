@@ -15,6 +15,7 @@ from nvllm import cli
 from nvllm.bench import sampler, throughput
 from nvllm.bench.__main__ import main as bench_main
 from nvllm.bench.counts import resolved, thread_counts
+from nvllm.bench.floors import Floors
 from nvllm.bench.progress import Progress
 from nvllm.bench.report import format_runs, format_table
 from nvllm.model.kernels import matmul
@@ -46,6 +47,11 @@ def test_in_process_bench_reports_figures_beside_floors(tiny_models):
         assert [p["prompt_tokens"] for p in r["prefill"]] == [16, 48]
         for p in r["prefill"]:
             assert p["tokens_per_s"] > 0 and p["matmul_floor_s"] > 0 and p["fraction_of_floor"] > 0
+            if "int_peak" in r["floors"]:   # the step's multiply-adds at the integer peak, beside the time taken
+                want = p["int_peak_s"] / p["seconds"]
+                assert p["int_peak_s"] > 0 and p["fraction_of_int_peak"] == pytest.approx(want, abs=0.002)
+        if "int_peak" in r["floors"]:
+            assert r["prefill"][1]["int_peak_s"] > 2 * r["prefill"][0]["int_peak_s"]   # 48 tokens' work, not 16's
         assert [d["concurrency"] for d in r["decode"]] == [1, 4]
         for d in r["decode"]:
             for key in ("tokens_per_s", "fraction_of_floor", "fraction_of_roofline", "ttft_ms_p50", "ttft_ms_p99",
@@ -80,6 +86,12 @@ def test_cli_names_threads_when_a_count_is_bad(capsys):
     # the other benches run at one count
     assert cli.main(["bench", "--speculation", "--threads", "1,2"]) == 2
     assert "--threads takes one count" in capsys.readouterr().err
+
+
+def test_the_integer_peak_time_is_the_steps_multiply_adds_at_the_peak():
+    f = Floors(bandwidth_gbs=10.0, sgemm_gflops=100.0, weight_bytes=1000, flops_per_token=2e6)
+    # 10 rows through the body (1.5 MFLOP each), one through lm_head (0.5 MFLOP), at 100 GOP/s
+    assert f.int_peak_s(10, 1, 5e5, 100.0) == pytest.approx((10 * 1.5e6 + 5e5) / 1e11)
 
 
 def _fake_result(threads: int) -> dict[str, Any]:
@@ -177,3 +189,22 @@ def test_structured_bench_times_each_mode_and_the_compile(tiny_models):
     assert r["compile"]["tokenizer_ms"] > 0 and r["compile"]["cold_ms"] >= r["compile"]["cached_ms"] > 0
     assert engine.structured_overlap and not engine.has_unfinished()   # left as it was found
     assert "schema compile" in format_structured(r)
+
+
+def test_the_drone_querys_time_to_first_token_splits_from_the_metrics_text():
+    from nvllm.bench.query import histogram_totals, ttft_split
+
+    def text(ttft: float, queue: float, prefill: float, first: float, n: int) -> str:
+        return "\n".join(f'{name}_sum{{model_name="m"}} {v}\n{name}_count{{model_name="m"}} {n}'
+                         for name, v in (("vllm:time_to_first_token_seconds", ttft),
+                                         ("vllm:request_queue_time_seconds", queue),
+                                         ("vllm:request_prefill_time_seconds", prefill),
+                                         ("nvllm:request_first_decode_seconds", first)))
+
+    before = histogram_totals(text(1.0, 0.1, 0.5, 0.2, 4))
+    after = histogram_totals(text(1.6, 0.12, 0.9, 0.3, 6))
+    s = ttft_split(before, after)
+    assert s == pytest.approx({"ttft_ms": 300.0, "queue_ms": 10.0, "prefill_ms": 200.0, "first_decode_ms": 50.0,
+                               "before_engine_ms": 90.0})
+    assert ttft_split(after, after) == {}   # no request between the readings: nothing to split
+    assert histogram_totals("") == {part: (0.0, 0.0) for part in ("ttft", "queue", "prefill", "first_decode")}

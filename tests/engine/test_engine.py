@@ -272,3 +272,26 @@ def test_logit_bias_forces_and_bans_tokens_per_request(model_dir):
     assert forced.token_ids == [9] * 12
     assert not set(banned.token_ids) & set(free)
     assert other.token_ids == free, "a biased row leaves the others in its batch alone"
+
+
+def test_the_first_tokens_output_says_how_long_it_queued_and_prefilled(model_dir):
+    # the engine times each request's wait for a seat and its prefill (chunked here: a 120-token prompt on
+    # a budget of 32), and hands both out once, on the output with its first token
+    llm = LLM(model_dir, num_blocks=64, max_num_seqs=1, max_num_batched_tokens=32)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_request("first", list(range(10, 130)), params)
+    engine.add_request("second", list(range(20, 60)), params)   # waits for the one seat
+    outs: dict[str, list] = {"first": [], "second": []}
+    while engine.has_unfinished():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    for rid, got in outs.items():
+        timed = [o for o in got if o.prefill_s is not None]
+        assert len(timed) == 1 and timed[0].token_ids, rid
+        assert timed[0] is next(o for o in got if o.token_ids), rid   # the output with the first token
+        assert timed[0].prefill_s > 0 and timed[0].queued_s >= 0, rid
+        assert all(o.queued_s is None for o in got if o is not timed[0]), rid
+    first = next(o for o in outs["first"] if o.prefill_s is not None)
+    second = next(o for o in outs["second"] if o.prefill_s is not None)
+    assert second.queued_s > first.queued_s   # it waited for the first request to finish

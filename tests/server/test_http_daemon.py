@@ -339,5 +339,10 @@ def test_bench_times_the_drone_query(daemon: DaemonProcess, tmp_path: Path, caps
     r = json.loads(capsys.readouterr().out)
     assert (r["prompt_tokens"], r["cached_tokens"], r["answer_tokens"], r["repeats"]) == (190, 176, 20, 2)
     assert 0 < r["seconds_min"] <= r["seconds_p50"] <= r["seconds_max"]
+    # the time to first token from the daemon's /metrics, split: before the engine, its queue, prefill
+    s = r["ttft_split"]
+    assert s["ttft_ms"] > 0 and s["prefill_ms"] > 0 and s["queue_ms"] >= 0 and s["first_decode_ms"] > 0
+    assert s["before_engine_ms"] == pytest.approx(s["ttft_ms"] - s["queue_ms"] - s["prefill_ms"], abs=0.02)
+    assert s["before_engine_ms"] > -1.0 and s["ttft_ms"] < r["seconds_max"] * 1e3
     assert cli.main(["bench", "--query", daemon.http_url, "--repeats", "1"]) == 1   # no key: refused
     assert "HTTP 401" in capsys.readouterr().err

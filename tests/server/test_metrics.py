@@ -331,6 +331,10 @@ class TestDaemonMetrics:
         assert moved("vllm:generation_tokens_total") == 8 + n_stop
         assert moved("vllm:time_to_first_token_seconds_count") == 2
         assert moved("vllm:time_to_first_token_seconds_sum") > 0
+        names = ("vllm:request_queue_time", "vllm:request_prefill_time", "nvllm:request_first_decode")
+        assert [moved(f"{n}_seconds_count") for n in names] == [2, 2, 2]   # the first token's parts, then decode
+        q, p, f = (moved(f"{n}_seconds_sum") for n in names)
+        assert 0 < p <= q + p < moved("vllm:time_to_first_token_seconds_sum") and f > 0
         assert moved("vllm:inter_token_latency_seconds_count") == (8 - 1) + (n_stop - 1)
         assert moved("vllm:e2e_request_latency_seconds_count") == 2
         assert moved("vllm:e2e_request_latency_seconds_sum") >= moved("vllm:time_to_first_token_seconds_sum")

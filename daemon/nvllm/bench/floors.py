@@ -142,6 +142,12 @@ class Floors:
         self.matmul_s[key] = min(t, self.matmul_s.get(key, t))
         return self.matmul_s[key]
 
+    def int_peak_s(self, rows: int, logit_rows: int, lm_head_flops: float, peak_gops: float) -> float:
+        """Seconds of the step's multiply-adds (two operations each, as the peak counts them) at the
+        integer peak: what prefill's integer GEMM would take at the dot instruction's throughput."""
+        body = self.flops_per_token - lm_head_flops
+        return (body * rows + lm_head_flops * logit_rows) / (peak_gops * 1e9)
+
     def roofline(self, rows: int, logit_rows: int, lm_head_flops: float) -> float:
         body = self.flops_per_token - lm_head_flops
         flops = body * rows + lm_head_flops * logit_rows

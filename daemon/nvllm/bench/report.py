@@ -56,10 +56,11 @@ def format_table(r: dict[str, Any]) -> str:
     if r.get("prefill"):
         lines.append("")
         lines.append(f"{'prefill':>10} {'tokens/s':>10} {'seconds':>9} {'matmul floor':>13} {'of floor':>9} "
-                     f"{'of roofline':>12}")
+                     f"{'of roofline':>12} {'of int peak':>12}")
         for p in r["prefill"]:
             lines.append(f"{p['prompt_tokens']:>10} {p['tokens_per_s']:>10} {p['seconds']:>9} "
-                         f"{p['matmul_floor_s']:>12}s {p['fraction_of_floor']:>9} {p['fraction_of_roofline']:>12}")
+                         f"{p['matmul_floor_s']:>12}s {p['fraction_of_floor']:>9} {p['fraction_of_roofline']:>12} "
+                         f"{p.get('fraction_of_int_peak', '-'):>12}")
     if r.get("decode"):
         lines.append("")
         has_floor = "fraction_of_floor" in r["decode"][0]

@@ -153,6 +153,9 @@ def _bench_at(engine: LLMEngine, model_dir: Path, threads: int, bandwidth: float
             "prompt_tokens": n, "seconds": round(t, 6), "tokens_per_s": round(n / t, 1),
             "matmul_floor_s": round(mm, 6), "fraction_of_floor": round(mm / t, 3),
             "roofline_s": round(roof, 6), "fraction_of_roofline": round(roof / t, 3)})
+        if "int_peak" in result["floors"]:   # the matmuls' multiply-adds at the dot instruction's peak
+            peak_s = floors.int_peak_s(n, 1, head_flops, result["floors"]["int_peak"]["gops"])
+            result["prefill"][-1].update({"int_peak_s": round(peak_s, 6), "fraction_of_int_peak": round(peak_s / t, 3)})
     for c in concurrency:
         progress(f"decode at concurrency {c}" + at)
         prompts = [random_prompt(rng, mc.vocab_size, prompt_len) for _ in range(c)]

@@ -374,11 +374,14 @@ class LLMEngine:
         lps = None
         if seq.params.logprobs is not None:
             lps, seq.pending_logprobs = seq.pending_logprobs, []
+        queued = prefill = None
+        if new_ids and seq.num_tokens_sent == len(new_ids) and seq.scheduled_at is not None:   # its first tokens
+            queued, prefill = seq.scheduled_at - seq.added_at, time.monotonic() - seq.scheduled_at
         return RequestOutput(
             request_id=seq.request_id, text=text, token_ids=new_ids, logprobs=lps, finished=finished,
             finish_reason=seq.finish_reason if finished else None, stop_reason=seq.stop_reason,
             prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens, error=seq.error)
+            cached_tokens=seq.num_cached_tokens, error=seq.error, queued_s=queued, prefill_s=prefill)
 
     # -- numbers ------------------------------------------------------------------------------
     def tokens_per_second(self, window_s: float = 10.0) -> float:

@@ -37,3 +37,8 @@ class RequestOutput:
     completion_tokens: int
     cached_tokens: int
     error: str | None = None       # set when the request failed inside the engine
+    # On the output with its first tokens: seconds from the engine taking the request to its first step
+    # (waiting for a seat, pages or budget), and from then to this output (prefill of what the prefix
+    # cache did not hold, chunk by chunk, and the first token's sampling)
+    queued_s: float | None = None
+    prefill_s: float | None = None

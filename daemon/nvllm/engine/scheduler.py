@@ -17,6 +17,7 @@ steps its oldest member has waited (0: strict priority), so it ends up first wha
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,6 +172,7 @@ class Scheduler:
             if not seq.admitted_once:
                 seq.num_cached_tokens = cached
                 seq.admitted_once = True
+                seq.scheduled_at = time.monotonic()
             self.waiting.popleft()
             self._run(seq)
             scheduled.append(seq)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,10 @@ class Sequence:
         self.waiting_since = 0
         self.rank = priority
         self.admission = 0
+        # When (time.monotonic) the engine took it, first scheduled it, and handed out its first token:
+        # its time to first token split into queueing and prefill (RequestOutput.queued_s, prefill_s).
+        self.added_at = time.monotonic()
+        self.scheduled_at: float | None = None
 
     @property
     def text(self) -> str:

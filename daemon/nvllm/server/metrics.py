@@ -19,10 +19,12 @@ label model_name, as vLLM's do. Three sources feed it:
       track.output(out)                # every RequestOutput, in order, before anything else sees it
       track.close()                    # the front door is done with it
 
-  The tracker turns those into time to first token, inter-token latency, end-to-end latency, token
-  counts and the finish reason. A request closed before its final output (the client left, a deadline
-  passed) counts as finished with reason "abort". A front door counts only what it refuses itself (a body
-  it cannot read), with `state.metrics.request(api, t0).refused("invalid")`.
+  The tracker turns those into time to first token (and its parts: the engine's queue, prefill, as the
+  engine timed them on the output with the first tokens; then the first decode step), inter-token
+  latency, end-to-end latency, token counts and the finish reason. A request closed before its final
+  output (the client left, a deadline passed) counts as finished with reason "abort". A front door
+  counts only what it refuses itself (a body it cannot read), with
+  `state.metrics.request(api, t0).refused("invalid")`.
 
 `exposition()` gives (body, content type) for an HTTP response at /metrics; the metrics-only
 listener (server/metrics_listener.py) serves the same when the HTTP API is off. It is always
@@ -90,6 +92,14 @@ class Metrics:
 
         self.ttft = histogram("vllm:time_to_first_token_seconds",
                               "Time from a request's arrival to its first token, in seconds.", TTFT_BUCKETS)
+        # the time to first token's parts: waiting in the engine's queue, then prefill (what the prefix
+        # cache did not hold) to the first token; then the first decode step's token
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time a request waited in the "
+                                    "engine's queue before its first step, in seconds.", TTFT_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "Time from a request's first "
+                                      "step to its first token (its prefill), in seconds.", TTFT_BUCKETS)
+        self.first_decode = histogram("nvllm:request_first_decode_seconds", "Time from a request's first "
+                                      "token to its second (its first decode step), in seconds.", ITL_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds",
                              "Time between a request's successive tokens, in seconds.", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds",
@@ -176,6 +186,9 @@ class RequestTracker:
         n = len(out.token_ids)
         if out.prompt_tokens:
             self.prompt_tokens = out.prompt_tokens
+        if out.queued_s is not None and out.prefill_s is not None:   # the output with its first tokens
+            m.queue_time.observe(out.queued_s)
+            m.prefill_time.observe(out.prefill_s)
         if n:
             if self._last_token is None:
                 m.ttft.observe(now - self.arrival)
@@ -183,6 +196,8 @@ class RequestTracker:
             else:
                 # One step gives a request one token, so the gap between outputs is the token's latency.
                 m.itl.observe((now - self._last_token) / n)
+                if self.generated_tokens == 1:
+                    m.first_decode.observe(now - self._last_token)
             self._last_token = now
             self.generated_tokens += n
             m.generation_tokens.inc(n)

@@ -7,6 +7,7 @@ given, so the figures do not depend on this machine.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,17 @@ def test_model_threads_sets_blas_and_the_in_place_kernels_together(tiny_models) 
     llm = LLM(tiny_models["tiny-llama"], num_blocks=16, max_model_len=64)     # 0: the default
     assert llm.engine.threads == threads.default()
     assert threads.count == min(threads.default(), threads.MAX)
+
+
+def test_blas_threads_sleep_soon_unless_the_environment_says_otherwise():
+    # OpenBLAS's spinning threads took the cores from the kernels' pool (nvllm/__init__.py): importing
+    # nvllm, before NumPy, makes them sleep after 2^4 cycles; a value the environment gives is kept
+    probe = ("import os, nvllm, numpy; "
+             "print(os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "4"
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "OPENBLAS_THREAD_TIMEOUT": "12"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "12"

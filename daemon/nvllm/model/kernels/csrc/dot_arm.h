@@ -370,6 +370,8 @@ ARM_INLINE void arm_panels(const int fmt, const int wide, const uint8_t *packed,
             for (int t = 0; t < tn; t++) accb[t][0] = accb[t][1] = vdupq_n_f32(0.0f);
             const uint8_t *strip = packed + p * nb * sb;
             for (int64_t b = 0; b < nb; b++, strip += sb) {
+                if (t0 == 0)   /* as one row's: a few rows of x do not hide the strips' loads from DRAM */
+                    for (int64_t o = 0; o < sb; o += 64) __builtin_prefetch(strip + ARM_PREFETCH + o);
                 arm_scales_t sc;
                 arm_scales(fmt, strip, &sc);
                 for (int u = 0; u < units; u++) arm_unpack(fmt, strip, u, wb[u]);

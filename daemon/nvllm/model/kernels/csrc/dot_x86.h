@@ -553,7 +553,15 @@ INLINE void x86_panels_t(int fmt, int wide, const uint8_t *packed, int64_t nb, i
             vf acc[X86_TMAX];
             for (int64_t t = 0; t < tn; t++) acc[t] = vzerof();
             x86_st_t st = {packed + p * pb, packed + (p + (X86_NP == 2 && two)) * pb};
+            /* prefetched as the one-row kernel does, on the first pass over the panel: with a few rows of x
+             * the strips' compute does not hide their loads from DRAM (Q4_K 17920 x 1536, 14 rows: 4.9 ms
+             * in a prefill against 2.1 from cache) */
+            uintptr_t pfa = ((uintptr_t)st.a + X86_PREFETCH(fmt, bb)) & ~(uintptr_t)63, pfb = pfa + (uintptr_t)(st.b - st.a);
             for (int64_t b = 0; b < nb; b++, st.a += PANEL * bb, st.b += PANEL * bb) {
+                for (; t0 == 0 && pfa < (uintptr_t)st.a + PANEL * bb + X86_PREFETCH(fmt, bb); pfa += 64, pfb += 64) {
+                    _mm_prefetch((const char *)pfa, _MM_HINT_T1);
+                    if (X86_NP == 2 && st.b != st.a) _mm_prefetch((const char *)pfb, _MM_HINT_T1);
+                }
                 x86_scales_t u[8];
                 vi wbuf[8 * 8];
                 x86_strip_scales(fmt, st, u);
