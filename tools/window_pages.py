@@ -27,6 +27,8 @@ def run(model: str, hybrid: bool, prompts: list[list[int]], gen_len: int, pool_m
     llm = LLM(model, num_blocks=blocks, max_num_seqs=len(prompts), max_num_batched_tokens=chunk,
               max_model_len=max(map(len, prompts)) + gen_len, enable_prefix_caching=False, hybrid_kv_cache=hybrid)
     engine, bm = llm.engine, llm.engine.block_manager
+    if engine.backing is not None:   # the pages the sequences hold, not how fast a busy machine backs the pool:
+        engine.backing.wait()        # pages not yet backed would preempt a sequence here
     params = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)

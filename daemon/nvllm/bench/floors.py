@@ -142,15 +142,17 @@ class Floors:
         self.matmul_s[key] = min(t, self.matmul_s.get(key, t))
         return self.matmul_s[key]
 
+    def step_flops(self, rows: int, logit_rows: int, lm_head_flops: float) -> float:
+        """The matmuls' operations of a step of `rows` tokens, `logit_rows` of them through lm_head."""
+        return (self.flops_per_token - lm_head_flops) * rows + lm_head_flops * logit_rows
+
     def int_peak_s(self, rows: int, logit_rows: int, lm_head_flops: float, peak_gops: float) -> float:
         """Seconds of the step's multiply-adds (two operations each, as the peak counts them) at the
         integer peak: what prefill's integer GEMM would take at the dot instruction's throughput."""
-        body = self.flops_per_token - lm_head_flops
-        return (body * rows + lm_head_flops * logit_rows) / (peak_gops * 1e9)
+        return self.step_flops(rows, logit_rows, lm_head_flops) / (peak_gops * 1e9)
 
     def roofline(self, rows: int, logit_rows: int, lm_head_flops: float) -> float:
-        body = self.flops_per_token - lm_head_flops
-        flops = body * rows + lm_head_flops * logit_rows
+        flops = self.step_flops(rows, logit_rows, lm_head_flops)
         return max(self.weight_bytes / (self.bandwidth_gbs * 1e9), flops / (self.sgemm_gflops * 1e9))
 
 

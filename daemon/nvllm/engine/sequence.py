@@ -75,8 +75,8 @@ class Sequence:
         self.waiting_since = 0
         self.rank = priority
         self.admission = 0
-        # When (time.monotonic) the engine took it, first scheduled it, and handed out its first token:
-        # its time to first token split into queueing and prefill (RequestOutput.queued_s, prefill_s).
+        # When (time.monotonic) the engine took it and first scheduled it: with the moment its first token is
+        # handed out, its time to first token split into queueing and prefill (RequestOutput.queued_s, prefill_s).
         self.added_at = time.monotonic()
         self.scheduled_at: float | None = None
 

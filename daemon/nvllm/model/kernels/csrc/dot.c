@@ -96,10 +96,10 @@ size_t dot_x_bytes(int v, int64_t T, int64_t in) {
 }
 
 /* Round to nearest, ties to even, for |v| < 2^22: adding and taking away 1.5 * 2^23 leaves the integer. */
-static inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+INLINE float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
 /* One block of 32 values: d, the quants, their half sums and s, as packed.h says. */
-static void quantize_block(const float *v, float qmax, float *d_out, float *s_out, int32_t *sum, int32_t *q) {
+INLINE void quantize_block(const float *v, float qmax, float *d_out, float *s_out, int32_t *sum, int32_t *q) {
     float amax = 0.0f;
     int finite = 1;
     for (int j = 0; j < 32; j++) {
@@ -124,9 +124,17 @@ static void quantize_block(const float *v, float qmax, float *d_out, float *s_ou
     *s_out = d * (float)(sum[0] + sum[1]);
 }
 
+/* Built for AVX2 as well on x86-64 (GCC picks at load): the loops of a block vectorise there, the same
+ * operations in the same order, so the same bits. */
+#if defined(DOT_X86) && !defined(__clang__)
+#define QUANTIZE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define QUANTIZE_CLONES
+#endif
+
 /* Rows t0 .. t0 + tn of x (row stride x_stride floats, `in` a multiple of 32) into qx, laid out for
  * variant v as dot_x_bytes counts; each row on its own. */
-void dot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx) {
+QUANTIZE_CLONES void dot_quantize_x(int v, const float *x, int64_t x_stride, int64_t in, int64_t t0, int64_t tn, void *qx) {
     const int64_t nb = in / 32;
     for (int64_t t = t0; t < t0 + tn; t++)
         for (int64_t b = 0; b < nb; b++) {

@@ -779,7 +779,8 @@ typedef struct {
 } dequant_job_t;
 
 /* Rows r0 .. r1 of the job. Built for AVX2 as well (ENTRY): the decoders' per-lane shifts are one
- * instruction there and lane by lane in the baseline's SSE2 (measured, one thread: F16 0.17 -> 5.6 G values/s, Q4_K 0.55 -> 5.6). */
+ * instruction there and lane by lane in the baseline's SSE2 (measured, one thread: F16 0.17 -> 5.6 G
+ * values/s, Q4_K 0.55 -> 5.6). */
 ENTRY static void dequant_part(const dequant_job_t *j, int64_t r0, int64_t r1) {
     if (!j->packed) {
         for (int64_t r = r0; r < r1; r++)
