@@ -1,6 +1,8 @@
-"""The plain float tile of csrc/matmul.c (F32, F16, BF16 weights, and a folder's float32 arrays through
-kernels.matmul.float_matmul and matrix/dense.py), held to its NumPy twin QuantizedWeight.matmul in every variant
-this machine runs, for 1 .. 64 rows of x (a decode step) and more (prefill), odd sizes, any thread count.
+"""The plain float products (F32 weights and a folder's float32 arrays through the tile of csrc/matmul.c,
+kernels.matmul.float_matmul and matrix/dense.py; F16 and BF16, which quant_matmul packs first, through the
+float panels of csrc/dot_float.h, held bit for bit to kernels/fdot.py in test_packed.py), held to the NumPy
+twin QuantizedWeight.matmul in every float variant this machine runs (the variants choose F32's tile), for
+1 .. 64 rows of x (a decode step) and more (prefill), odd sizes, any thread count.
 
 Tolerance as in test_matmul_kernels.py: |y - y_twin| <= 1e-5 * (|x| @ |W|.T); the order of the sums is
 fixed, so rows of x and thread counts never change a bit within one variant.

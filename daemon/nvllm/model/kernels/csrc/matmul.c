@@ -5,8 +5,8 @@
  * blocks are decoded, KC values at a time, into a small float buffer that stays in L1, and multiplied
  * there by every row of x, three rows of x by four rows of W per pass of the micro-kernel (TT rows of x
  * at a time for prefill), so each weight byte is read once per call (once per TT rows of x), whatever
- * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below; F16 and BF16 packed at load go
- * to dot.c's float panels instead).
+ * T is (F32, F16 and BF16 have a tile of their own: "plain floats", below; F16 and BF16 reach it only as
+ * unpacked blocks from a C caller: matmul.py packs them, and packed ones go to dot.c's float panels).
  * Here activations are never quantized: a decoded weight is exactly what dequantize.py's NumPy
  * dequantizer gives, bit for bit, and the products are summed in float32. Weights packed at load
  * (packed.h; PACKED_FLAG in the format id) go to dot.c's integer kernels instead (x quantized to 8 bits,
