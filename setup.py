@@ -15,8 +15,9 @@ setup(
     ext_modules=[
         Extension(
             "nvllm.model.kernels._ops",
-            sources=["daemon/nvllm/model/kernels/csrc/ops.c"],
+            sources=["daemon/nvllm/model/kernels/csrc/ops.c", "daemon/nvllm/model/kernels/csrc/attention.c"],
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
+                     "daemon/nvllm/model/kernels/csrc/fmath.h", "daemon/nvllm/model/kernels/csrc/kv.h",
                      "daemon/nvllm/model/kernels/csrc/packed.h"],
             # No Python API is used: the library is loaded with ctypes, so it needs no Python headers.
             # -fno-trapping-math lets the selects and reductions vectorise. No -ffinite-math-only: a model
@@ -31,11 +32,13 @@ setup(
             # step.c runs a decode step's layers in one call, so ops.c's kernels are built in here too,
             # beside this library's thread pool (the _ops library above stays for everything else).
             sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/ops.c",
+                     "daemon/nvllm/model/kernels/csrc/attention.c",
                      "daemon/nvllm/model/kernels/csrc/step.c", "daemon/nvllm/model/kernels/csrc/pool.c",
                      # the repacked weights' integer kernels: one file per instruction set (packed.h)
                      *(f"daemon/nvllm/model/kernels/csrc/{name}.c" for name in DOT_SOURCES)],
             # Their shared block layouts and helpers: a change there rebuilds both.
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
+                     "daemon/nvllm/model/kernels/csrc/fmath.h", "daemon/nvllm/model/kernels/csrc/kv.h",
                      "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h",
                      "daemon/nvllm/model/kernels/csrc/matmul.h",
                      "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h",

@@ -6,19 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 from nvllm.model.decoder import ForwardBatch, Model
+from nvllm.model.quant.kv_format import F32, KVFormat
 
 
 def run_schedule(model: Model, prompts: list[np.ndarray], steps: list[list[int]],
-                 block_size: int = 16) -> list[np.ndarray]:
+                 block_size: int = 16, fmt: KVFormat = F32) -> list[np.ndarray]:
     """Feed the prompts to the model in steps; steps[k][i] = tokens of prompt i in step k (0 = none).
 
     Each prompt's pages are scattered over the pool in a shuffled order, so block tables matter; a model
-    whose pool has groups of layers (model/kv_layout.py) gets a table per group, each of other pages.
-    Returns each prompt's logits at every position.
+    whose pool has groups of layers (model/kv_layout.py) gets a table per group, each of other pages. fmt:
+    the pool's KV format. Returns each prompt's logits at every position.
     """
     G = model.kv_layout.num_groups
     total = G * sum(-(-len(p) // block_size) for p in prompts)
-    cache = model.make_kv_cache(total + 1, block_size)
+    cache = model.make_kv_cache(total + 1, block_size, fmt)
     order = np.random.default_rng(0).permutation(total + 1)[:total]
     tables: list[list[np.ndarray]] = [[] for _ in range(G)]   # [group][prompt]
     start = 0

@@ -2,10 +2,13 @@
 
 Tokens of one sequence are contiguous in the packed batch. New keys and values are written to the pool
 by slot mapping first, so every query then reads its whole context (cached and new) through its block
-table alone: causal within a chunk, full attention to what was cached before. A sliding-window layer
-(Gemma 3's) masks too: a query at position p sees keys p - window + 1 .. p, as transformers' sliding mask
-does. Where its group gave back the pages before the window (model/kv_layout.py), their table entries
-point at the zeroed null page: skipped or masked, never weighted.
+table alone: causal within a chunk, full attention to what was cached before. With the C kernels, decode
+tokens and prefill chunks each take one call (csrc/attention.c), and a token gets the same bits either
+way; the NumPy paths below are their twins (and serve soft-capped scores, which the kernels do not).
+A sliding-window layer (Gemma 3's) masks too: a query at position p sees keys p - window + 1 .. p, as
+transformers' sliding mask does. Where its group gave back the pages before the window
+(model/kv_layout.py), their table entries point at the zeroed null page: skipped or masked, never
+weighted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nvllm.model.kernels import matmul, ops, threads
+from nvllm.model.kernels.prefill import PagedPrefill
 from nvllm.model.quant.kv_format import of_pool
 
 # Query rows per tile in a prefill chunk: tiles skip the keys their causal mask would hide, and a
@@ -46,6 +50,14 @@ class AttentionMetadata:
                                                      np.ascontiguousarray(ctx))
                                  if ops.lib is not None else None)
             self.decode_width = int(ctx.max())
+        self.paged_prefill = None
+        if self.prefill_rows.size and ops.lib is not None:
+            rows = self.prefill_rows
+            self.paged_prefill = PagedPrefill(np.ascontiguousarray(self.block_tables[rows]),
+                                              np.ascontiguousarray(self.context_lens[rows]),
+                                              np.ascontiguousarray(self.query_starts[rows]),
+                                              np.ascontiguousarray(self.query_lens[rows]),
+                                              np.ascontiguousarray(self.positions, dtype=np.int64))
 
     @functools.cached_property
     def decode_bias(self) -> np.ndarray:
@@ -187,20 +199,27 @@ def _prefill_tile(qt: np.ndarray, kt: np.ndarray, vh: np.ndarray, pos: np.ndarra
 
 
 def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool: np.ndarray,
-                    meta: AttentionMetadata, window: int = 0, softcap: float | None = None) -> np.ndarray:
+                    meta: AttentionMetadata, window: int = 0, softcap: float | None = None,
+                    out: np.ndarray | None = None) -> np.ndarray:
     """q [T, nh, hd], already scaled by 1/sqrt(hd), against one layer's pool
     [2, num_blocks, block_size, nkv, hd / per element] in its KV format -> [T, nh, hd]. window > 0: a
     sliding-window layer, each query attending to its last `window` positions only; softcap: scores become
     softcap * tanh(scores / softcap) before the mask.
 
     K/V of this step (k_new, v_new [T, nkv, hd]) must already be written to the pool; a chunk with
-    nothing cached before it reads them directly instead of gathering its pages back.
+    nothing cached before it reads them directly instead of gathering its pages back. out: where to write
+    the result (a new array if None).
     """
-    out = np.empty_like(q)
+    out = np.empty_like(q) if out is None else out
     k_pool, v_pool = kv_pool[0], kv_pool[1]
     fmt = of_pool(kv_pool)
     if meta.decode_rows.size:
         _decode(q, kv_pool, meta, out, window, softcap)
+    if meta.paged_prefill is not None and softcap is None:
+        # every chunk at once, in tiles on the matmul kernels' threads, with decode's arithmetic per token
+        pool = (threads.count, matmul.pool_run) if matmul.lib is not None else (1, None)
+        meta.paged_prefill(q, kv_pool, out, pool[0], pool[1], window)
+        return out
     for s in meta.prefill_rows:
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])
         c = int(meta.context_lens[s])

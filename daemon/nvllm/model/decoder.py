@@ -25,6 +25,7 @@ from nvllm.model.matrix.weight import DECODE_ROWS
 from nvllm.model.quant.kv_format import F32, KVFormat
 from nvllm.model.weights.folder import load_weights
 from nvllm.model.weights.layout import ModelWeights
+from nvllm.model.workspace import Workspace
 
 
 class NonFiniteLogits(RuntimeError):
@@ -69,19 +70,27 @@ class ForwardBatch:
                    np.asarray(logits_indices, dtype=np.int64), groups)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def _into(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The NumPy paths' result, copied into out where one is given."""
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
     if ops.lib is not None:
-        return ops.rms_norm(x, weight, eps)
+        return ops.rms_norm(x, weight, eps, out)
     var = np.einsum("th,th->t", x, x)[:, None] / np.float32(x.shape[-1])  # [T, 1]
-    return x * (1.0 / np.sqrt(var + np.float32(eps))) * weight
+    return _into(x * (1.0 / np.sqrt(var + np.float32(eps))) * weight, out)
 
 
-def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+def silu_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """SwiGLU's silu(gate) * up for gate_up [T, 2I] -> [T, I]."""
     if ops.lib is not None:
-        return ops.silu_mul(gate_up)
+        return ops.silu_mul(gate_up, out)
     gate, up = np.split(gate_up, 2, axis=1)
-    return gate / (1.0 + np.exp(-gate)) * up
+    return _into(gate / (1.0 + np.exp(-gate)) * up, out)
 
 
 def rope_order(config: ModelConfig) -> np.ndarray:
@@ -95,13 +104,13 @@ def rope_order(config: ModelConfig) -> np.ndarray:
     return (np.arange(heads)[:, None] * hd + head[None, :]).ravel().astype(np.int64)
 
 
-def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+def gelu_tanh_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """GeGLU's gelu_pytorch_tanh(gate) * up for gate_up [T, 2I] -> [T, I], in float32."""
     if ops.lib is not None:
-        return ops.gelu_tanh_mul(gate_up)
+        return ops.gelu_tanh_mul(gate_up, out)
     gate, up = np.split(gate_up, 2, axis=1)
     inner = np.float32(math.sqrt(2.0 / math.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
-    return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
+    return _into(np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up, out)
 
 
 class Model:
@@ -131,6 +140,8 @@ class Model:
         # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
         # False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
+        # Each step's activations, in arrays made once (the engine reserves its budget's worth).
+        self.workspace = Workspace(c)
         self._steps: dict[bool, tuple[np.ndarray, DecodeLayers | None]] = {}   # by one row: (pool, plan)
 
     def set_context(self, max_model_len: int) -> None:
@@ -257,19 +268,21 @@ class Model:
         if len(batch.groups) != layout.num_groups:
             raise ValueError(f"batch: need slots and block tables for each of the pool's {layout.num_groups} groups "
                              f"of layers (kv_layout.py), got {len(batch.groups)}")
-        x = w.embed.rows(batch.token_ids)                                       # [T, H]
+        a = self.workspace.take(T)
+        x = a.x
         if c.embed_scale != 1.0:
-            x = x * np.float32(c.embed_scale)
+            np.multiply(w.embed.rows(batch.token_ids), np.float32(c.embed_scale), out=x)
+        else:
+            x[...] = w.embed.rows(batch.token_ids)                               # [T, H]
         in_c = self._decode_layers(batch, kv_cache)
         if in_c is not None:
-            x = np.array(x, dtype=np.float32, order="C")                        # written in place
             decodes = [m.paged_decode for m in batch.groups]
             assert all(d is not None for d in decodes)   # ops.lib is loaded
             in_c(x, [writer("global", g) for g in range(layout.num_groups)], decodes,  # type: ignore[arg-type]
                  threads.count, writer("local", 0) if "local" in c_tables else None)
         for i, layer in enumerate(w.layers if in_c is None else ()):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = layer.qkv.apply(h)                                            # [T, (nh+2nkv)*hd]
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps, a.h)
+            qkv = layer.qkv.apply(h, a.qkv)                                     # [T, (nh+2nkv)*hd]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             if layer.q_norm is not None:
@@ -289,17 +302,18 @@ class Model:
                 q, k = self._rotate(qkv, *np_tables[kind])                      # [T, nh, hd], [T, nkv, hd]
                 write_kv(kv_pool[0], kv_pool[1], k, v, meta.slot_mapping)
             window = (c.sliding_window or 0) if sliding else 0
-            attn = paged_attention(q, k, v, kv_pool, meta, window, c.attn_logit_softcapping)   # [T, nh, hd]
-            out = layer.o.apply(attn.reshape(T, nh * hd))                       # [T, H]
+            attn = paged_attention(q, k, v, kv_pool, meta, window, c.attn_logit_softcapping, a.attn)   # [T, nh, hd]
+            out = layer.o.apply(attn.reshape(T, nh * hd), a.out)                # [T, H]
             if layer.attn_out_norm is not None:                                 # Gemma 3's norm of it
-                out = rms_norm(out, layer.attn_out_norm, c.rms_norm_eps)
-            x = x + out
-            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gu = layer.gate_up.apply(h)                                         # [T, 2I]
-            out = layer.down.apply(gelu_tanh_mul(gu) if c.hidden_act != "silu" else silu_mul(gu))   # [T, H]
+                out = rms_norm(out, layer.attn_out_norm, c.rms_norm_eps, a.h)
+            x += out
+            h = rms_norm(x, layer.post_norm, c.rms_norm_eps, a.h)
+            gu = layer.gate_up.apply(h, a.gate_up)                              # [T, 2I]
+            act = (gelu_tanh_mul if c.hidden_act != "silu" else silu_mul)(gu, a.act)
+            out = layer.down.apply(act, a.out)                                  # [T, H]
             if layer.ffn_out_norm is not None:
-                out = rms_norm(out, layer.ffn_out_norm, c.rms_norm_eps)
-            x = x + out
+                out = rms_norm(out, layer.ffn_out_norm, c.rms_norm_eps, a.h)
+            x += out
         last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
         logits = w.lm_head.apply(last)                                          # [R, V]
         if c.final_logit_softcapping is not None:

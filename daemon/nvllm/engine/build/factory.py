@@ -353,6 +353,12 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
              "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
              time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
+    # A step's activations, made once for the most tokens a step takes (model/workspace.py): with the page
+    # pool and the weights, what the daemon holds whatever its prompts.
+    budget = settings.scheduler.max_num_batched_tokens
+    loaded.model.workspace.reserve(budget)
+    log.info("forward scratch of %s for steps of up to %d tokens", format_bytes(loaded.model.workspace.nbytes),
+             budget)
     loaded.model.set_context(plan.max_model_len)   # longrope's factors follow the longest sequence served
     speculator = Speculator(settings.speculative, plan.max_model_len)
     if loaded.draft is not None:
@@ -380,8 +386,10 @@ def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftPropo
     # One group whatever the draft's layers: the proposer keeps one block table per sequence.
     kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format,
                                    layout=KVLayout.single(draft.info.num_layers))
-    log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks", draft.info.path,
-             draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks)
+    draft.model.workspace.reserve(settings.scheduler.max_num_batched_tokens)
+    log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks; forward scratch of %s",
+             draft.info.path, draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks,
+             format_bytes(draft.model.workspace.nbytes))
     return DraftProposer(draft.model, kv, length, settings.scheduler.max_num_batched_tokens)
 
 

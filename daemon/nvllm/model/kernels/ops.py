@@ -1,7 +1,8 @@
-"""The C kernels of the forward pass's other layers (csrc/ops.c: paged decode attention, the causal
-softmax, RMSNorm, SwiGLU, rope with the KV write), built with the package as nvllm.model.kernels._ops and
-called through ctypes; `lib` is None where no C compiler was at hand when nvllm was installed, and the
-NumPy paths in model/attention.py and model/decoder.py are used instead. Each function here has such a
+"""The C kernels of the forward pass's other layers (csrc/attention.c: paged decode and prefill attention,
+the causal softmax; csrc/ops.c: RMSNorm, SwiGLU, rope with the KV write), built with the package as
+nvllm.model.kernels._ops and called through ctypes (prefill attention's wrapper is prefill.py); `lib` is
+None where no C compiler was at hand when nvllm was installed, and the NumPy paths in model/attention.py
+and model/decoder.py are used instead. Each function here has such a
 NumPy twin, which the tests hold it to.
 
 NVLLM_KERNELS=0 in the environment turns the kernels off (to compare, or to rule them out).
@@ -20,7 +21,7 @@ from nvllm.model.quant.kv_format import F32, KVFormat, of_pool
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 5  # must equal kernels_abi() in csrc/ops.c
+ABI = 6  # must equal kernels_abi() in csrc/ops.c
 
 _why_not = ""
 
@@ -33,6 +34,8 @@ def _load() -> ctypes.CDLL | None:
                                                ctypes.c_int, _I64]
         lib.paged_decode_part.argtypes = [_P, ctypes.c_int]
         lib.paged_decode_part.restype = None
+        lib.paged_prefill_part.argtypes = [_P, ctypes.c_int]
+        lib.paged_prefill_part.restype = None
         lib.paged_decode_attention.restype = ctypes.c_int
         lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P]
         lib.softmax_causal_rows.restype = None
@@ -236,34 +239,43 @@ def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray, starts: np.ndarr
     return sums
 
 
-def silu_mul(gate_up: np.ndarray) -> np.ndarray:
-    """gate_up [T, 2I] -> silu(gate) * up [T, I]."""
-    return _gated(gate_up, "silu_mul")
+def silu_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gate_up [T, 2I] -> silu(gate) * up [T, I] (into out, if given)."""
+    return _gated(gate_up, "silu_mul", out)
 
 
-def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
-    """gate_up [T, 2I] -> gelu_pytorch_tanh(gate) * up [T, I] (Gemma's GeGLU)."""
-    return _gated(gate_up, "gelu_tanh_mul")
+def gelu_tanh_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gate_up [T, 2I] -> gelu_pytorch_tanh(gate) * up [T, I] (Gemma's GeGLU; into out, if given)."""
+    return _gated(gate_up, "gelu_tanh_mul", out)
 
 
-def _gated(gate_up: np.ndarray, kernel: str) -> np.ndarray:
+def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, np.float32)
+    _check(out, np.float32, "out", ndim=len(shape), written=True)
+    if out.shape != shape:
+        raise ValueError(f"out: need {list(shape)}, got {list(out.shape)}")
+    return out
+
+
+def _gated(gate_up: np.ndarray, kernel: str, out: np.ndarray | None) -> np.ndarray:
     _check(gate_up, np.float32, "gate_up", ndim=2)
     T, two_i = gate_up.shape
     if two_i % 2:
         raise ValueError(f"gate_up: need an even width (gate then up), got {two_i}")
-    out = np.empty((T, two_i // 2), dtype=np.float32)
+    out = _out(out, (T, two_i // 2))
     assert lib is not None  # callers run this only with the library loaded
     getattr(lib, kernel)(_ptr(gate_up), _ptr(out), T, two_i // 2)
     return out
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight."""
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, H] -> x / sqrt(mean(x^2) + eps) * weight (into out, if given; out may be x)."""
     _check(x, np.float32, "x", ndim=2)
     _check(weight, np.float32, "weight", ndim=1)
     if weight.shape != (x.shape[1],):
         raise ValueError(f"weight: need [{x.shape[1]}] to match x's rows, got {list(weight.shape)}")
-    out = np.empty_like(x)
+    out = _out(out, x.shape)
     assert lib is not None  # callers run this only with the library loaded
     lib.rms_norm(_ptr(x), _ptr(weight), _ptr(out), x.shape[0], x.shape[1], eps)
     return out

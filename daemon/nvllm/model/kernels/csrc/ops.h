@@ -1,4 +1,5 @@
-/* ops.c's entry points, for step.c: a decode step's layers call the same kernels in one pass. */
+/* ops.c's and attention.c's entry points, for step.c (a decode step's layers call the same kernels in one
+ * pass) and for the jobs ops.py hands the matmul pool. */
 #ifndef NVLLM_OPS_H
 #define NVLLM_OPS_H
 
@@ -50,5 +51,26 @@ typedef struct {
 } decode_job_t;
 
 void paged_decode_part(void *arg, int part);
+
+/* A step's prefill chunks' attention as tasks for a pool of threads: each task a tile of a chunk's tokens
+ * against one KV head's keys, with that head's query heads (attention.c). Every part takes tasks from
+ * `next` until none is left; a token's rows get the bits paged_decode_attention gives them. */
+typedef struct {
+    const float *q;                 /* [T, nh, hd] rows q_stride floats apart, already scaled */
+    int64_t q_stride;
+    const void *k_pool, *v_pool;    /* in KV format fmt */
+    const int32_t *block_tables;    /* [sequences, table_stride] */
+    int64_t table_stride;
+    const int64_t *tasks;           /* [n_tasks, 4]: block-table row, KV head, first token, end token */
+    const int64_t *positions;       /* [T]: each token's position; it sees keys up to it */
+    float *out;                     /* [T, nh, hd] */
+    int64_t n_tasks, tile;          /* tile: the most tokens in a task */
+    int64_t nh, nkv, hd, bs, window;
+    int fmt;
+    int failed;                     /* set when a part could not allocate its scratch */
+    int64_t next;                   /* tasks handed out so far */
+} prefill_job_t;
+
+void paged_prefill_part(void *arg, int part);
 
 #endif

@@ -1,0 +1,125 @@
+"""Prefill attention in C (csrc/attention.c's paged_prefill_part): a step's prefill chunks against their
+pages, in tasks of TILE tokens and one KV head, shared out over the matmul pool's threads. Each token's
+rows get the bits decode attention gives the same token (PagedDecode), whatever the chunk or the tile."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import numpy as np
+
+from nvllm.model.kernels.ops import _check, _first, _ptr, check_pool, lib
+
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+
+# Tokens per task: a page of keys, converted once per task, serves TILE tokens' query heads; 16 leaves a
+# 512-token chunk of a model with two KV heads 64 tasks to share out.
+TILE = 16
+
+
+class _PrefillJob(ctypes.Structure):
+    """csrc/ops.h's prefill_job_t."""
+    _fields_ = [("q", _P), ("q_stride", _I64), ("k_pool", _P), ("v_pool", _P), ("block_tables", _P),
+                ("table_stride", _I64), ("tasks", _P), ("positions", _P), ("out", _P), ("n_tasks", _I64),
+                ("tile", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("bs", _I64), ("window", _I64),
+                ("fmt", ctypes.c_int), ("failed", ctypes.c_int), ("next", _I64)]
+
+
+class PagedPrefill:
+    """Prefill attention for one step: the chunks of sequences with more than one new token.
+
+    block_tables [S, MB] int32 and context_lens [S] are the chunks' sequences'; starts and lens [S] their
+    tokens' rows in the step's batch, positions [T] every row's position. They are checked and copied
+    once; then the object is called layer after layer with that layer's q [T, nh, hd] (scaled; rows may
+    be strided, heads contiguous), pool and out [T, nh, hd], of which it writes the chunks' rows only."""
+
+    def __init__(self, block_tables: np.ndarray, context_lens: np.ndarray, starts: np.ndarray, lens: np.ndarray,
+                 positions: np.ndarray) -> None:
+        _check(block_tables, np.int32, "block_tables", ndim=2)
+        for name, a in (("context_lens", context_lens), ("starts", starts), ("lens", lens)):
+            _check(a, np.int64, name, ndim=1)
+            if a.size != block_tables.shape[0]:
+                raise ValueError(f"{name}: need one per block-table row ({block_tables.shape[0]}), got {a.size}")
+        _check(positions, np.int64, "positions", ndim=1)
+        if lens.size and (lens.min() < 1 or starts.min() < 0 or (starts + lens).max() > positions.size):
+            raise ValueError(f"starts, lens: each chunk needs rows inside the batch's {positions.size}")
+        for s in range(lens.size):
+            p = positions[starts[s]:starts[s] + lens[s]]
+            if p.min() < 0 or p.max() >= context_lens[s]:
+                raise ValueError(f"positions: chunk {s} has positions {int(p.min())} .. {int(p.max())}, outside "
+                                 f"its context of {int(context_lens[s])}")
+        self._tables, self._ctx = block_tables.copy(), context_lens.copy()
+        self._positions = positions.copy()
+        self._chunks = [(int(a), int(n)) for a, n in zip(starts, lens)]
+        self.num_tokens = positions.size
+        self._checked: tuple[int, int] | None = None
+        self._tasks: dict[tuple[int, int], np.ndarray] = {}   # by (KV heads, window)
+
+    def _check_tables(self, num_blocks: int, block_size: int) -> None:
+        pages = -(-self._ctx // block_size)
+        if pages.size and pages.max() > self._tables.shape[1]:
+            r = int(np.argmax(pages > self._tables.shape[1]))
+            raise ValueError(f"context_lens: row {r} has {int(self._ctx[r])} tokens, {int(pages[r])} pages of "
+                             f"{block_size}, but its block table holds {self._tables.shape[1]}")
+        used = np.arange(self._tables.shape[1]) < pages[:, None]
+        bad = used & ((self._tables < 0) | (self._tables >= num_blocks))
+        if bad.any():
+            r, j = _first(bad)
+            raise ValueError(f"block_tables: row {r}, page {j} is block {int(self._tables[r, j])}, outside the "
+                             f"pool's [0, {num_blocks})")
+        self._checked = (num_blocks, block_size)
+
+    def tasks(self, nkv: int, window: int) -> np.ndarray:
+        """[n, 4] int64 (block-table row, KV head, first row, end row), heaviest first: a task's keys read
+        are about its tokens times the keys each sees, so the shared counter hands the long ones out first
+        and the threads finish together."""
+        key = (nkv, window)
+        if key not in self._tasks:
+            rows, work = [], []
+            for s, (start, n) in enumerate(self._chunks):
+                for a in range(start, start + n, TILE):
+                    b = min(a + TILE, start + n)
+                    seen = self._positions[a:b] + 1
+                    cost = int(np.minimum(seen, window).sum() if window else seen.sum()) + 16 * (b - a)
+                    for h in range(nkv):
+                        rows.append((s, h, a, b))
+                        work.append(cost)
+            order = np.argsort(-np.asarray(work, np.int64), kind="stable")
+            self._tasks[key] = np.ascontiguousarray(np.asarray(rows, np.int64).reshape(-1, 4)[order])
+        return self._tasks[key]
+
+    def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
+                 pool_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
+        nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
+        _check(out, np.float32, "out", ndim=3, written=True)
+        T, nh = self.num_tokens, out.shape[1]
+        if (not isinstance(q, np.ndarray) or q.dtype != np.float32 or q.shape != (T, nh, hd)
+                or q.strides[1:] != (4 * hd, 4) or q.strides[0] % 4):
+            raise ValueError(f"q: need float32 [{T}, {nh}, {hd}] with contiguous heads, got "
+                             f"{getattr(q, 'dtype', type(q).__name__)} {getattr(q, 'shape', '')}")
+        if out.shape != (T, nh, hd) or nh % nkv:
+            raise ValueError(f"out: need [{T}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads, "
+                             f"got {list(out.shape)}")
+        if self._checked != (nb, bs):
+            self._check_tables(nb, bs)
+        window = max(0, int(window))
+        tasks = self.tasks(nkv, window)
+        k = _ptr(kv_pool)
+        job = _PrefillJob(q=_ptr(q), q_stride=q.strides[0] // 4, k_pool=k, v_pool=k + kv_pool[0].nbytes,
+                          block_tables=_ptr(self._tables), table_stride=self._tables.shape[1], tasks=_ptr(tasks),
+                          positions=_ptr(self._positions), out=_ptr(out), n_tasks=tasks.shape[0], tile=TILE,
+                          nh=nh, nkv=nkv, hd=hd, bs=bs, window=window, fmt=fmt.code, failed=0, next=0)
+        parts = min(int(parts), tasks.shape[0])
+        assert lib is not None  # callers run this only with the library loaded
+        if pool_run is None or parts < 2:
+            lib.paged_prefill_part(ctypes.addressof(job), 0)
+        else:
+            pool_run(_PART, ctypes.addressof(job), parts)
+        if job.failed:
+            raise MemoryError("paged_prefill: could not allocate its scratch")
+
+
+# paged_prefill_part's address (a loaded symbol's is never NULL, so `or 0` only types it)
+_PART: int = (ctypes.cast(lib.paged_prefill_part, ctypes.c_void_p).value or 0) if lib is not None else 0
