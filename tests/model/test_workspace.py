@@ -22,11 +22,19 @@ def test_views_are_taken_from_the_same_arrays_and_grow_only_when_asked(tiny_mode
     ws, c = model.workspace, model.config
     ws.reserve(64)
     nbytes = ws.nbytes
-    assert nbytes == ws.bytes_for(64) == 4 * 64 * (3 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-                                                    + c.num_heads * c.head_dim + 3 * c.intermediate_size)
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    wide, narrow = max(qkv, c.hidden_size, 2 * c.intermediate_size), max(c.hidden_size, c.num_heads * c.head_dim,
+                                                                           c.intermediate_size)
+    assert nbytes == ws.bytes_for(64) == 4 * 64 * (c.hidden_size + wide + narrow)
     a, b = ws.take(10), ws.take(64)
     assert a.gate_up.shape == (10, 2 * c.intermediate_size) and a.attn.shape == (10, c.num_heads, c.head_dim)
     assert np.shares_memory(a.x, b.x) and np.shares_memory(a.act, b.act)
+    for v in (a.x, a.h, a.qkv, a.attn, a.out, a.gate_up, a.act):
+        assert v.flags.c_contiguous and v.shape[0] == 10
+    # an op's input and output never share a buffer: norm -> qkv -> attention -> o, norm -> gate_up -> act -> down
+    for src, dst in ((a.h, a.qkv), (a.qkv, a.attn), (a.attn, a.out), (a.gate_up, a.act), (a.act, a.out)):
+        assert not np.shares_memory(src, dst)
+    assert not any(np.shares_memory(a.x, v) for v in (a.h, a.qkv, a.attn, a.out, a.gate_up, a.act))
     ws.reserve(8)
     assert ws.nbytes == nbytes                 # never less than is held
     assert ws.take(65).x.shape[0] == 65 and ws.rows == 65

@@ -8,6 +8,12 @@ factory calls and logs), and each step works in views of them. A step longer tha
 Model.forward) grows them. Attention needs no such arrays: its kernels keep a tile's state, not a score
 matrix (csrc/attention.c).
 
+A layer never needs more than the residual stream and two arrays at once (an op's input and its output),
+so three buffers hold everything: `x`; a wide one for qkv, the projections back to the stream and
+gate_up; a narrow one for the norms' outputs, attention's and the gated product. Each view is used only
+after the last one in its buffer is dead (decoder.py's order: norm -> qkv -> attention -> o -> norm ->
+gate_up -> act -> down).
+
 Not shared between threads: one model's forward passes run one at a time (the engine thread's).
 """
 
@@ -22,25 +28,26 @@ from nvllm.model.config import ModelConfig
 
 @dataclass
 class Activations:
-    """One step's views, [T, ...] each."""
-    x: np.ndarray      # the residual stream [T, H]
-    h: np.ndarray      # a norm's output [T, H]
-    qkv: np.ndarray    # [T, (nh + 2 nkv) hd]
-    attn: np.ndarray   # [T, nh, hd]
-    out: np.ndarray    # a projection back to the stream [T, H]
+    """One step's views, [T, ...] each; h, attn and act share memory, and so do qkv, out and gate_up."""
+    x: np.ndarray        # the residual stream [T, H]
+    h: np.ndarray        # a norm's output [T, H]
+    qkv: np.ndarray      # [T, (nh + 2 nkv) hd]
+    attn: np.ndarray     # [T, nh, hd]
+    out: np.ndarray      # a projection back to the stream [T, H]
     gate_up: np.ndarray  # [T, 2I]
-    act: np.ndarray    # the gated activation [T, I]
+    act: np.ndarray      # the gated activation [T, I]
 
 
 class Workspace:
     def __init__(self, config: ModelConfig) -> None:
         c = config
-        self._widths = {"x": c.hidden_size, "h": c.hidden_size, "qkv": (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
-                        "attn": c.num_heads * c.head_dim, "out": c.hidden_size, "gate_up": 2 * c.intermediate_size,
-                        "act": c.intermediate_size}
-        self._heads = (c.num_heads, c.head_dim)
+        self._hidden, self._heads, self._inter = c.hidden_size, (c.num_heads, c.head_dim), c.intermediate_size
+        self._qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        # floats per token of each buffer
+        self._widths = {"x": c.hidden_size, "wide": max(self._qkv, c.hidden_size, 2 * c.intermediate_size),
+                        "narrow": max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size)}
         self.rows = 0
-        self._arrays: dict[str, np.ndarray] = {}
+        self._buffers: dict[str, np.ndarray] = {}
 
     def bytes_for(self, rows: int) -> int:
         """What reserving `rows` tokens takes."""
@@ -53,13 +60,18 @@ class Workspace:
     def reserve(self, rows: int) -> None:
         """Room for steps of up to `rows` tokens (never less than is held)."""
         if rows > self.rows:
-            self._arrays = {}   # the old arrays go before the new ones are made
-            self._arrays = {name: np.empty((rows, width), np.float32) for name, width in self._widths.items()}
+            self._buffers = {}   # the old buffers go before the new ones are made
+            self._buffers = {name: np.empty(rows * width, np.float32) for name, width in self._widths.items()}
             self.rows = rows
 
     def take(self, rows: int) -> Activations:
-        """Views for a step of `rows` tokens."""
+        """Views for a step of `rows` tokens, each contiguous."""
         self.reserve(rows)
-        v = {name: a[:rows] for name, a in self._arrays.items()}
-        v["attn"] = v["attn"].reshape(rows, *self._heads)
-        return Activations(**v)
+        b, H, (nh, hd), inter = self._buffers, self._hidden, self._heads, self._inter
+
+        def view(name: str, *shape: int) -> np.ndarray:
+            return b[name][:rows * int(np.prod(shape))].reshape(rows, *shape)
+
+        return Activations(x=view("x", H), h=view("narrow", H), qkv=view("wide", self._qkv),
+                           attn=view("narrow", nh, hd), out=view("wide", H), gate_up=view("wide", 2 * inter),
+                           act=view("narrow", inter))
