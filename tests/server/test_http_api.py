@@ -8,25 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import pytest
-from grpc_health.v1._async import HealthServicer
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers.daemon_util import assert_pages_all_back, drained
+from helpers.http_app import MAX_BODY, MAX_NUM_SEQS, Client, error_of, events, post, serve
 from nvllm import LLM, SamplingParams
-from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.state import DaemonState
 
 NUM_BLOCKS = 128
-MAX_NUM_SEQS = 8
-MAX_BODY = 8192
 KEY = b"sk-test-0123456789"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 
@@ -41,54 +37,6 @@ def engine(tiny_models: dict[str, Path]) -> LLMEngine:
     return LLM(tiny_models["tiny-llama"], num_blocks=NUM_BLOCKS, max_num_seqs=MAX_NUM_SEQS).engine
 
 
-Client = httpx.AsyncClient
-
-
-def serve(engine: LLMEngine, body: Callable[[Client, DaemonState], Awaitable[Any]], key: bytes | None = None,
-          ready: bool = True, max_waiting: int = 64, max_streams_per_client: int = 0) -> Any:
-    """Run body(client, state) against the app on a started AsyncEngine; checks every page came back."""
-    async def main() -> Any:
-        ae = AsyncEngine(engine)
-        ae.start()
-        state = DaemonState("tiny-llama", HealthServicer(), max_waiting, MAX_NUM_SEQS, 1 << 20,
-                            max_streams_per_client)
-        if ready:
-            await state.set_ready(ae, None)
-        api = OpenAIApi(state, key, MAX_BODY, metrics=state.metrics)
-        transport = httpx.ASGITransport(app=api.app(), client=("127.0.0.1", 5000))
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://nvllm") as client:
-                result = await body(client, state)
-            await drained(engine, ae)
-            return result
-        finally:
-            ae.shutdown()
-    result = asyncio.run(main())
-    assert_pages_all_back(engine)
-    return result
-
-
-def post(path: str, payload: Any, **kw: Any) -> Callable[[Client, DaemonState], Awaitable[httpx.Response]]:
-    async def body(client: Client, state: DaemonState) -> httpx.Response:
-        return await client.post(path, json=payload, **kw)
-    return body
-
-
-def events(response: httpx.Response) -> list[Any]:
-    """The SSE data payloads, parsed (the last must be [DONE])."""
-    datas = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]", response.text[-300:]
-    return [json.loads(d) for d in datas[:-1]]
-
-
-def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    err = response.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    return err
-
-
-# -- generation -----------------------------------------------------------------------------------
 def test_chat_greedy_equals_the_offline_engine(engine: LLMEngine, offline: LLM) -> None:
     want = offline.generate({"messages": CHAT}, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     r = serve(engine, post("/v1/chat/completions", {"model": "tiny-llama", "messages": CHAT, "temperature": 0,

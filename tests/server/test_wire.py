@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvllm.server.state import client_key
-from nvllm.server.wire import UndecodableRequest, decode_generate_request, locate_decode_error
+from nvllm.server.wire import UndecodableRequest, decode_generate_request, decode_tokenize_request, locate_decode_error
 from nvllm.v1 import nvllm_pb2 as pb
 
 MARK = b"MARK"
@@ -71,7 +71,7 @@ def test_the_bytes_mirror_stays_out_of_the_pool_reflection_serves() -> None:
 
     from nvllm.server import wire
 
-    mirror_file = wire._GenerateRequestBytes.DESCRIPTOR.file.name
+    mirror_file = wire._MIRRORS.FindMessageTypeByName("nvllm.v1.GenerateRequest").file.name
     assert mirror_file != pb.DESCRIPTOR.name
     with pytest.raises(KeyError):
         descriptor_pool.Default().FindFileByName(mirror_file)
@@ -180,3 +180,16 @@ def test_logit_bias_map_becomes_a_dict_of_ints():
     from nvllm.server.generate_request import sampling_params_from_proto
     req = pb.GenerateRequest(prompt="x", sampling_params=pb.SamplingParams(logit_bias={7: 2.5, 3: -100.0}))
     assert sampling_params_from_proto(req).logit_bias == {7: 2.5, 3: -100.0}
+
+
+@pytest.mark.parametrize("req, path", [
+    (pb.TokenizeRequest(prompt="a MARK b"), "prompt"),
+    (pb.TokenizeRequest(model="MARK", prompt="hi"), "model"),
+    (pb.TokenizeRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="MARK")])),
+     "chat.messages[0].content"),
+])
+def test_a_tokenize_request_that_does_not_decode_names_its_field(req: pb.TokenizeRequest, path: str) -> None:
+    out = decode_tokenize_request(with_bytes(req, b"\xff\xfe\xfd\xfc"))
+    assert isinstance(out, UndecodableRequest) and out.field == path
+    assert out.message.startswith(f"{path}: must be valid UTF-8")
+    assert locate_decode_error(b"\x0a\x05ab", pb.TokenizeRequest)[0] == "request"   # truncated

@@ -23,7 +23,7 @@ from typing import Any
 
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.outputs import RequestOutput
-from nvllm.engine.prompt import Prompt
+from nvllm.engine.prompt import Prompt, Tokenized, detokenize, tokenize
 from nvllm.engine.sequence import Sequence
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 
@@ -220,6 +220,18 @@ class AsyncEngine:
         """Validate, render and tokenize, compile a constraint (InvalidParameter on a bad request); safe off
         the engine thread, and meant for a pool of its own: a long prompt or a grammar takes a while."""
         return PendingRequest(self.engine.make_sequence(request_id, prompt, params, priority))
+
+    def tokenize(self, prompt: Prompt, add_special_tokens: bool = True, add_generation_prompt: bool = True,
+                 return_token_strs: bool = False) -> Tokenized:
+        """A prompt's token ids as a request would get them (InvalidParameter naming the field); off the
+        engine thread, like prepare."""
+        e = self.engine
+        return tokenize(e.tokenizer, e.model.config.vocab_size, prompt, add_special_tokens, add_generation_prompt,
+                        return_token_strs)
+
+    def detokenize(self, ids: list[Any]) -> str:
+        """Token ids as text (InvalidParameter for an id outside the vocabulary); off the engine thread."""
+        return detokenize(self.engine.tokenizer, self.engine.model.config.vocab_size, ids)
 
     def add(self, request: PendingRequest) -> RequestStream:
         """Queue the request now and return its stream of outputs (iterate it with `async for`).

@@ -1,9 +1,11 @@
 """A request's prompt as token ids: text tokenized, chat messages rendered with the model's template
-(with OpenAI's tools), ids checked against the vocabulary. The one place a request becomes tokens."""
+(with OpenAI's tools), ids checked against the vocabulary. The one place a request becomes tokens, and
+where token ids become text again for the tokenize and detokenize endpoints (`tokenize`, `detokenize`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,8 +19,11 @@ Prompt = str | list[int] | Mapping[str, Any]
 _CHAT_KEYS = frozenset({"messages", "tools", "chat_template_kwargs"})
 
 
-def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, list[int]]:
-    """(the field the prompt came in, its token ids); ids must lie in [0, vocab)."""
+def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, add_special_tokens: bool = True,
+               add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """(the field the prompt came in, its token ids); ids must lie in [0, vocab). add_special_tokens: text
+    gets the tokenizer's own (BOS and the like; a chat template writes its own, so chat never does);
+    add_generation_prompt: a chat ends with the assistant's turn opened."""
     if isinstance(prompt, str):
         prompt = {"prompt": prompt}
     elif isinstance(prompt, (list, tuple)):
@@ -38,10 +43,10 @@ def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, l
     if field == "prompt":
         if not isinstance(value, str):
             raise InvalidParameter(field, value, "a string")
-        return field, tokenizer.encode(value) if value else []
+        return field, tokenizer.encode(value, add_special_tokens) if value else []
     if field == "messages":
         try:
-            return field, tokenizer.encode_chat(value, tools=tools, template_kwargs=kwargs)
+            return field, tokenizer.encode_chat(value, add_generation_prompt, tools=tools, template_kwargs=kwargs)
         except ValueError as e:
             text = str(e)
             for name, given in (("tools", tools), ("chat_template_kwargs", kwargs)):
@@ -55,3 +60,24 @@ def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt) -> tuple[str, l
             raise InvalidParameter(field, t, f"token ids in [0, {vocab})")
         ids.append(int(t))
     return field, ids
+
+
+@dataclass
+class Tokenized:
+    """A prompt's token ids, and with return_token_strs each id's token as the vocabulary writes it."""
+    ids: list[int]
+    strs: list[str] | None
+
+
+def tokenize(tokenizer: Tokenizer, vocab: int, prompt: Prompt, add_special_tokens: bool = True,
+             add_generation_prompt: bool = True, return_token_strs: bool = False) -> Tokenized:
+    """The ids a generation request with this prompt would start from (an empty text gives none)."""
+    _, ids = prompt_ids(tokenizer, vocab, prompt, add_special_tokens, add_generation_prompt)
+    strs = [tokenizer.id_to_token(i) or "" for i in ids] if return_token_strs else None
+    return Tokenized(ids, strs)
+
+
+def detokenize(tokenizer: Tokenizer, vocab: int, ids: Sequence[Any]) -> str:
+    """The text of token ids, special tokens included (what the ids say, not what an answer shows)."""
+    _, checked = prompt_ids(tokenizer, vocab, {"prompt_token_ids": ids})
+    return tokenizer.decode(checked, skip_special_tokens=False)

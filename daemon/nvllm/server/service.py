@@ -1,11 +1,12 @@
-"""The gRPC servicer for nvllm.v1.Generator: Generate and Health, on the daemon's state (state.py).
+"""The gRPC servicer for nvllm.v1.Generator: Generate, Tokenize and Health, on the daemon's state (state.py).
 
 Generate: read the proto (INVALID_ARGUMENT naming its field, generate_request.py), then hand the prompt
 and its SamplingParams in through `DaemonState.submit` (UNAVAILABLE while starting or draining,
 RESOURCE_EXHAUSTED under memory pressure, with a full queue or when the client already holds
 server.max_streams_per_client streams, INVALID_ARGUMENT for what the engine refuses), then stream the
 engine's deltas as responses. A client that cancels or passes its deadline closes the stream, which aborts
-the request in the engine at once.
+the request in the engine at once. Tokenize: read the proto (tokenize_request.py), then the prompt's ids
+through `DaemonState.tokenize`, off the event loop.
 
 Requests are decoded by server/wire.py rather than by the generated handler, so that bytes which do
 not decode (invalid UTF-8 in a string field) are refused with INVALID_ARGUMENT naming the field.
@@ -31,7 +32,8 @@ from nvllm.server.logs import request_context
 from nvllm.server.reasoning import ReasoningStream, reasoning_stream
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
 from nvllm.server.submission import Submission
-from nvllm.server.wire import UndecodableRequest, decode_generate_request
+from nvllm.server.tokenize_request import read_tokenize
+from nvllm.server.wire import UndecodableRequest, decode_generate_request, decode_tokenize_request
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
@@ -64,6 +66,9 @@ def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server)
         "Generate": grpc.unary_stream_rpc_method_handler(
             servicer.Generate, request_deserializer=decode_generate_request,
             response_serializer=pb.GenerateResponse.SerializeToString),
+        "Tokenize": grpc.unary_unary_rpc_method_handler(
+            servicer.Tokenize, request_deserializer=decode_tokenize_request,
+            response_serializer=pb.TokenizeResponse.SerializeToString),
         "Health": grpc.unary_unary_rpc_method_handler(
             servicer.Health, request_deserializer=pb.HealthRequest.FromString,
             response_serializer=pb.HealthResponse.SerializeToString),
@@ -79,6 +84,27 @@ class GeneratorService(pb_grpc.GeneratorServicer):
     # -- Health -------------------------------------------------------------------------------
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         return self.state.health_response()
+
+    # -- Tokenize -----------------------------------------------------------------------------
+    async def Tokenize(self, request: pb.TokenizeRequest | UndecodableRequest,
+                       context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        st = self.state
+        if isinstance(request, UndecodableRequest):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        try:
+            args = read_tokenize(request, st.model_name, st.max_message_bytes)
+        except BadRequest as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            done = await st.tokenize(args.prompt, args.add_special_tokens, args.add_generation_prompt,
+                                     request.return_token_strs)
+        except Refused as e:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+        except InvalidParameter as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, args.input_field))
+        assert st.engine is not None     # tokenize refuses before the engine is made
+        return pb.TokenizeResponse(token_ids=done.ids, token_strs=done.strs or [],
+                                   max_model_len=st.engine.engine.max_model_len)
 
     # -- Generate -----------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest | UndecodableRequest,

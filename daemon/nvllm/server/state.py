@@ -27,7 +27,7 @@ from grpc_health.v1._async import HealthServicer
 
 from nvllm import __version__
 from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, RequestStream
-from nvllm.engine.prompt import Prompt
+from nvllm.engine.prompt import Prompt, Tokenized
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.metrics import Metrics
 from nvllm.server.submission import Submission
@@ -225,6 +225,23 @@ class DaemonState:
                  len(pending), "" if len(pending) == 1 else "s", pending[0].prompt_tokens, pending[0].max_tokens, note)
         return Submission(request_id, streams, trackers, [p.prompt_tokens for p in pending],
                           [p.max_tokens for p in pending], pending[0].thinks, lambda: self.close_stream(client))
+
+    async def tokenize(self, prompt: Prompt, add_special_tokens: bool = True, add_generation_prompt: bool = True,
+                       return_token_strs: bool = False) -> Tokenized:
+        """A prompt's token ids as a generation request would get them, off the event loop; Refused while the
+        model loads or the daemon drains, InvalidParameter naming the field."""
+        self.check_serving()
+        engine = self.engine
+        assert engine is not None     # check_serving passed, and the engine is never unset
+        return await asyncio.get_running_loop().run_in_executor(
+            self.tokenize_pool, engine.tokenize, prompt, add_special_tokens, add_generation_prompt, return_token_strs)
+
+    async def detokenize(self, ids: list[Any]) -> str:
+        """Token ids as text (InvalidParameter for an id outside the vocabulary), off the event loop."""
+        self.check_serving()
+        engine = self.engine
+        assert engine is not None
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, engine.detokenize, ids)
 
     def health_response(self) -> pb.HealthResponse:
         state = self.state()

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class GeneratorStub:
-    """Generates text for one request and reports the daemon's health.
+    """Generates text for one request, tokenizes, and reports the daemon's health.
     """
 
     def __init__(self, channel):
@@ -45,10 +45,15 @@ class GeneratorStub:
                 request_serializer=nvllm_dot_v1_dot_nvllm__pb2.HealthRequest.SerializeToString,
                 response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/nvllm.v1.Generator/Tokenize',
+                request_serializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServicer:
-    """Generates text for one request and reports the daemon's health.
+    """Generates text for one request, tokenizes, and reports the daemon's health.
     """
 
     def Generate(self, request, context):
@@ -74,6 +79,18 @@ class GeneratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The token ids a Generate request with this input would start from (the prompt's tokens, or the
+        chat rendered with the model's template), and with return_token_strs each token as the
+        vocabulary writes it: to count a prompt against max_model_len before sending it.
+
+        Errors: INVALID_ARGUMENT names the field (no input, a chat the template refuses, a model name
+        other than the served one); UNAVAILABLE while starting or draining.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -87,6 +104,11 @@ def add_GeneratorServicer_to_server(servicer, server):
                     request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.HealthRequest.FromString,
                     response_serializer=nvllm_dot_v1_dot_nvllm__pb2.HealthResponse.SerializeToString,
             ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeRequest.FromString,
+                    response_serializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'nvllm.v1.Generator', rpc_method_handlers)
@@ -96,7 +118,7 @@ def add_GeneratorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Generator:
-    """Generates text for one request and reports the daemon's health.
+    """Generates text for one request, tokenizes, and reports the daemon's health.
     """
 
     @staticmethod
@@ -143,6 +165,33 @@ class Generator:
             '/nvllm.v1.Generator/Health',
             nvllm_dot_v1_dot_nvllm__pb2.HealthRequest.SerializeToString,
             nvllm_dot_v1_dot_nvllm__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nvllm.v1.Generator/Tokenize',
+            nvllm_dot_v1_dot_nvllm__pb2.TokenizeRequest.SerializeToString,
+            nvllm_dot_v1_dot_nvllm__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API as a Starlette app, on the daemon's DaemonState and AsyncEngine.
 
-POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, and vLLM's
+POST /tokenize and POST /detokenize (the prompt's token ids as a generation request would get them).
 
 A generation request is read here, then goes in as the gRPC API's do, through `DaemonState.submit`: the
 key (401), the body's size (413), its JSON and parameters (400 naming the parameter), then starting or
@@ -35,6 +36,7 @@ from nvllm.server.http.auth import check_key
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import ParsedRequest, invalid, parse_chat, parse_completion, parse_json
 from nvllm.server.http.openai_response import ResponseBuilder
+from nvllm.server.http.tokenize_request import parse_detokenize, parse_tokenize
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
 from nvllm.server.state import DaemonState, Phase, Refused, host_key
@@ -71,6 +73,8 @@ class OpenAIApi:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),
         ]
@@ -103,6 +107,33 @@ class OpenAIApi:
                         pages_backed=h.pages_backed, pages_free=h.pages_free, pages_cached=h.pages_cached,
                         kv_cache_dtype=h.kv_cache_dtype, page_bytes=h.page_bytes)
         return JSONResponse(body, status_code=200 if state == "serving" else 503)
+
+    async def tokenize(self, request: Request) -> Response:
+        check_key(self.api_key, request.headers.get("authorization"))
+        st = self.state
+        req = parse_tokenize(parse_json(await self._read_body(request)), st.model_name)
+        try:
+            done = await st.tokenize(req.prompt, req.add_special_tokens, req.add_generation_prompt,
+                                     req.return_token_strs)
+        except InvalidParameter as e:
+            raise bad_request(e.field, str(e)) from None
+        except Refused as e:
+            raise refusal(e) from None
+        assert st.engine is not None     # tokenize refuses before the engine is made
+        return JSONResponse({"count": len(done.ids), "max_model_len": st.engine.engine.max_model_len,
+                             "tokens": done.ids, "token_strs": done.strs})
+
+    async def detokenize(self, request: Request) -> Response:
+        check_key(self.api_key, request.headers.get("authorization"))
+        st = self.state
+        ids = parse_detokenize(parse_json(await self._read_body(request)), st.model_name)
+        try:
+            text = await st.detokenize(ids)
+        except InvalidParameter as e:
+            raise bad_request("tokens", str(e).replace("prompt_token_ids", "tokens", 1)) from None
+        except Refused as e:
+            raise refusal(e) from None
+        return JSONResponse({"prompt": text})
 
     async def metrics_page(self, request: Request) -> Response:
         if self.metrics is None:

@@ -135,18 +135,18 @@ def _json_type(v: Any) -> str:
             int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
 
-def _need(name: str, value: Any, kind: str) -> Any:
+def need(name: str, value: Any, kind: str) -> Any:
     ok = {_INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
           _REAL: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           _BOOL: lambda v: isinstance(v, bool),
           "a string": lambda v: isinstance(v, str),
-          "an object": lambda v: isinstance(v, dict)}[kind](value)
+          "an object": lambda v: isinstance(v, dict), "an array": lambda v: isinstance(v, list)}[kind](value)
     if not ok:
         raise bad_request(name, f"{name} must be {kind}, got {_json_type(value)}")
     return value
 
 
-def _check_keys(body: dict[str, Any], allowed: set[str]) -> None:
+def check_keys(body: dict[str, Any], allowed: set[str]) -> None:
     for key, value in body.items():
         if key in allowed:
             continue
@@ -157,19 +157,24 @@ def _check_keys(body: dict[str, Any], allowed: set[str]) -> None:
         raise bad_request(key, f"unknown parameter {key[:64]!r}", code="unknown_parameter")
 
 
-def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) -> ParsedRequest:
-    """The parameters both endpoints share; prompts are filled in by the caller."""
+def check_model(body: dict[str, Any], model_name: str) -> None:
+    """A body's `model`, where given, must be the one this daemon serves (404 otherwise)."""
     model = body.get("model")
     if model is not None:
-        _need("model", model, "a string")
+        need("model", model, "a string")
         if model != model_name:
             raise ApiError(404, f"the model {model[:64]!r} does not exist; this daemon serves {model_name!r}",
                            "model", "model_not_found")
+
+
+def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) -> ParsedRequest:
+    """The parameters both endpoints share; prompts are filled in by the caller."""
+    check_model(body, model_name)
     values: dict[str, Any] = {}
     for name, kind_text in SAMPLING_FIELDS.items():
         v = body.get(name)
         if v is not None:
-            values[name] = _need(name, v, kind_text)
+            values[name] = need(name, v, kind_text)
     stop = body.get("stop")
     if stop is not None:
         if not isinstance(stop, (str, list)):
@@ -186,33 +191,33 @@ def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) 
     req = ParsedRequest(kind, [], SamplingParams(**values))
     n = body.get("n")
     if n is not None:
-        _need("n", n, _INT)
+        need("n", n, _INT)
         if not 1 <= n <= max_choices:
             raise bad_request("n", f"n must be an integer in [1, {max_choices}] (scheduler.max_num_seqs), got {n}")
         req.n = n
     if body.get("stream") is not None:
-        req.stream = _need("stream", body["stream"], _BOOL)
+        req.stream = need("stream", body["stream"], _BOOL)
     options = body.get("stream_options")
     if options is not None:
-        _need("stream_options", options, "an object")
+        need("stream_options", options, "an object")
         if not req.stream:
             raise bad_request("stream_options", "stream_options is only allowed with stream: true")
         for key, value in options.items():
             if key == "include_usage":
-                req.include_usage = _need("stream_options.include_usage", value, _BOOL)
+                req.include_usage = need("stream_options.include_usage", value, _BOOL)
             elif key != "continuous_usage_stats" or value not in (None, False):
                 raise bad_request(f"stream_options.{key}"[:80], f"unknown stream option {key[:64]!r}",
                                   code="unknown_parameter")
     if body.get("user") is not None:
-        req.user = _need("user", body["user"], "a string")[:256]
+        req.user = need("user", body["user"], "a string")[:256]
     if body.get("priority") is not None:
-        req.priority = _need("priority", body["priority"], _INT)
+        req.priority = need("priority", body["priority"], _INT)
     return req
 
 
 def _logit_bias(bias: Any) -> dict[int, Any]:
     """OpenAI's {"token id as a string": bias} as {id: bias}; ranges are SamplingParams' to check."""
-    _need("logit_bias", bias, "an object")
+    need("logit_bias", bias, "an object")
     out: dict[int, Any] = {}
     for key, value in bias.items():
         if not (key.isascii() and key.isdigit() and len(key) < 12):
@@ -225,7 +230,7 @@ def _max_tokens(body: dict[str, Any], req: ParsedRequest, names: tuple[str, ...]
     for name in names:
         v = body.get(name)
         if v is not None:
-            req.params.max_tokens = _need(name, v, _INT)
+            req.params.max_tokens = need(name, v, _INT)
             req.max_tokens_name = name
             return
     req.params.max_tokens = default
@@ -234,22 +239,22 @@ def _max_tokens(body: dict[str, Any], req: ParsedRequest, names: tuple[str, ...]
 def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
                chat_template: str | None = None) -> ParsedRequest:
     """chat_template: the model's template text, which tells its tool-call format (tool_plan.py)."""
-    _check_keys(body, CHAT_FIELDS)
+    check_keys(body, CHAT_FIELDS)
     req = _common(body, CHAT, model_name, max_choices)
-    req.prompts = [{"messages": _messages(body.get("messages"))}]
+    req.prompts = [{"messages": chat_messages(body.get("messages"))}]
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         # Its keys are the template's to check (the engine names one that overrides its own variables).
-        req.template_kwargs = _need("chat_template_kwargs", kwargs, "an object")
+        req.template_kwargs = need("chat_template_kwargs", kwargs, "an object")
         req.prompts = [{**p, "chat_template_kwargs": kwargs} for p in req.prompts]
     _constrain(body, req, chat_template)
     # max_completion_tokens is OpenAI's current name; max_tokens its deprecated one.
     _max_tokens(body, req, ("max_completion_tokens", "max_tokens"), None)
     if body.get("logprobs") is not None:
-        req.logprobs = _need("logprobs", body["logprobs"], _BOOL)
+        req.logprobs = need("logprobs", body["logprobs"], _BOOL)
     top = body.get("top_logprobs")
     if top is not None:
-        _need("top_logprobs", top, _INT)
+        need("top_logprobs", top, _INT)
         if not req.logprobs:
             raise bad_request("top_logprobs", "top_logprobs needs logprobs: true")
         if not 0 <= top <= MAX_LOGPROBS:
@@ -280,7 +285,7 @@ def _constrain(body: dict[str, Any], req: ParsedRequest, chat_template: str | No
         req.constraint_param = constraint.param
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
     """Shape checks the engine's own checks (roles, content parts, tool calls) do not make: the keys."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "messages must be a non-empty array of messages"
@@ -305,7 +310,7 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def parse_completion(body: dict[str, Any], model_name: str, max_choices: int) -> ParsedRequest:
-    _check_keys(body, COMPLETION_FIELDS)
+    check_keys(body, COMPLETION_FIELDS)
     req = _common(body, COMPLETION, model_name, max_choices)
     req.prompts = _prompts(body.get("prompt"))
     _constrain(body, req, None)
@@ -314,19 +319,19 @@ def parse_completion(body: dict[str, Any], model_name: str, max_choices: int) ->
                                f"at most {max_choices} (scheduler.max_num_seqs)")
     _max_tokens(body, req, ("max_tokens",), COMPLETION_DEFAULT_MAX_TOKENS)
     best_of = body.get("best_of")
-    if best_of is not None and _need("best_of", best_of, _INT) != req.n:
+    if best_of is not None and need("best_of", best_of, _INT) != req.n:
         raise bad_request("best_of", "best_of other than n is not supported by nvllm", code="unsupported_parameter")
     if body.get("suffix") is not None:
         raise bad_request("suffix", "suffix is not supported by nvllm", code="unsupported_parameter")
     lp = body.get("logprobs")
     if lp is not None:
-        _need("logprobs", lp, _INT)
+        need("logprobs", lp, _INT)
         if not 0 <= lp <= MAX_LOGPROBS:
             raise bad_request("logprobs", f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {lp}")
         req.logprobs = True
         req.params.logprobs = lp
     if body.get("echo") is not None:
-        req.echo = _need("echo", body["echo"], _BOOL)
+        req.echo = need("echo", body["echo"], _BOOL)
     if req.echo:
         if req.logprobs:
             raise bad_request("echo", "echo with logprobs (the prompt's logprobs) is not supported by nvllm",
