@@ -6,7 +6,6 @@ naming chat_template_kwargs."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -14,18 +13,14 @@ from typing import Any
 import grpc
 import httpx2 as httpx
 import pytest
-from grpc_health.v1._async import HealthServicer
 
+from helpers.http_app import serve_both
 from helpers.thinking_template import EMPTY_THINK, USER, make_think_tokens, make_thinking_qwen3
 from nvllm import LLM
 from nvllm.config import load_settings
-from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.build.factory import build_engine
-from nvllm.server.http.app import OpenAIApi
-from nvllm.server.service import GeneratorService, add_generator_to_server
 from nvllm.server.state import DaemonState
 from nvllm.v1 import nvllm_pb2 as pb
-from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
 OFF = {"enable_thinking": False}
 BASE = {"messages": USER, "max_tokens": 6, "temperature": 0}
@@ -44,26 +39,7 @@ def run(folder: Path, body: Any, reasoning_parser: str = "") -> Any:
     llm = LLM.from_engine(build_engine(settings))
     empty_think = len(llm.tokenizer.encode(EMPTY_THINK, add_special_tokens=False))
 
-    async def main() -> Any:
-        ae = AsyncEngine(llm.engine)
-        ae.start()
-        state = DaemonState("tiny-qwen3", HealthServicer(), 64, 4, 1 << 20)
-        state.reasoning_parser = reasoning_parser
-        await state.set_ready(ae, None)
-        api = OpenAIApi(state, None, 1 << 20, metrics=state.metrics)
-        server = grpc.aio.server()
-        add_generator_to_server(GeneratorService(state), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        transport = httpx.ASGITransport(app=api.app(), client=("127.0.0.1", 5000))
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://nvllm", timeout=60) as client, \
-                    grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                return await body(client, pb_grpc.GeneratorStub(channel), state)
-        finally:
-            await server.stop(0)
-            ae.shutdown()
-    return empty_think, asyncio.run(main())
+    return empty_think, serve_both(llm.engine, body, "tiny-qwen3", reasoning_parser=reasoning_parser)
 
 
 def sse(r: httpx.Response) -> tuple[str, str]:

@@ -5,7 +5,6 @@ token strings; the round trip; every refusal naming its field, in each API's own
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -14,16 +13,10 @@ from typing import Any
 import grpc
 import httpx2 as httpx
 import pytest
-from grpc_health.v1._async import HealthServicer
 
-from helpers.http_app import error_of
+from helpers.http_app import error_of, serve_both
 from nvllm import LLM
-from nvllm.engine.async_engine import AsyncEngine
-from nvllm.server.http.app import OpenAIApi
-from nvllm.server.service import GeneratorService, add_generator_to_server
-from nvllm.server.state import DaemonState
 from nvllm.v1 import nvllm_pb2 as pb
-from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 TEXT = "The quick brown fox"
@@ -47,26 +40,7 @@ def llm(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
 
 def run(llm: LLM, body: Any, ready: bool = True) -> Any:
     """body(http client, grpc stub) against both APIs over one started engine."""
-    async def main() -> Any:
-        ae = AsyncEngine(llm.engine)
-        ae.start()
-        state = DaemonState("tiny-llama", HealthServicer(), 64, 4, 1 << 20)
-        if ready:
-            await state.set_ready(ae, None)
-        api = OpenAIApi(state, None, 1 << 20, metrics=state.metrics)
-        server = grpc.aio.server()
-        add_generator_to_server(GeneratorService(state), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        transport = httpx.ASGITransport(app=api.app(), client=("127.0.0.1", 5000))
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://nvllm", timeout=60) as client, \
-                    grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                return await body(client, pb_grpc.GeneratorStub(channel))
-        finally:
-            await server.stop(0)
-            ae.shutdown()
-    return asyncio.run(main())
+    return serve_both(llm.engine, lambda client, stub, state: body(client, stub), "tiny-llama", ready)
 
 
 def grpc_chat(**kw: Any) -> pb.TokenizeRequest:

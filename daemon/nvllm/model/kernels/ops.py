@@ -97,6 +97,37 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
+def check_tables(tables: np.ndarray, context_lens: np.ndarray, num_blocks: int, block_size: int) -> None:
+    """Every block id a kernel will read (the first ceil(context / block_size) of each row of tables)
+    inside a pool of num_blocks; the padding past them is never read, so never checked."""
+    pages = -(-context_lens // block_size)                         # [S] pages each row reads
+    if pages.size and pages.max() > tables.shape[1]:
+        r = int(np.argmax(pages > tables.shape[1]))
+        raise ValueError(f"context_lens: row {r} has {int(context_lens[r])} tokens, {int(pages[r])} pages of "
+                         f"{block_size}, but its block table holds {tables.shape[1]}")
+    used = np.arange(tables.shape[1]) < pages[:, None]             # [S, MB]
+    bad = used & ((tables < 0) | (tables >= num_blocks))
+    if bad.any():
+        r, j = _first(bad)
+        raise ValueError(f"block_tables: row {r}, page {j} is block {int(tables[r, j])}, outside the "
+                         f"pool's [0, {num_blocks})")
+
+
+def check_q_out(q: np.ndarray, out: np.ndarray, rows: int, nkv: int, hd: int) -> int:
+    """An attention kernel's q [rows, nh, hd] (scaled; rows may be strided, heads contiguous) and out
+    [rows, nh, hd], nh a multiple of the pool's nkv; returns nh (out's)."""
+    _check(out, np.float32, "out", ndim=3, written=True)
+    nh = out.shape[1]
+    if (not isinstance(q, np.ndarray) or q.dtype != np.float32 or q.shape != (rows, nh, hd)
+            or q.strides[1:] != (4 * hd, 4) or q.strides[0] % 4):
+        raise ValueError(f"q: need float32 [{rows}, {nh}, {hd}] with contiguous heads, got "
+                         f"{getattr(q, 'dtype', type(q).__name__)} {getattr(q, 'shape', '')}")
+    if out.shape != (rows, nh, hd) or nh % nkv:
+        raise ValueError(f"out: need [{rows}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads, "
+                         f"got {list(out.shape)}")
+    return nh
+
+
 class _DecodeJob(ctypes.Structure):
     """csrc/ops.c's decode_job_t: paged_decode_attention's arguments, and each part's sequences."""
     _fields_ = [("q", _P), ("q_stride", _I64), ("k_pool", _P), ("v_pool", _P), ("block_tables", _P),
@@ -143,18 +174,7 @@ class PagedDecode:
         self._bounds: dict[int, np.ndarray] = {}                     # by parts: split_by_work's bounds
 
     def _check_tables(self, num_blocks: int, block_size: int) -> None:
-        tables, ctx = self._keep
-        pages = -(-ctx // block_size)                                  # [S] pages each row reads
-        if pages.size and pages.max() > tables.shape[1]:
-            r = int(np.argmax(pages > tables.shape[1]))
-            raise ValueError(f"context_lens: row {r} has {int(ctx[r])} tokens, {int(pages[r])} pages of "
-                             f"{block_size}, but its block table holds {tables.shape[1]}")
-        used = np.arange(tables.shape[1]) < pages[:, None]             # [S, MB]; padding past it is never read
-        bad = used & ((tables < 0) | (tables >= num_blocks))
-        if bad.any():
-            r, j = _first(bad)
-            raise ValueError(f"block_tables: row {r}, page {j} is block {int(tables[r, j])}, outside the "
-                             f"pool's [0, {num_blocks})")
+        check_tables(*self._keep, num_blocks, block_size)
         self._checked = (num_blocks, block_size)
 
     def bounds(self, parts: int) -> np.ndarray:
@@ -176,15 +196,8 @@ class PagedDecode:
         of about equal work, run on that pool's threads: the same bits as one call. window > 0: each
         query sees only its last `window` keys (a sliding-window layer)."""
         nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
-        _check(out, np.float32, "out", ndim=3, written=True)
-        S, nh = self.num_seqs, out.shape[1]
-        if (not isinstance(q, np.ndarray) or q.dtype != np.float32 or q.shape != (S, nh, hd)
-                or q.strides[1:] != (4 * hd, 4) or q.strides[0] % 4):
-            raise ValueError(f"q: need float32 [{S}, {nh}, {hd}] with contiguous heads, got "
-                             f"{getattr(q, 'dtype', type(q).__name__)} {getattr(q, 'shape', '')}")
-        if out.shape != (S, nh, hd) or nh % nkv:
-            raise ValueError(f"out: need [{S}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads, "
-                             f"got {list(out.shape)}")
+        S = self.num_seqs
+        nh = check_q_out(q, out, S, nkv, hd)
         tables, width, ctx = self.addresses(nb, bs)
         k = _ptr(kv_pool)
         parts = min(int(parts), S)

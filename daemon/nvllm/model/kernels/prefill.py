@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.kernels.ops import _check, _first, _ptr, check_pool, lib
+from nvllm.model.kernels.ops import _check, _ptr, check_pool, check_q_out, check_tables, lib
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -57,20 +57,6 @@ class PagedPrefill:
         self._checked: tuple[int, int] | None = None
         self._tasks: dict[tuple[int, int], np.ndarray] = {}   # by (KV heads, window)
 
-    def _check_tables(self, num_blocks: int, block_size: int) -> None:
-        pages = -(-self._ctx // block_size)
-        if pages.size and pages.max() > self._tables.shape[1]:
-            r = int(np.argmax(pages > self._tables.shape[1]))
-            raise ValueError(f"context_lens: row {r} has {int(self._ctx[r])} tokens, {int(pages[r])} pages of "
-                             f"{block_size}, but its block table holds {self._tables.shape[1]}")
-        used = np.arange(self._tables.shape[1]) < pages[:, None]
-        bad = used & ((self._tables < 0) | (self._tables >= num_blocks))
-        if bad.any():
-            r, j = _first(bad)
-            raise ValueError(f"block_tables: row {r}, page {j} is block {int(self._tables[r, j])}, outside the "
-                             f"pool's [0, {num_blocks})")
-        self._checked = (num_blocks, block_size)
-
     def tasks(self, nkv: int, window: int) -> np.ndarray:
         """[n, 4] int64 (block-table row, KV head, first row, end row), heaviest first: a task's keys read
         are about its tokens times the keys each sees, so the shared counter hands the long ones out first
@@ -93,17 +79,10 @@ class PagedPrefill:
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
                  pool_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
         nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
-        _check(out, np.float32, "out", ndim=3, written=True)
-        T, nh = self.num_tokens, out.shape[1]
-        if (not isinstance(q, np.ndarray) or q.dtype != np.float32 or q.shape != (T, nh, hd)
-                or q.strides[1:] != (4 * hd, 4) or q.strides[0] % 4):
-            raise ValueError(f"q: need float32 [{T}, {nh}, {hd}] with contiguous heads, got "
-                             f"{getattr(q, 'dtype', type(q).__name__)} {getattr(q, 'shape', '')}")
-        if out.shape != (T, nh, hd) or nh % nkv:
-            raise ValueError(f"out: need [{T}, {nh}, {hd}] with query heads a multiple of {nkv} KV heads, "
-                             f"got {list(out.shape)}")
+        nh = check_q_out(q, out, self.num_tokens, nkv, hd)
         if self._checked != (nb, bs):
-            self._check_tables(nb, bs)
+            check_tables(self._tables, self._ctx, nb, bs)
+            self._checked = (nb, bs)
         window = max(0, int(window))
         tasks = self.tasks(nkv, window)
         k = _ptr(kv_pool)
