@@ -105,7 +105,9 @@ class TestStreams:
             return threads, peak, finals
 
         threads, peak, finals = run(go, engine)
-        assert peak == threads
+        # No thread per stream; a thread of the process's own may end meanwhile (the engine fixture's
+        # pool backing, when a loaded machine made it slow), so fewer is fine.
+        assert peak <= threads
         assert all(f.finish_reason == "length" and f.completion_tokens == 2 for f in finals)
 
     def test_a_consumer_that_stops_early_aborts_and_frees_pages(self, engine: LLMEngine) -> None:
