@@ -36,9 +36,7 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
     if len(rid) > MAX_REQUEST_ID_CHARS:
         raise BadRequest("request_id", f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
                                        f"got {len(rid)}")
-    if request.model and request.model != model_name:
-        raise BadRequest("model", f"model must be empty or {model_name!r} (the served model), "
-                                  f"got {request.model[:64]!r}")
+    check_model(request.model, model_name)
     which = request.WhichOneof("input")
     if which is None:
         raise BadRequest("input", "input must be set: one of prompt, chat or prompt_token_ids")
@@ -64,6 +62,12 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
     except (TypeError, ValueError) as e:
         raise BadRequest("sampling_params", f"sampling_params: {e}") from None
     return which, prompt, params
+
+
+def check_model(model: str, model_name: str) -> None:
+    """A request's model field: empty or the served model's name."""
+    if model and model != model_name:
+        raise BadRequest("model", f"model must be empty or {model_name!r} (the served model), got {model[:64]!r}")
 
 
 def template_kwargs(text: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nvllm.engine.prompt import Prompt
-from nvllm.server.generate_request import BadRequest, template_kwargs
+from nvllm.server.generate_request import BadRequest, check_model, template_kwargs
 from nvllm.v1 import nvllm_pb2 as pb
 
 
@@ -23,9 +23,7 @@ def read_tokenize(request: pb.TokenizeRequest, model_name: str, max_message_byte
     if size > max_message_bytes:
         raise BadRequest("request", f"the request is {size} bytes; a request may be at most {max_message_bytes} "
                                     f"bytes (server.max_message_bytes)")
-    if request.model and request.model != model_name:
-        raise BadRequest("model", f"model must be empty or {model_name!r} (the served model), "
-                                  f"got {request.model[:64]!r}")
+    check_model(request.model, model_name)
     which = request.WhichOneof("input")
     if which is None:
         raise BadRequest("input", "input must be set: one of prompt or chat")
