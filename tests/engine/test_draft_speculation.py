@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.engines import backed_engine
 from helpers.speculation import PROMPTS, run, tokens
 from nvllm import SamplingParams
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.build.factory import EngineBuildError, build_engine
+from nvllm.engine.build.factory import EngineBuildError
 from nvllm.engine.llm_engine import LLMEngine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -21,7 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 def engine(model: Path, draft: Path | None, num_blocks: int = 256, max_model_len: int = 256,
            **speculative) -> LLMEngine:
     spec = {"method": "none"} if draft is None else {"method": "draft", "draft_model": str(draft)}
-    return build_engine(load_settings(overrides={
+    return backed_engine(load_settings(overrides={
         "model": {"path": str(model)}, "cache": {"num_blocks": num_blocks, "block_size": 16},
         "scheduler": {"max_model_len": max_model_len, "max_num_seqs": 32},
         "speculative": {**spec, "adaptive": False, **speculative}}))

@@ -35,7 +35,7 @@ def build(tiny: Path, back) -> LLMEngine:
                                         "scheduler": {"max_model_len": MAX_LEN}})
     loaded = factory.load_model(settings)
     plan = factory.plan_pool(settings, loaded.info, MemoryReading(8 << 30, "test"))
-    return factory.create_engine(settings, loaded, plan, back=back)
+    return factory.create_engine(settings, loaded, plan, back=back, eager_bytes=0)
 
 
 class Held:

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.engines import backed_engine
 from helpers.speculation import PROMPTS, run, tokens
 from nvllm import SamplingParams
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.build.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.speculation import ngram
 from nvllm.llm import LLM
@@ -22,7 +22,7 @@ from nvllm.llm import LLM
 
 def engine(model: Path, method: str = "ngram", num_blocks: int = 256, max_num_seqs: int = 32,
            max_model_len: int = 256, **speculative) -> LLMEngine:
-    return build_engine(load_settings(overrides={
+    return backed_engine(load_settings(overrides={
         "model": {"path": str(model)}, "cache": {"num_blocks": num_blocks, "block_size": 16},
         "scheduler": {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs},
         "speculative": {"method": method, "adaptive": False, **speculative}}))

@@ -35,7 +35,7 @@ from nvllm.engine.build.memory import (
     size_pool,
 )
 from nvllm.engine.build.model_info import ModelInfo
-from nvllm.engine.build.pool_backing import PoolBacking
+from nvllm.engine.build.pool_backing import CHUNK_BYTES, PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.speculation.draft_proposer import DraftProposer
 from nvllm.engine.speculation.speculator import Speculator
@@ -331,18 +331,23 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
 
 
 def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
-                  back: Callable[[KVCache, int, int], None] = KVCache.back_blocks) -> LLMEngine:
-    """Map the pool and back the blocks of one max_model_len sequence now, the rest on a thread of its
-    own (engine/build/pool_backing.py) whose blocks the engine hands out only once backed; then the engine.
+                  back: Callable[[KVCache, int, int], None] = KVCache.back_blocks,
+                  eager_bytes: int = CHUNK_BYTES) -> LLMEngine:
+    """Map the pool and back the blocks of one max_model_len sequence (and at least its first
+    eager_bytes) now, the rest on a thread of its own (engine/build/pool_backing.py) whose blocks the
+    engine hands out only once backed; then the engine.
 
     back(kv, start, stop) backs blocks [start, stop) in the background (KVCache.back_blocks; tests slow
-    it or make it fail).
+    it or make it fail, with eager_bytes 0).
     """
     t0 = time.monotonic()
     sz = plan.sizing
-    # One max_model_len sequence and the pinned prompts' pages, which are held for good.
-    first = min(sz.num_blocks, loaded.info.pinned_blocks + loaded.info.blocks_for(
-        plan.max_model_len, sz.block_size, settings.scheduler.max_num_batched_tokens))
+    # One max_model_len sequence and the pinned prompts' pages, which are held for good; and a first chunk
+    # however small those are: it takes milliseconds, and a small pool is then whole from the start rather
+    # than behind a thread at nice 10, which a busy machine may hold off for seconds.
+    one_sequence = loaded.info.pinned_blocks + loaded.info.blocks_for(
+        plan.max_model_len, sz.block_size, settings.scheduler.max_num_batched_tokens)
+    first = min(sz.num_blocks, max(one_sequence, eager_bytes // sz.bytes_per_block))
     kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, loaded.info.kv_format,
                                     resident_blocks=first)
     backing = None
@@ -350,7 +355,7 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
         backing = PoolBacking(lambda start, stop: back(kv, start, stop), first, sz.num_blocks,
                               sz.bytes_per_block).start()
     log.info("page pool of %s of %s keys and values mapped in %.2f s (%s): %d of %d blocks (%s, one "
-             "max_model_len sequence) resident now%s", format_bytes(kv.nbytes), kv.format.name,
+             "max_model_len sequence or the first chunk) resident now%s", format_bytes(kv.nbytes), kv.format.name,
              time.monotonic() - t0, kv.populated_by, first, sz.num_blocks, format_bytes(first * sz.bytes_per_block),
              ", the rest backed in the background" if backing is not None else "")
     # A step's activations, made once for the most tokens a step takes (model/workspace.py): with the page
