@@ -12,6 +12,8 @@ BPE tokenizer trained by `tokenizers` on a fixed built-in corpus, one thread. Te
   tiny-qwen3      Qwen3ForCausalLM, bfloat16, q/k norms, head_dim 24 (not hidden / heads), tied, GQA
   tiny-gemma3     Gemma3ForCausalLM, bfloat16, sliding and global layers, window 8 (tiny_gemma3.py)
   tiny-phi3, tiny-smollm3  Phi-3's partial rotary and longrope, SmolLM3's NoPE layers (tiny_rope_models.py)
+  tiny-bert, tiny-bert-cls, tiny-bert-reranker  BERT embedding (sentence-transformers mean / CLS + Dense pooling)
+                  and reranking folders with a WordPiece tokenizer, float32 (tiny_encoders.py)
   --qwen05b       qwen2.5-0.5b-random: Qwen2.5-0.5B's shapes, random float32 (about 2 GB), for speed
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the makers beside this file, imported by name
 
+import tiny_encoders  # noqa: E402
 import tiny_gemma3  # noqa: E402
 import tiny_rope_models  # noqa: E402
 from tiny_kit import (  # noqa: E402
@@ -159,6 +162,7 @@ BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "tiny-qwen3": make_tiny_qwen3,
     "tiny-gemma3": tiny_gemma3.make,
     **tiny_rope_models.ROPE_BUILDERS,
+    **tiny_encoders.ENCODER_BUILDERS,
 }
 EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,
@@ -175,8 +179,8 @@ def make_one(name: str, out_dir: Path, tok: Tokenizer | None = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     builder(tmp, tok)
-    for f in tmp.iterdir():
-        f.chmod(0o644)  # safetensors creates files owner-only
+    for f in tmp.rglob("*"):
+        f.chmod(0o755 if f.is_dir() else 0o644)  # safetensors creates files owner-only; subfolders stay open
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final

@@ -19,6 +19,7 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3", "tiny-gemma3")
+ENCODERS = ("tiny-bert", "tiny-bert-cls", "tiny-bert-reranker")   # models/tiny_encoders.py
 SMOLLM2 = MODELS / "smollm2-135m-instruct"
 
 
@@ -44,6 +45,15 @@ def tiny_models() -> dict[str, Path]:
     if missing:
         _load_maker().make_all(MODELS, only=missing)
     return {n: MODELS / n for n in TINY}
+
+
+@pytest.fixture(scope="session")
+def tiny_encoders() -> dict[str, Path]:
+    """name -> folder of each tiny BERT (embedders and a cross-encoder), written into models/ when missing."""
+    missing = [n for n in ENCODERS if not (MODELS / n / "config.json").exists()]
+    if missing:
+        _load_maker().make_all(MODELS, only=missing)
+    return {n: MODELS / n for n in ENCODERS}
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ mtm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mtm)
 
 NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3", "tiny-gemma3"]
+ENCODERS = ["tiny-bert", "tiny-bert-cls", "tiny-bert-reranker"]   # models/tiny_encoders.py
 QWEN = ("tiny-qwen2", "tiny-qwen3")  # bfloat16, with Qwen2's tokenizer
 
 
@@ -62,11 +63,12 @@ def _bf16_tensors(folder: Path) -> dict:
 
 
 def test_make_all_writes_every_folder(made: dict):
-    assert sorted(made) == sorted(NAMES)
+    assert sorted(made) == sorted(NAMES + ENCODERS)
     for name, folder in made.items():
         assert folder.name == name
-        for f in ("config.json", "generation_config.json", "tokenizer.json",
-                  "tokenizer_config.json"):
+        # a decoder's sampling defaults; a sentence-transformers embedder's modules (a cross-encoder has neither)
+        own = ("generation_config.json",) if name in NAMES else ("modules.json",) * (name != "tiny-bert-reranker")
+        for f in ("config.json", "tokenizer.json", "tokenizer_config.json", *own):
             assert (folder / f).is_file(), (name, f)
     assert not [p for p in next(iter(made.values())).parent.iterdir() if p.name.startswith(".")]
 
@@ -78,10 +80,11 @@ def test_output_is_byte_identical_across_runs_and_processes(made: dict, tmp_path
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     for name, folder in made.items():
-        files = sorted(p.name for p in folder.iterdir())
-        assert files == sorted(p.name for p in (tmp_path / name).iterdir())
+        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))   # sentence-transformers' subfolders
+        assert files == sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*"))
         for f in files:
-            assert (folder / f).read_bytes() == (tmp_path / name / f).read_bytes(), (name, f)
+            if (folder / f).is_file():
+                assert (folder / f).read_bytes() == (tmp_path / name / f).read_bytes(), (name, f)
 
 
 def test_tiny_llama_config_and_weights(made: dict):

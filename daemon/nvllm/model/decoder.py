@@ -46,6 +46,7 @@ class ForwardBatch:
     attn: AttentionMetadata     # group 0's (kv_layout.py); the only one for most models
     logits_indices: np.ndarray  # [R] int64: rows of T whose logits are wanted
     groups: list[AttentionMetadata] = field(default_factory=list)   # every group's, attn first
+    token_types: np.ndarray | None = None   # [T] int64, an encoder's segment ids (None: all 0)
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -117,6 +118,7 @@ class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
         self.config = config
         self.weights = weights
+        self.task = "generate"
         c = config
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim

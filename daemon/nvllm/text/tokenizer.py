@@ -153,6 +153,36 @@ class Tokenizer:
             raise TypeError(f"text must be a string, got {type(text).__name__}")
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_within(self, text: str, max_tokens: int, pair: str | None = None) -> tuple[list[int], list[int]]:
+        """(token ids, token type ids) of text, or of text and pair as the post-processor joins a pair (BERT's
+        [CLS] a [SEP] b [SEP], types 0 then 1), cut to max_tokens: a single text keeps its first tokens, a
+        pair its first text and the start of the second (transformers' only_second); the special tokens
+        stay. ValueError when even the special tokens and the first text do not fit."""
+        b = self._backend
+        first = b.encode(text, add_special_tokens=False)
+        second = None if pair is None else b.encode(pair, add_special_tokens=False)
+        room = max_tokens - b.num_special_tokens_to_add(pair is not None)
+        if second is None:
+            if len(first.ids) > room:
+                first.truncate(max(0, room))
+        elif len(first.ids) + len(second.ids) > room:
+            if len(first.ids) >= room:
+                raise ValueError(f"the first text takes {len(first.ids)} tokens of the {max_tokens} allowed")
+            second.truncate(room - len(first.ids))
+        enc = b.post_process(first, second, add_special_tokens=True)
+        return list(enc.ids), list(enc.type_ids)
+
+    def difference(self, other: Tokenizer) -> str:
+        """Why this tokenizer's ids do not mean other's ("" when they do): every token string with its id
+        (a dict compare, milliseconds for 150k tokens)."""
+        mine = self._backend.get_vocab(with_added_tokens=True)
+        theirs = other._backend.get_vocab(with_added_tokens=True)
+        if mine == theirs:
+            return ""
+        ids_a, ids_b = {i: t for t, i in theirs.items()}, {i: t for t, i in mine.items()}
+        first = min(i for i in ids_a.keys() | ids_b.keys() if ids_a.get(i) != ids_b.get(i))
+        return f"token {first} is {ids_b.get(first)!r} in it and {ids_a.get(first)!r} in the target"
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Text of ids; ids the tokenizer does not know are dropped (as transformers does)."""
         return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

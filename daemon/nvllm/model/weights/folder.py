@@ -21,9 +21,11 @@ import numpy as np
 from safetensors import safe_open
 
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
+from nvllm.model.encoder_config import EncoderConfig
 from nvllm.model.matrix.dense import DenseWeight
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.weights.conversion import kept_kind, matrix_rule
+from nvllm.model.weights.encoder_layout import EncoderWeights, lay_out_encoder
 from nvllm.model.weights.layout import ModelWeights, Parts, lay_out, layer_matrices
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -246,6 +248,19 @@ def load_weights(model_dir: str | Path, config: ModelConfig | None = None,
     finally:
         t.close()
 
+
+
+def load_encoder_weights(model_dir: str | Path, config: EncoderConfig,
+                         quantization: str = "") -> EncoderWeights:
+    """An encoder folder's weights (weights/encoder_layout.py), read and converted as load_weights reads
+    a decoder's."""
+    model_dir = Path(model_dir)
+    check_folder(model_dir)
+    t = _Tensors(_safetensors_files(model_dir), model_dir, matrix_rule(quantization))
+    try:
+        return lay_out_encoder(t, config, str(model_dir))
+    finally:
+        t.close()
 
 
 def _config_dtype(model_dir: Path) -> str:
