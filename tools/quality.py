@@ -173,7 +173,10 @@ def load(path: Path, quantization: str = "", activations: str = "exact") -> Mode
     from nvllm.model.kernels import matmul
 
     matmul.set_activations(activations)   # the engine's job; Model.forward alone is run here
-    return load_model(load_settings(overrides={"model": {"path": str(path), "quantization": quantization}})).model
+    model = load_model(load_settings(overrides={"model": {"path": str(path), "quantization": quantization}})).model
+    if not isinstance(model, Model):
+        raise SystemExit(f"{path}: not a model that generates text")
+    return model
 
 
 def measure(name: str, make, ids: np.ndarray, base, size: tuple[float, Counter], chunk: int = CHUNK

@@ -121,6 +121,9 @@ class ModelSettings:
     # float product's); "float" decodes the weights and multiplies in float32 (the reference, slowest).
     # One setting per process.
     activations: str = field(default="int8", metadata=one_of("exact", "int8", "float"))
+    # What the model serves: "auto" reads it from its files (an encoder with a classifier head reranks,
+    # one without embeds, a decoder generates); another value must agree with them.
+    task: str = field(default="auto", metadata=one_of("auto", "generate", "embed", "rerank"))
 
 
 @dataclass

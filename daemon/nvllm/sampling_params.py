@@ -50,6 +50,7 @@ class InvalidParameter(ValueError):
         self.field = field
         self.value = value
         self.reason = reason
+        self.index: int | None = None   # which of a request's several inputs it was, where it had several
         super().__init__(message or f"{field} must be {reason}, got {_show(value) if shown is None else shown}")
 
 

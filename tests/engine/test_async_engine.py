@@ -18,6 +18,7 @@ import pytest
 from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine, EngineDead
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.model.decoder import Model
 from nvllm.sampling_params import InvalidParameter
 
 NUM_BLOCKS = 128
@@ -204,6 +205,7 @@ class TestLoop:
         assert run(go, engine, heartbeat_s=0.05) == 0     # ten heartbeats held: no progress
 
     def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(self, engine: LLMEngine) -> None:
+        assert isinstance(engine.model, Model)
         forward = engine.model.forward
         calls = {"n": 0}
 
@@ -278,6 +280,7 @@ class TestServicerInProcess:
 
         def boom(*a, **k):
             raise FloatingPointError("injected")
+        assert isinstance(engine.model, Model)
         engine.model.forward = boom  # type: ignore[method-assign]  # an injected fault, on this model only
 
         async def go():

@@ -29,6 +29,7 @@ from typing import Any
 
 from nvllm.cli import build_parser
 from nvllm.engine.build.memory import MemoryReading
+from nvllm.model.decoder import Model
 from nvllm.server import app
 from nvllm.server.app import Daemon
 
@@ -85,6 +86,7 @@ def fail_next_forward(daemon: Daemon) -> None:
         log.warning("SIGUSR2 before the engine started: ignored")
         return
     model = daemon.engine.engine.model
+    assert isinstance(model, Model)
     if "forward" not in vars(model):
         def failing_forward(*args: Any, **kwargs: Any) -> Any:
             del model.forward

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from nvllm.config import Settings
 from nvllm.engine.build.factory import build_engine
+from nvllm.engine.build.pool_backing import PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
 
 
 def backed_engine(settings: Settings) -> LLMEngine:
     eng = build_engine(settings)
     if eng.backing is not None:
-        assert eng.backing.wait(60), "the page pool was not backed within 60 s"
-    assert eng.backing is None or eng.backing.error is None, eng.backing.error
+        assert isinstance(eng.backing, PoolBacking) and eng.backing.wait(60), "the pool was not backed within 60 s"
+        assert eng.backing.error is None, eng.backing.error
     return eng

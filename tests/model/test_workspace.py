@@ -77,5 +77,5 @@ def test_the_engine_reserves_its_budget_and_says_so(tiny: Path, caplog: pytest.L
     with caplog.at_level(logging.INFO):
         plan = factory.plan_pool(settings, loaded.info, MemoryReading(1 << 30, "test"))
         factory.create_engine(settings, loaded, plan)
-    assert loaded.model.workspace.rows == 96
+    assert isinstance(loaded.model, Model) and loaded.model.workspace.rows == 96
     assert any("forward scratch of" in r.getMessage() and "up to 96 tokens" in r.getMessage() for r in caplog.records)

@@ -18,7 +18,7 @@ import pytest
 from helpers.paths import ROOT
 
 PACKAGE = ROOT / "daemon" / "nvllm"
-SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.v1", "nvllm.cgroup"}
+SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.pooling_params", "nvllm.v1", "nvllm.cgroup"}
 TEXT = "nvllm.text"
 
 # layer or room of the package root -> the nvllm packages (by prefix) it may import besides itself and the
@@ -40,10 +40,13 @@ M = "nvllm.model."
 ROOMS = {
     "quant": set(),                                              # block formats, NumPy only
     "config": set(),                                             # ModelConfig from config.json
+    "encoder_config": {M + "config"},                            # EncoderConfig from config.json
+    "pooler": set(),                                             # token states -> one vector
     "sampling": set(),                                           # logits -> tokens
     "kernels": {M + "quant"},                                    # C and its wrappers and twins
     "matrix": {M + "kernels", M + "quant"},                      # a weight that multiplies itself
-    "weights": {M + "config", M + "matrix", M + "kernels", M + "quant"},   # weight files -> weights
+    "weights": {M + "config", M + "encoder_config", M + "pooler", M + "matrix", M + "kernels",
+                M + "quant"},                                    # weight files -> weights
 }
 
 # engine/'s rooms, bottom first -> the other rooms of engine/ each may import. The step loop stays directly in
@@ -56,6 +59,7 @@ ENGINE_ROOMS = {
     "sequence": {E + "outputs"},                                 # one request's state
     "block_manager": set(),                                      # the page books
     "prompt": set(),                                             # a request's prompt -> token ids
+    "pooling_request": {E + "prompt"},                           # a pooling request's input, checked
     "structured": set(),                                         # constraints -> matchers and masks
     "speculation": {E + "sequence"},                             # proposals, verified
     "warm": _BOOKS,                                              # pinned prompts, the persisted cache
@@ -63,10 +67,11 @@ ENGINE_ROOMS = {
     "sampling_rows": {E + "sequence"},                           # the sampler's rows of a step
     "packing": {E + "scheduler", E + "sampling_rows"},           # a step's tokens -> the model's batch
     "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "structured", "speculation",
-                                            "warm")},            # the step
+                                            "warm", "pooling_request")},   # the step
     "async_engine": _BOOKS | {E + "llm_engine"},                 # the engine thread, and its asyncio side
     "build": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
-                              "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine")},
+                              "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
+                              "pooling_request")},
 }
 
 # What server/ may know of the engine: its asyncio side and what it hands back, the prompt's type, the factory
@@ -240,10 +245,11 @@ def test_every_module_of_engine_is_in_a_room() -> None:
 
 
 def test_every_module_of_model_is_in_a_room_or_is_a_layer_of_the_forward_pass() -> None:
-    loose = {p.stem for p in (PACKAGE / "model").glob("*.py")} - {"__init__", "config"}
+    one_file_rooms = {"config", "encoder_config", "pooler"}
+    loose = {p.stem for p in (PACKAGE / "model").glob("*.py")} - {"__init__"} - one_file_rooms
     rooms = {p.name for p in (PACKAGE / "model").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert loose == {"attention", "decoder", "kv_cache", "kv_layout", "workspace"}
-    assert rooms == set(ROOMS) - {"config"}
+    assert loose == {"attention", "decoder", "encoder", "kv_cache", "kv_layout", "workspace"}
+    assert rooms == set(ROOMS) - one_file_rooms
 
 
 def test_no_module_imports_itself_back() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.bench.floors import machine_info, measure_bandwidth_gbs
+from nvllm.bench.throughput import decoder
 from nvllm.config import load_settings
 from nvllm.engine.build.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
@@ -70,7 +71,7 @@ def bench_speculation(model_dir: Path, gen_len: int = 128, repeats: int = 3, thr
         "scheduler": {"max_num_seqs": 1, "max_model_len": 1024},   # or the model's own limit, if less
         "speculative": {"method": "draft" if draft_model else "ngram", "num_tokens": num_tokens,
                         "draft_model": draft_model or ""}}))
-    w = engine.model.weights
+    w = decoder(engine).weights
     out: dict[str, Any] = {
         "machine": {**machine_info(), "threads": engine.threads},
         "model": {"path": str(model_dir), "weight_bytes": w.nbytes},

@@ -32,6 +32,7 @@ from nvllm.bench.target import bench_target
 from nvllm.config import load_settings
 from nvllm.engine.build.factory import build_engine, read_model_info
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.model.decoder import Model
 from nvllm.model.kernels import matmul, ops
 from nvllm.model.kernels import threads as kernel_threads
 from nvllm.sampling_params import SamplingParams
@@ -112,13 +113,20 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     return results
 
 
+def decoder(engine: LLMEngine) -> Model:
+    """The engine's model, which these benchmarks need to generate (`nvllm bench --embed` measures the others)."""
+    if not isinstance(engine.model, Model):
+        raise ValueError(f"{engine.model.config.architecture} does not generate text: measure it with --embed")
+    return engine.model
+
+
 def _bench_at(engine: LLMEngine, model_dir: Path, threads: int, bandwidth: float, sgemm: float,
               concurrency: list[int], prompt_len: int, gen_len: int, prefill_lens: list[int], progress: Progress,
               sample_rss: Callable[[], None]) -> dict[str, Any]:
     """One count's run: the kernels' floors at `threads` (set already), then prefill and decode beside them."""
     at = f" on {threads} thread{'s' * (threads > 1)}"
-    mc = engine.model.config
-    w = engine.model.weights
+    mc = decoder(engine).config
+    w = decoder(engine).weights
     body, head = weight_matmul_params(w)
     floors = Floors(bandwidth_gbs=bandwidth, sgemm_gflops=sgemm, weight_bytes=w.nbytes,
                     flops_per_token=2.0 * (body + head))
@@ -168,7 +176,7 @@ def _decode_at(engine: LLMEngine, floors: Floors, prompts: list[list[int]], gen_
                progress: Progress, sample_rss: Callable[[], None]) -> dict[str, Any]:
     """Decode with len(prompts) requests in flight: tokens/s, TTFT and ITL beside the matmul floor."""
     c = len(prompts)
-    w = engine.model.weights
+    w = decoder(engine).weights
     # The floor is sampled between decode steps, one pass after every other step, so that it meets
     # the same moments of a drifting machine as the steps do; the two means are compared.
     floor_run, floor_samples = floor_pass(w, c, c), []

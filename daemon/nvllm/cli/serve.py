@@ -25,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sv.add_argument("--reasoning-parser", default=None, metavar="NAME",
                     help="send chat answers' <think> part apart from their content: qwen3 or deepseek_r1 "
                          "(server.reasoning_parser)")
+    sv.add_argument("--task", default=None, choices=("auto", "generate", "embed", "rerank"),
+                    help="what the model serves (model.task; default auto: read from its files)")
     add_quantization_flag(sv)
     add_activations_flag(sv)
     add_kv_cache_dtype_flag(sv)

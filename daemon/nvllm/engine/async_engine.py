@@ -25,6 +25,7 @@ from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt, Tokenized, detokenize, tokenize
 from nvllm.engine.sequence import Sequence
+from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 
 log = logging.getLogger("nvllm.engine.async")
@@ -99,7 +100,8 @@ class PendingRequest:
         self._seq = seq
         self.request_id = seq.request_id
         self.prompt_tokens = seq.num_prompt_tokens
-        self.max_tokens: int = seq.params.max_tokens or 0    # resolved: never None once prepared
+        # resolved: never None once prepared; 0 for a pooling request, which generates nothing
+        self.max_tokens: int = 0 if seq.pooling is not None else seq.params.max_tokens or 0
         # Whether the answer may think (a reasoning parser then splits its text): not a constrained one
         # whose grammar masks from its first token (no thinking tokens, or a prompt that closed the thinking).
         self.thinks = seq.params.structured is None or seq.structured_after_thinking is not None
@@ -215,7 +217,7 @@ class AsyncEngine:
             snap["waiting"] = snap.get("waiting", 0) + self._pending_adds
         return snap
 
-    def prepare(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+    def prepare(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
                 priority: int = 0) -> PendingRequest:
         """Validate, render and tokenize, compile a constraint (InvalidParameter on a bad request); safe off
         the engine thread, and meant for a pool of its own: a long prompt or a grammar takes a while."""

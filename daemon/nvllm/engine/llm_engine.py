@@ -16,6 +16,7 @@ from nvllm.config import Settings
 from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.outputs import RequestOutput, TokenLogprob, TopLogprob
 from nvllm.engine.packing import pack
+from nvllm.engine.pooling_request import pooling_input, wrong_task
 from nvllm.engine.prompt import Prompt, prompt_ids
 from nvllm.engine.sampling_rows import Row, sampling_batch
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
@@ -25,9 +26,11 @@ from nvllm.engine.structured.compiler import StructuredCompiler
 from nvllm.engine.structured.thinking import prompt_ends_thinking
 from nvllm.engine.warm.warmup import Warmup
 from nvllm.model.decoder import Model
+from nvllm.model.encoder import Encoder
 from nvllm.model.kernels import matmul, threads
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.sampling.sampler import SamplerOutput, sample
+from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
 from nvllm.text.tokenizer import Tokenizer
@@ -48,7 +51,7 @@ class Backing(Protocol):
 class LLMEngine:
     """Built by engine/build/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
 
-    def __init__(self, model: Model, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
+    def __init__(self, model: Model | Encoder, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
                  max_model_len: int, speculator: Speculator, structured: StructuredCompiler,
                  generation_defaults: Mapping[str, Any] | None = None, eos_token_ids: Iterable[int] = (),
                  backing: Backing | None = None, think_tokens: tuple[int, int] | None = None) -> None:
@@ -56,6 +59,9 @@ class LLMEngine:
         (structured, and think_tokens where a grammar waits for the end of the thinking), the pool's
         backing; the warm cache (`warmup`) is attached once the engine exists, since it feeds it requests."""
         self.model = model
+        # "generate", or "embed" / "rerank": a pooling model, whose requests are each computed whole in one
+        # step and answered with a vector (PoolingParams), never sampled.
+        self.task = model.task
         self.tokenizer = tokenizer
         self.kv_cache = kv_cache
         self.settings = settings
@@ -110,7 +116,7 @@ class LLMEngine:
             max_stop_string_chars=limits.max_stop_string_chars,
             vocab_size=self.model.config.vocab_size, max_model_len=self.max_model_len)
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0) -> None:
         """Queue a request; refuses (InvalidParameter) one that is malformed or can never fit. Lower
         priority runs earlier (vLLM's rule)."""
@@ -123,11 +129,16 @@ class LLMEngine:
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
                       priority: int = 0) -> Sequence:
         """Validate a request, render and tokenize its prompt, and build its sequence. Reads no engine
-        state that steps change, so another thread may call it while the engine runs."""
+        state that steps change, so another thread may call it while the engine runs. PoolingParams (or
+        none, for a pooling model) make a pooling request."""
         priority = check_priority(priority)
+        if isinstance(params, PoolingParams) or (params is None and self.task != "generate"):
+            return self._pooling_sequence(request_id, prompt, params or PoolingParams(), priority)
+        if self.task != "generate":
+            raise wrong_task("generate", self.task)
         params = self.make_params(params)
         field, ids = prompt_ids(self.tokenizer, self.model.config.vocab_size, prompt)
         if not ids:
@@ -158,6 +169,13 @@ class LLMEngine:
                 seq.structured_after_thinking = (self.think_tokens[1], matcher)
             else:
                 seq.structured = matcher
+        return seq
+
+    def _pooling_sequence(self, request_id: str, prompt: Prompt, pooling: PoolingParams, priority: int) -> Sequence:
+        ids, types = pooling_input(self.model, self.tokenizer, self.task, prompt, pooling, self.max_model_len)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=True)
+        seq = Sequence(request_id, ids, self.make_params(SamplingParams(max_tokens=1)), detok, frozenset(), 0, priority)
+        seq.pooling, seq.token_types = pooling, types
         return seq
 
     def abort_request(self, request_id: str) -> bool:
@@ -223,6 +241,7 @@ class LLMEngine:
             return outputs
         self.num_steps += 1
         now = time.monotonic()
+        pooled = [seq for seq in batch.seqs if seq.pooled is not None]
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             if seq.draft_tokens:
                 continue   # what it computed depends on what verification accepts: _accept
@@ -232,6 +251,9 @@ class LLMEngine:
                 self.num_prompt_tokens_computed += min(seq.num_prompt_tokens, seq.num_computed_tokens) - before
             self.block_manager.mark_computed(seq, before)
             self.block_manager.release_behind_window(seq)
+        for seq in pooled:   # computed whole this step: answered, and its pages given back
+            self._finish(seq, "stop")
+            outputs.append(self._output(seq))
         row = generated = 0
         while row < len(sampled):
             assert result is not None     # _run samples whenever a sequence is due a token
@@ -273,6 +295,11 @@ class LLMEngine:
         """Pack the batch (packing.py), run the model, sample the rows of sequences whose last token was
         computed, each constrained row under its matcher's mask."""
         fb, rows = pack(batch, self.kv_cache.block_size, self.kv_cache.layout.num_groups)
+        if isinstance(self.model, Encoder):
+            vectors = self.model.pool(fb, [s.pooling.dimensions if s.pooling else None for s in batch.seqs])
+            for seq, v in zip(batch.seqs, vectors):
+                seq.pooled = v.tolist()
+            return [], None
         constrained = [r for r, (s, _) in enumerate(rows) if s.structured is not None]
         # Each constrained sequence once, with its proposals: a mask for each of its rows.
         items = [(s.structured, s.draft_tokens) for s, ahead in rows if s.structured is not None and not ahead]
@@ -381,7 +408,8 @@ class LLMEngine:
             request_id=seq.request_id, text=text, token_ids=new_ids, logprobs=lps, finished=finished,
             finish_reason=seq.finish_reason if finished else None, stop_reason=seq.stop_reason,
             prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens, error=seq.error, queued_s=queued, prefill_s=prefill)
+            cached_tokens=seq.num_cached_tokens, error=seq.error, queued_s=queued, prefill_s=prefill,
+            pooled=seq.pooled)
 
     # -- numbers ------------------------------------------------------------------------------
     def tokens_per_second(self, window_s: float = 10.0) -> float:

@@ -42,3 +42,5 @@ class RequestOutput:
     # cache did not hold, chunk by chunk, and the first token's sampling)
     queued_s: float | None = None
     prefill_s: float | None = None
+    # A pooling request's result, on its one output: the embedding, or a cross-encoder's raw scores.
+    pooled: list[float] | None = None

@@ -21,6 +21,8 @@ def pack(batch: ScheduledBatch, bs: int, G: int) -> tuple[ForwardBatch, list[Row
     clens: list[int] = []
     logit_rows: list[int] = []
     rows: list[Row] = []
+    typed = any(s.token_types is not None for s in batch.seqs)   # an encoder's pairs: token type ids
+    types: list[list[int]] = []
     t = 0
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
         start = seq.num_computed_tokens
@@ -41,6 +43,8 @@ def pack(batch: ScheduledBatch, bs: int, G: int) -> tuple[ForwardBatch, list[Row
             t += n
             continue
         ids.append(seq.token_ids[start:start + n])
+        if typed:
+            types.append(seq.token_types[start:start + n] if seq.token_types is not None else [0] * n)
         qlens.append(n)
         clens.append(start + n)
         for g, table in enumerate(seq_tables):
@@ -58,4 +62,6 @@ def pack(batch: ScheduledBatch, bs: int, G: int) -> tuple[ForwardBatch, list[Row
     fb = ForwardBatch.build(np.fromiter((x for chunk in ids for x in chunk), dtype=np.int64, count=t),
                             np.concatenate(pos), [np.concatenate(s) for s in slots], i64(qlens), i64(clens),
                             block_tables, i64(logit_rows))
+    if typed:
+        fb.token_types = np.fromiter((x for chunk in types for x in chunk), dtype=np.int64, count=t)
     return fb, rows

@@ -17,6 +17,7 @@ from nvllm.text.tokenizer import Tokenizer
 # {"prompt_token_ids": [...]}, {"messages": [...]} (rendered here with the model's chat template).
 Prompt = str | list[int] | Mapping[str, Any]
 _CHAT_KEYS = frozenset({"messages", "tools", "chat_template_kwargs"})
+_NO_LIMIT = 1 << 30   # encode_within's limit where nothing is to be cut
 
 
 def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, add_special_tokens: bool = True,
@@ -81,3 +82,43 @@ def detokenize(tokenizer: Tokenizer, vocab: int, ids: Sequence[Any]) -> str:
     """The text of token ids, special tokens included (what the ids say, not what an answer shows)."""
     _, checked = prompt_ids(tokenizer, vocab, {"prompt_token_ids": ids})
     return tokenizer.decode(checked, skip_special_tokens=False)
+
+
+def pooling_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, max_tokens: int,
+                truncate: int | None = None) -> tuple[str, list[int], list[int] | None]:
+    """(the field, token ids, token type ids or None) of a pooling request's input: a prompt as prompt_ids
+    takes it (the tokenizer's special tokens added to text), or {"query": text, "document": text}, a pair
+    as a cross-encoder reads it. Longer than max_tokens (or than truncate, when given) is refused unless
+    truncate asks to cut it: text keeps its first tokens and its special tokens, token ids their last."""
+    limit = min(max_tokens, truncate) if truncate else max_tokens
+    if isinstance(prompt, Mapping) and set(prompt) == {"query", "document"}:
+        q, d = prompt["query"], prompt["document"]
+        for name, value in (("query", q), ("document", d)):
+            if not isinstance(value, str):
+                raise InvalidParameter(name, value, "a string")
+        ids, types = tokenizer.encode_within(q, _NO_LIMIT, d)
+        if len(ids) > limit:
+            if not truncate:
+                raise _too_long("document", len(ids), max_tokens)
+            try:
+                ids, types = tokenizer.encode_within(q, limit, d)
+            except ValueError as e:
+                raise InvalidParameter("query", q, f"shorter: {e}", message=f"query: {e}") from None
+        return "document", ids, types
+    field, ids = prompt_ids(tokenizer, vocab, prompt)
+    if not ids:
+        raise InvalidParameter(field, "", "non-empty")
+    if len(ids) > limit:
+        if not truncate:
+            raise _too_long(field, len(ids), max_tokens)
+        if field == "prompt_token_ids":
+            ids = ids[-limit:]
+        else:
+            text = prompt if isinstance(prompt, str) else prompt["prompt"] if isinstance(prompt, Mapping) else ""
+            ids, _ = tokenizer.encode_within(text, limit)
+    return field, ids, None
+
+
+def _too_long(field: str, n: int, max_tokens: int) -> InvalidParameter:
+    return InvalidParameter(field, f"{n} tokens", f"at most the model's {max_tokens} tokens (over by "
+                            f"{n - max_tokens}; truncate_prompt_tokens cuts it)")

@@ -164,6 +164,8 @@ class Scheduler:
             hits = bm.lookup(seq)
             cached = len(hits[0]) * bm.block_size
             n = min(seq.num_tokens - cached, budget)
+            if seq.pooling is not None and n < seq.num_tokens - cached:
+                break   # a pooling request is computed whole, in one step: it waits for a step with room
             if not bm.admit(seq, hits, cached + n, record=not seq.admitted_once):
                 if not outranks:
                     break  # not enough pages yet; nothing was taken

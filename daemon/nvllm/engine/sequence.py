@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from nvllm.engine.outputs import TokenLogprob
+from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
 
@@ -69,6 +70,11 @@ class Sequence:
         # (engine/structured/thinking.py); meanwhile structured is None and nothing is masked.
         self.structured_after_thinking: tuple[int, Any] | None = None
         self.error: str | None = None     # why the engine failed the request, when it did
+        # A pooling request (an embedding model's or a reranker's): computed whole in one step, then pooled
+        # into `pooled` and finished; token_types are an encoder's segment ids (None: all 0).
+        self.pooling: PoolingParams | None = None
+        self.token_types: list[int] | None = None
+        self.pooled: list[float] | None = None
         # The scheduler's bookkeeping: arrival order, the step it last began waiting, and while it
         # runs the rank it was admitted at and its admission order.
         self.arrival = 0

@@ -36,6 +36,15 @@ from nvllm.engine.build.memory import (
 )
 from nvllm.engine.build.model_info import ModelInfo
 from nvllm.engine.build.pool_backing import CHUNK_BYTES, PoolBacking
+from nvllm.engine.build.pooling_model import (
+    check_settings,
+    counting_pool,
+    encoder_info,
+    folder_is_encoder,
+    load_encoder_folder,
+    read_encoder_config,
+    settings_for,
+)
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.speculation.draft_proposer import DraftProposer
 from nvllm.engine.speculation.speculator import Speculator
@@ -46,6 +55,7 @@ from nvllm.engine.warm.prefix_store import model_identity
 from nvllm.engine.warm.warmup import Warmup
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
+from nvllm.model.encoder import Encoder
 from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.kv_layout import KVLayout
@@ -67,7 +77,7 @@ class EngineBuildError(Exception):
 
 @dataclass
 class LoadedModel:
-    model: Model
+    model: Model | Encoder
     tokenizer: Tokenizer
     generation_defaults: dict[str, Any]
     eos_token_ids: frozenset[int]
@@ -169,6 +179,9 @@ def read_model_info(settings: Settings) -> ModelInfo:
             return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS,
                                 kv_format=kv_cache_format(settings, path, g.config),
                                 layout=kv_layout(settings, g.config))
+        if folder_is_encoder(path):
+            c = read_encoder_config(path)
+            return encoder_info(path, c, c.weight_bytes, "float32 (planned from config.json)")
         config = load_config(path)
         return ModelInfo.of(path, config, *_folder_plan(path, config, kind),
                             kv_format=kv_cache_format(settings, path, config), layout=kv_layout(settings, config))
@@ -210,6 +223,12 @@ def load_model(settings: Settings) -> LoadedModel:
     try:
         if is_gguf(path):
             model, tokenizer, defaults = _load_gguf(path)
+        elif folder_is_encoder(path):
+            encoder, tokenizer = load_encoder_folder(path, kind)
+            info = encoder_info(path, encoder.config, encoder.weights.nbytes,
+                                f"{kind} (model.quantization)" if kind else "stored")
+            check_settings(settings, info)
+            return LoadedModel(encoder, tokenizer, {}, frozenset(), info, time.monotonic() - t0)
         else:
             model, tokenizer = Model.from_dir(path, kind), Tokenizer.from_dir(path)
             gen_file = path / "generation_config.json"
@@ -262,6 +281,8 @@ def _load_draft(settings: Settings, target: LoadedModel) -> LoadedModel:
         draft = load_model(own)
     except EngineBuildError as e:
         raise EngineBuildError(f"{where}: {e}") from e
+    if not isinstance(draft.model, Model):
+        raise EngineBuildError(f"{where}: {draft.info.architecture} does not generate text; a draft model must")
     why = _tokenizer_difference(target, draft)
     if why:
         raise EngineBuildError(f"{where} cannot draft for {target.info.path}: {why}; a draft model must "
@@ -275,13 +296,7 @@ def _tokenizer_difference(target: LoadedModel, draft: LoadedModel) -> str:
     a, b = target.model.config.vocab_size, draft.model.config.vocab_size
     if a != b:
         return f"its vocabulary has {b} tokens, the target's {a}"
-    va = target.tokenizer.backend.get_vocab(with_added_tokens=True)
-    vb = draft.tokenizer.backend.get_vocab(with_added_tokens=True)
-    if va == vb:
-        return ""
-    ids_a, ids_b = {i: t for t, i in va.items()}, {i: t for t, i in vb.items()}
-    first = min(i for i in ids_a.keys() | ids_b.keys() if ids_a.get(i) != ids_b.get(i))
-    return f"token {first} is {ids_b.get(first)!r} in it and {ids_a.get(first)!r} in the target"
+    return draft.tokenizer.difference(target.tokenizer)
 
 
 def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
@@ -312,10 +327,13 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
     """The page pool from one memory reading, taken after the weights are loaded, for keys and values in
     fmt (None: the model's, cache.dtype; --dry-run plans each); cache.num_blocks overrides the sizing.
     Raises EngineBuildError when one max_model_len sequence would not fit."""
+    settings = settings_for(settings, info)
     cache = settings.cache
     max_len = max_model_len(settings, info)
     chunk = settings.scheduler.max_num_batched_tokens
     per_seq = info.blocks_for(max_len, cache.block_size, chunk)
+    if info.bytes_per_token == 0:   # an encoder's pages hold nothing: as many as its sequences may count
+        return PoolPlan(counting_pool(settings, reading, per_seq), max_len, per_seq)
     try:
         per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
         sizing = size_pool(per_token * cache.block_size, max(0, reading.available_bytes - info.draft_pool_bytes),
@@ -341,13 +359,14 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     it or make it fail, with eager_bytes 0).
     """
     t0 = time.monotonic()
+    settings = settings_for(settings, loaded.info)
     sz = plan.sizing
     # One max_model_len sequence and the pinned prompts' pages, which are held for good; and a first chunk
     # however small those are: it takes milliseconds, and a small pool is then whole from the start rather
     # than behind a thread at nice 10, which a busy machine may hold off for seconds.
     one_sequence = loaded.info.pinned_blocks + loaded.info.blocks_for(
         plan.max_model_len, sz.block_size, settings.scheduler.max_num_batched_tokens)
-    first = min(sz.num_blocks, max(one_sequence, eager_bytes // sz.bytes_per_block))
+    first = min(sz.num_blocks, max(one_sequence, eager_bytes // max(1, sz.bytes_per_block)))
     kv = loaded.model.make_kv_cache(sz.num_blocks, settings.cache.block_size, loaded.info.kv_format,
                                     resident_blocks=first)
     backing = None
@@ -361,12 +380,14 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     # A step's activations, made once for the most tokens a step takes (model/workspace.py): with the page
     # pool and the weights, what the daemon holds whatever its prompts.
     budget = settings.scheduler.max_num_batched_tokens
-    loaded.model.workspace.reserve(budget)
-    log.info("forward scratch of %s for steps of up to %d tokens", format_bytes(loaded.model.workspace.nbytes),
-             budget)
-    loaded.model.set_context(plan.max_model_len)   # longrope's factors follow the longest sequence served
+    if isinstance(loaded.model, Model):
+        loaded.model.workspace.reserve(budget)
+        log.info("forward scratch of %s for steps of up to %d tokens", format_bytes(loaded.model.workspace.nbytes),
+                 budget)
+        loaded.model.set_context(plan.max_model_len)   # longrope's factors follow the longest sequence served
     speculator = Speculator(settings.speculative, plan.max_model_len)
     if loaded.draft is not None:
+        assert isinstance(loaded.draft.model, Model)   # _load_draft refuses an encoder
         loaded.draft.model.set_context(plan.max_model_len)
         speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
     structured = StructuredCompiler(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
@@ -377,7 +398,8 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     cache = settings.cache
     if loaded.pinned or cache.persist_dir:
         ident = identity(settings, loaded.info)
-        if loaded.model.long_rope:   # keys turned by longrope's long factors: a file of the short ones must not match
+        # keys turned by longrope's long factors: a file of the short ones must not match
+        if isinstance(loaded.model, Model) and loaded.model.long_rope:
             ident = {**ident, "long_rope": True}
         engine.warmup = Warmup(engine, loaded.pinned, cache.persist_dir, cache.persist_max_mb << 20,
                                ident, loaded.info.vocab_size)
@@ -388,6 +410,7 @@ def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftPropo
     """The draft's pool, resident now: disable_by_batch_size sequences (the most it ever proposes for)
     of max_model_len, or of the draft's own limit when shorter."""
     blocks, length = _draft_blocks(settings, draft.info, max_len)
+    assert isinstance(draft.model, Model)   # _load_draft refuses an encoder
     # One group whatever the draft's layers: the proposer keeps one block table per sequence.
     kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format,
                                    layout=KVLayout.single(draft.info.num_layers))

@@ -145,7 +145,8 @@ class PoolSizing:
         """Which bound decided num_blocks: "cache.num_blocks", "demand", "cap" or "memory"."""
         if self.overridden:
             return "cache.num_blocks"
-        if 0 < self.demand_blocks <= self.budget_bytes // self.bytes_per_block:
+        if 0 < self.demand_blocks and (self.bytes_per_block == 0   # pages that hold nothing (an encoder's)
+                                       or self.demand_blocks <= self.budget_bytes // self.bytes_per_block):
             return "demand"
         usable = int(max(0, self.available_bytes - self.reserve_bytes) * self.memory_fraction)
         if 0 < self.max_pool_bytes < usable:

@@ -1,0 +1,75 @@
+"""Loading a pooling model (an encoder: BERT, XLM-RoBERTa, embedder or cross-encoder) for the factory:
+its weights, pooling and tokenizer, what sizing may know of it, and the settings that mean nothing for a
+model that keeps no keys and values (refused by name rather than ignored)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from nvllm.config import Settings
+from nvllm.engine.build.memory import MemoryReading, PoolSizing
+from nvllm.engine.build.model_info import ModelInfo
+from nvllm.model.config import read_json
+from nvllm.model.encoder import Encoder
+from nvllm.model.encoder_config import EncoderConfig, is_encoder
+from nvllm.model.weights.folder import load_encoder_weights
+from nvllm.model.weights.pooling_files import read_pooling
+from nvllm.text.tokenizer import Tokenizer
+
+
+def folder_is_encoder(path: Path) -> bool:
+    """Whether a model folder's config.json names an encoder (served or refused by name)."""
+    cfg = read_json(path / "config.json")
+    return isinstance(cfg, dict) and is_encoder(cfg)
+
+
+def read_encoder_config(path: Path) -> EncoderConfig:
+    return EncoderConfig.from_dict(read_json(path / "config.json"), str(path / "config.json"))
+
+
+def load_encoder_folder(path: Path, quantization: str) -> tuple[Encoder, Tokenizer]:
+    cfg: dict[str, Any] = read_json(path / "config.json")
+    config = EncoderConfig.from_dict(cfg, str(path / "config.json"))
+    weights = load_encoder_weights(path, config, quantization)
+    return Encoder(config, weights, read_pooling(path, "cls", cfg)), Tokenizer.from_dir(path)
+
+
+def encoder_info(path: Path, c: EncoderConfig, weight_bytes: int, weight_format: str) -> ModelInfo:
+    """No keys and values: a page costs nothing and only counts a running sequence's tokens."""
+    return ModelInfo(path, c.architecture, c.num_layers, c.num_params, c.vocab_size, c.hidden_size, c.max_tokens,
+                     weight_bytes, 0, weight_format, weight_bytes, task="rerank" if c.head else "embed")
+
+
+def check_settings(settings: Settings, info: ModelInfo) -> None:
+    """ValueError naming a setting a pooling model cannot honour."""
+    task = settings.model.task
+    what = "a reranker" if info.task == "rerank" else "an embedding model"
+    if task not in ("auto", info.task):
+        raise ValueError(f"model.task={task!r}, but {info.architecture} is {what} (task {info.task!r})")
+    for name, on in (("speculative.method", settings.speculative.method != "none"),
+                     ("cache.pinned_prompts", bool(settings.cache.pinned_prompts)),
+                     ("cache.persist_dir", bool(settings.cache.persist_dir))):
+        if on:
+            raise ValueError(f"{name} is for models that generate text; {info.architecture} is {what}")
+
+
+def settings_for(settings: Settings, info: ModelInfo) -> Settings:
+    """The settings a pooling model runs with: a sequence is computed whole in one step, so max_model_len
+    is cut to the token budget, and no page is worth caching (it holds nothing)."""
+    if info.task == "generate":
+        return settings
+    budget = settings.scheduler.max_num_batched_tokens
+    longest = min(settings.scheduler.max_model_len or info.max_position_embeddings, budget)
+    return dataclasses.replace(
+        settings, cache=dataclasses.replace(settings.cache, enable_prefix_caching=False),
+        scheduler=dataclasses.replace(settings.scheduler, max_model_len=longest))
+
+
+def counting_pool(settings: Settings, reading: MemoryReading, per_seq: int) -> PoolSizing:
+    """A pool of pages that hold nothing (an encoder's): max_num_seqs sequences' worth, or cache.num_blocks."""
+    c, seqs = settings.cache, settings.scheduler.max_num_seqs
+    demand = seqs * per_seq
+    return PoolSizing(c.num_blocks or demand, 0, c.block_size, reading.available_bytes, reading.source, 0,
+                      c.memory_fraction, 0, 0, c.num_blocks is not None, demand, seqs)

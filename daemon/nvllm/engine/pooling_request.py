@@ -1,0 +1,40 @@
+"""A pooling request's input checked against the model that serves it: its task (an embedding model takes
+texts, a cross-encoder a query and a document), its length, its vocabulary, the dimensions it asks."""
+
+from __future__ import annotations
+
+from nvllm.engine.prompt import Prompt, pooling_ids
+from nvllm.model.decoder import Model
+from nvllm.model.encoder import Encoder
+from nvllm.pooling_params import PoolingParams
+from nvllm.sampling_params import InvalidParameter
+from nvllm.text.tokenizer import Tokenizer
+
+_WHAT = {"generate": "generates text", "embed": "gives embeddings", "rerank": "scores documents for a query"}
+_ASKS = {"generate": "text", "embed": "embeddings", "rerank": "scores"}
+
+
+def wrong_task(asked: str, task: str) -> InvalidParameter:
+    """A request for `asked` ("generate", "embed", "rerank") to a model whose task is `task`."""
+    return InvalidParameter("model", task, f"a model that {_WHAT[asked]}",
+                            message=f"model: this model {_WHAT[task]}; it cannot serve a request that asks for "
+                                    f"{_ASKS[asked]}")
+
+
+def pooling_input(model: Model | Encoder, tokenizer: Tokenizer, task: str, prompt: Prompt, pooling: PoolingParams,
+                  max_tokens: int) -> tuple[list[int], list[int] | None]:
+    """(token ids, token type ids or None) of a pooling request, or InvalidParameter naming the field."""
+    pair = isinstance(prompt, dict) and set(prompt) == {"query", "document"}
+    if task != ("rerank" if pair else "embed"):
+        raise wrong_task("rerank" if pair else "embed", task)
+    vocab = model.config.vocab_size
+    field, ids, types = pooling_ids(tokenizer, vocab, prompt, max_tokens, pooling.truncate_prompt_tokens)
+    if field != "prompt_token_ids" and max(ids) >= vocab:
+        raise InvalidParameter(field, f"token id {max(ids)}", f"text whose tokens the model has (this tokenizer "
+                               f"gave an id past its {vocab}-token vocabulary)")
+    if pooling.dimensions is not None:
+        why = model.pooling.check_dimensions(pooling.dimensions, model.config.hidden_size) \
+            if isinstance(model, Encoder) else "given only by embedding models"
+        if why:
+            raise InvalidParameter("dimensions", pooling.dimensions, why)
+    return ids, types

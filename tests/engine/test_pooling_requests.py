@@ -1,0 +1,98 @@
+"""Pooling requests through the engine (engine/llm_engine.py, engine/pooling_request.py, the scheduler): many
+inputs in one forward pass within the token budget, each computed whole in one step (never chunked: a step
+with no room leaves it waiting), answered once and its pages given back; priorities as for generation; a
+request for another task refused naming the model; and the factory's rules for a model that keeps no keys
+and values (its task, the settings it refuses, max_model_len within the budget, a pool of no bytes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from golden.pooling_cases import EMBED_TEXTS
+from helpers.daemon_util import assert_pages_all_back
+from nvllm.config import load_settings
+from nvllm.engine.build.factory import EngineBuildError, build_engine, plan_for_board
+from nvllm.engine.llm_engine import LLMEngine
+from nvllm.engine.prompt import Prompt
+from nvllm.pooling_params import PoolingParams
+from nvllm.sampling_params import InvalidParameter, SamplingParams
+
+
+def engine(model: Path, **scheduler: int) -> LLMEngine:
+    return build_engine(load_settings(overrides={"model": {"path": str(model)}, "scheduler": scheduler}))
+
+
+def run(eng: LLMEngine, prompts: list, priorities: list[int] | None = None) -> tuple[dict[str, list[float]], list]:
+    """(request id -> its vector, each step's finished ids)."""
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, PoolingParams(), priorities[i] if priorities else 0)
+    vectors: dict[str, list[float]] = {}
+    steps = []
+    while eng.has_unfinished():
+        outs = eng.step()
+        for o in outs:
+            assert o.finished and o.error is None and o.pooled is not None and o.finish_reason == "stop"
+            vectors[o.request_id] = o.pooled
+        steps.append([o.request_id for o in outs])
+    assert_pages_all_back(eng)
+    return vectors, steps
+
+
+def test_many_inputs_share_one_forward_pass_and_give_their_pages_back(tiny_encoders: dict[str, Path]) -> None:
+    eng = engine(tiny_encoders["tiny-bert"])
+    vectors, steps = run(eng, list(EMBED_TEXTS))
+    assert steps == [[f"r{i}" for i in range(len(EMBED_TEXTS))]]     # 260 tokens: one step of the 512 budget
+    alone, _ = run(eng, [EMBED_TEXTS[5]])
+    assert np.allclose(alone["r0"], vectors["r5"], atol=1e-6)
+    assert eng.stats()["prompt_tokens_computed"] > 260
+
+
+def test_a_step_without_room_leaves_an_input_waiting_whole(tiny_encoders: dict[str, Path]) -> None:
+    """A budget of 64 tokens: inputs of 41 and 42 tokens each get a step of their own, never a chunk."""
+    eng = engine(tiny_encoders["tiny-bert"], max_num_batched_tokens=64)
+    assert eng.max_model_len == 64                                       # cut to what one step computes
+    long = [EMBED_TEXTS[3], EMBED_TEXTS[5], EMBED_TEXTS[1]]              # 41, 42 and 9 tokens
+    _, steps = run(eng, long)
+    assert steps == [["r0"], ["r1", "r2"]]
+    with pytest.raises(InvalidParameter, match="prompt must be at most the model's 64 tokens"):
+        eng.add_request("x", EMBED_TEXTS[7], PoolingParams())
+
+
+def test_priorities_order_the_queue_as_for_generation(tiny_encoders: dict[str, Path]) -> None:
+    eng = engine(tiny_encoders["tiny-bert"], max_num_batched_tokens=64)
+    _, steps = run(eng, [EMBED_TEXTS[3], EMBED_TEXTS[5], EMBED_TEXTS[4]], priorities=[0, 5, -1])
+    assert steps == [["r2"], ["r0"], ["r1"]]
+
+
+def test_a_request_for_another_task_is_refused_naming_the_model(tiny_encoders: dict[str, Path], tiny: Path) -> None:
+    embedder, reranker, chat = (engine(tiny_encoders["tiny-bert"]), engine(tiny_encoders["tiny-bert-reranker"]),
+                                engine(tiny))
+    cases: list[tuple[LLMEngine, Prompt, SamplingParams | PoolingParams, str]] = [
+             (embedder, "hello", SamplingParams(), "this model gives embeddings; it cannot serve a request that "
+                                                   "asks for text"),
+             (embedder, {"query": "a", "document": "b"}, PoolingParams(), "asks for scores"),
+             (reranker, "hello", PoolingParams(), "this model scores documents for a query"),
+             (chat, "hello", PoolingParams(), "this model generates text")]
+    for eng, prompt, params, words in cases:
+        with pytest.raises(InvalidParameter, match=words) as e:
+            eng.add_request("x", prompt, params)
+        assert e.value.field == "model"
+    assert not reranker.has_unfinished() and not chat.has_unfinished()
+
+
+def test_the_factory_reads_the_task_and_refuses_what_an_encoder_cannot_do(tiny_encoders: dict[str, Path]) -> None:
+    bert = str(tiny_encoders["tiny-bert"])
+    assert engine(tiny_encoders["tiny-bert-reranker"]).task == "rerank"
+    for overrides, words in [({"model": {"path": bert, "task": "generate"}}, "model.task='generate', but BertModel"),
+                             ({"model": {"path": bert}, "speculative": {"method": "ngram"}}, "speculative.method"),
+                             ({"model": {"path": bert}, "cache": {"persist_dir": "/tmp/x"}}, "cache.persist_dir")]:
+        with pytest.raises(EngineBuildError, match=words):
+            build_engine(load_settings(overrides=overrides))
+    assert build_engine(load_settings(overrides={"model": {"path": bert, "task": "embed"}})).task == "embed"
+    info, plan = plan_for_board(load_settings(overrides={"model": {"path": bert},
+                                                         "scheduler": {"max_num_seqs": 4}}), 1.0)
+    assert info.bytes_per_token == 0 and plan.sizing.bytes_per_block == 0 and plan.max_model_len == 128
+    assert plan.sizing.num_blocks == 4 * 8 and plan.sizing.bound == "demand"   # four sequences of 128 tokens
