@@ -342,7 +342,8 @@ class Daemon:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
         "model": {"path": args.model, "quantization": getattr(args, "quantization", None),
-                  "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None)},
+                  "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None),
+                  "task": getattr(args, "task", None)},
         "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None)},
         "http": {"listen": getattr(args, "http_listen", None)},
         "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},

@@ -1,4 +1,5 @@
-"""The gRPC servicer for nvllm.v1.Generator: Generate, Tokenize and Health, on the daemon's state (state.py).
+"""The gRPC servicer for nvllm.v1.Generator: Generate, Tokenize, Embed, Rerank and Health, on the daemon's state
+(state.py). Embed and Rerank read their proto (pooling_request.py) and run through server/pooling.py.
 
 Generate: read the proto (INVALID_ARGUMENT naming its field, generate_request.py), then hand the prompt
 and its SamplingParams in through `DaemonState.submit` (UNAVAILABLE while starting or draining,
@@ -19,7 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -29,11 +30,19 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.generate_request import BadRequest, invalid_message, read_request
 from nvllm.server.logs import request_context
+from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
+from nvllm.server.pooling_request import PoolingArgs, pooling_message, read_embed, read_rerank
 from nvllm.server.reasoning import ReasoningStream, reasoning_stream
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
 from nvllm.server.submission import Submission
 from nvllm.server.tokenize_request import read_tokenize
-from nvllm.server.wire import UndecodableRequest, decode_generate_request, decode_tokenize_request
+from nvllm.server.wire import (
+    UndecodableRequest,
+    decode_embed_request,
+    decode_generate_request,
+    decode_rerank_request,
+    decode_tokenize_request,
+)
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
@@ -69,6 +78,12 @@ def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server)
         "Tokenize": grpc.unary_unary_rpc_method_handler(
             servicer.Tokenize, request_deserializer=decode_tokenize_request,
             response_serializer=pb.TokenizeResponse.SerializeToString),
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            servicer.Embed, request_deserializer=decode_embed_request,
+            response_serializer=pb.EmbedResponse.SerializeToString),
+        "Rerank": grpc.unary_unary_rpc_method_handler(
+            servicer.Rerank, request_deserializer=decode_rerank_request,
+            response_serializer=pb.RerankResponse.SerializeToString),
         "Health": grpc.unary_unary_rpc_method_handler(
             servicer.Health, request_deserializer=pb.HealthRequest.FromString,
             response_serializer=pb.HealthResponse.SerializeToString),
@@ -105,6 +120,49 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         assert st.engine is not None     # tokenize refuses before the engine is made
         return pb.TokenizeResponse(token_ids=done.ids, token_strs=done.strs or [],
                                    max_model_len=st.engine.engine.max_model_len)
+
+    # -- Embed, Rerank -------------------------------------------------------------------------
+    async def Embed(self, request: pb.EmbedRequest | UndecodableRequest,
+                    context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        rid, outs = await self._pool(request, context, read_embed, "inputs")
+        r = pb.EmbedResponse(request_id=rid, prompt_tokens=sum(o.prompt_tokens for o in outs))
+        for o in outs:
+            r.embeddings.add(values=o.pooled or [], prompt_tokens=o.prompt_tokens)
+        return r
+
+    async def Rerank(self, request: pb.RerankRequest | UndecodableRequest,
+                     context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        rid, outs = await self._pool(request, context, read_rerank, "documents")
+        assert isinstance(request, pb.RerankRequest)   # _pool refused anything else
+        r = pb.RerankResponse(request_id=rid, prompt_tokens=sum(o.prompt_tokens for o in outs))
+        for x in ranked(outs, request.top_n):
+            r.results.add(index=x.index, relevance_score=x.relevance_score)
+        return r
+
+    async def _pool(self, request: Any, context: grpc.aio.ServicerContext, read: Callable[..., PoolingArgs],
+                    items: str) -> tuple[str, list[RequestOutput]]:
+        """A pooling request read, run through DaemonState.submit (server/pooling.py) and collected."""
+        t0, st = time.monotonic(), self.state
+        rid = getattr(request, "request_id", "") or uuid.uuid4().hex
+        with request_context(rid):
+            try:
+                if isinstance(request, UndecodableRequest):
+                    raise BadRequest(request.field, request.message)
+                args = read(request, st.model_name, st.max_message_bytes)
+            except BadRequest as e:
+                log.info("refused: %s", e)
+                st.metrics.request("grpc", t0).refused("invalid")
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            try:
+                return rid, await run_pooling(st, "grpc", client_key(context.peer()), rid, args.choices,
+                                              request.priority, t0)
+            except Refused as e:
+                await _abort(context, _refusal_code(e), str(e))
+            except InvalidParameter as e:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, pooling_message(e, items))
+            except (EngineDead, PoolingFailed) as e:
+                failed = isinstance(e, PoolingFailed) and not e.aborted
+                await _abort(context, grpc.StatusCode.INTERNAL if failed else grpc.StatusCode.UNAVAILABLE, str(e))
 
     # -- Generate -----------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest | UndecodableRequest,

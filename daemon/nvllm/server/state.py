@@ -28,11 +28,14 @@ from grpc_health.v1._async import HealthServicer
 from nvllm import __version__
 from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, RequestStream
 from nvllm.engine.prompt import Prompt, Tokenized
+from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.metrics import Metrics
 from nvllm.server.submission import Submission
 from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.v1 import nvllm_pb2 as pb
+
+Params = SamplingParams | PoolingParams   # a generation request's, or a pooling request's (embed, rerank)
 
 log = logging.getLogger("nvllm.server.state")
 
@@ -186,7 +189,7 @@ class DaemonState:
         return max(0, stats.get("waiting", 0) - free_seats)
 
     # -- the one way in ------------------------------------------------------------------------
-    async def submit(self, api: str, client: str, request_id: str, choices: Sequence[tuple[Prompt, SamplingParams]],
+    async def submit(self, api: str, client: str, request_id: str, choices: Sequence[tuple[Prompt, Params]],
                      priority: int = 0, arrival: float | None = None, note: str = "") -> Submission:
         """Hand a front door's request to the engine: one engine request per (prompt, params) choice, ids
         request_id or request_id-<i>. In order: the serving check, the client's stream count, rendering,
@@ -221,8 +224,9 @@ class DaemonState:
         trackers = [self.metrics.request(api, arrival) for _ in pending]
         for t, p in zip(trackers, pending):
             t.admitted(p.prompt_tokens)
-        log.info("admitted over %s: %d choice%s, %d prompt tokens, max_tokens %d%s", API_NAMES.get(api, api),
-                 len(pending), "" if len(pending) == 1 else "s", pending[0].prompt_tokens, pending[0].max_tokens, note)
+        what = f"max_tokens {pending[0].max_tokens}" if pending[0].max_tokens else "pooled"
+        log.info("admitted over %s: %d choice%s, %d prompt tokens, %s%s", API_NAMES.get(api, api),
+                 len(pending), "" if len(pending) == 1 else "s", pending[0].prompt_tokens, what, note)
         return Submission(request_id, streams, trackers, [p.prompt_tokens for p in pending],
                           [p.max_tokens for p in pending], pending[0].thinks, lambda: self.close_stream(client))
 
@@ -264,10 +268,19 @@ class DaemonState:
         return r
 
 
-def _prepare(engine: AsyncEngine, ids: list[str], choices: Sequence[tuple[Prompt, SamplingParams]],
+def _prepare(engine: AsyncEngine, ids: list[str], choices: Sequence[tuple[Prompt, Params]],
              priority: int) -> list[PendingRequest]:
-    """Each choice checked and tokenized (in the tokenize pool)."""
-    return [engine.prepare(rid, prompt, params, priority) for rid, (prompt, params) in zip(ids, choices)]
+    """Each choice checked and tokenized (in the tokenize pool); a refused one of several carries its place
+    (InvalidParameter.index), so that the front door can name it."""
+    pending = []
+    for i, (rid, (prompt, params)) in enumerate(zip(ids, choices)):
+        try:
+            pending.append(engine.prepare(rid, prompt, params, priority))
+        except InvalidParameter as e:
+            if len(choices) > 1:
+                e.index = i
+            raise
+    return pending
 
 
 def _hand_over(engine: AsyncEngine, pending: list[PendingRequest]) -> list[RequestStream]:

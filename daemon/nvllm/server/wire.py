@@ -70,6 +70,8 @@ def decoder(real: type[Message]) -> Callable[[bytes], Message | UndecodableReque
 
 decode_generate_request = decoder(pb.GenerateRequest)
 decode_tokenize_request = decoder(pb.TokenizeRequest)
+decode_embed_request = decoder(pb.EmbedRequest)
+decode_rerank_request = decoder(pb.RerankRequest)
 
 
 def locate_decode_error(data: bytes, real: type[Message] = pb.GenerateRequest) -> tuple[str, str]:

@@ -50,6 +50,16 @@ class GeneratorStub:
                 request_serializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/nvllm.v1.Generator/Embed',
+                request_serializer=nvllm_dot_v1_dot_nvllm__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.EmbedResponse.FromString,
+                _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/nvllm.v1.Generator/Rerank',
+                request_serializer=nvllm_dot_v1_dot_nvllm__pb2.RerankRequest.SerializeToString,
+                response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.RerankResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServicer:
@@ -91,6 +101,27 @@ class GeneratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """One embedding per input, from an embedding model (the pooling and normalization its files name),
+        all computed in one batch where the token budget allows.
+
+        Errors: INVALID_ARGUMENT names the field (no inputs, an input longer than the model takes without
+        truncate_prompt_tokens, dimensions the model cannot give, a model that does not embed);
+        RESOURCE_EXHAUSTED and UNAVAILABLE as for Generate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rerank(self, request, context):
+        """Each document's relevance to the query, from a reranker (a cross-encoder), best first.
+
+        Errors: as Embed's (a model that does not rerank is INVALID_ARGUMENT naming model).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +139,16 @@ def add_GeneratorServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeRequest.FromString,
                     response_serializer=nvllm_dot_v1_dot_nvllm__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.EmbedRequest.FromString,
+                    response_serializer=nvllm_dot_v1_dot_nvllm__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.RerankRequest.FromString,
+                    response_serializer=nvllm_dot_v1_dot_nvllm__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -192,6 +233,60 @@ class Generator:
             '/nvllm.v1.Generator/Tokenize',
             nvllm_dot_v1_dot_nvllm__pb2.TokenizeRequest.SerializeToString,
             nvllm_dot_v1_dot_nvllm__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nvllm.v1.Generator/Embed',
+            nvllm_dot_v1_dot_nvllm__pb2.EmbedRequest.SerializeToString,
+            nvllm_dot_v1_dot_nvllm__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nvllm.v1.Generator/Rerank',
+            nvllm_dot_v1_dot_nvllm__pb2.RerankRequest.SerializeToString,
+            nvllm_dot_v1_dot_nvllm__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API as a Starlette app, on the daemon's DaemonState and AsyncEngine.
 
 POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, and vLLM's
-POST /tokenize and POST /detokenize (the prompt's token ids as a generation request would get them).
+POST /tokenize and POST /detokenize (the prompt's token ids as a generation request would get them); for
+an embedding model POST /v1/embeddings, for a reranker POST /v1/rerank and /rerank (server/pooling.py).
 
 A generation request is read here, then goes in as the gRPC API's do, through `DaemonState.submit`: the
 key (401), the body's size (413), its JSON and parameters (400 naming the parameter), then starting or
@@ -31,14 +32,19 @@ from starlette.routing import Route
 
 from nvllm.engine.async_engine import EngineDead
 from nvllm.engine.outputs import RequestOutput
+from nvllm.engine.prompt import Prompt
+from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import ParsedRequest, invalid, parse_chat, parse_completion, parse_json
 from nvllm.server.http.openai_response import ResponseBuilder
+from nvllm.server.http.pooling_request import parse_embeddings, parse_rerank, pooling_refusal
+from nvllm.server.http.pooling_response import embeddings_response, rerank_response
 from nvllm.server.http.tokenize_request import parse_detokenize, parse_tokenize
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
+from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.state import DaemonState, Phase, Refused, host_key
 from nvllm.server.submission import Submission
 
@@ -73,6 +79,9 @@ class OpenAIApi:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/v1/rerank", self.rerank, methods=["POST"]),
+            Route("/rerank", self.rerank, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
@@ -134,6 +143,51 @@ class OpenAIApi:
         except Refused as e:
             raise refusal(e) from None
         return JSONResponse({"prompt": text})
+
+    # -- pooling --------------------------------------------------------------------------------
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI's embeddings: each input one engine request, batched by the scheduler."""
+        t0, rid, st = time.monotonic(), uuid.uuid4().hex, self.state
+        with request_context(rid):
+            body = await self._pooling_body(request, t0)
+            req = parse_embeddings(body, st.model_name)
+            outs = await self._pool(request, rid, [(p, req.params) for p in req.inputs], req.priority, t0, "input")
+            return JSONResponse(embeddings_response(outs, st.model_name, req.encoding_format),
+                                headers={"X-Request-Id": rid})
+
+    async def rerank(self, request: Request) -> Response:
+        """A query against documents: each pair one engine request to the cross-encoder, results best first."""
+        t0, rid, st = time.monotonic(), uuid.uuid4().hex, self.state
+        with request_context(rid):
+            body = await self._pooling_body(request, t0)
+            req = parse_rerank(body, st.model_name)
+            pairs: list[tuple[Prompt, PoolingParams]] = [({"query": req.query, "document": d}, req.params)
+                                                         for d in req.documents]
+            outs = await self._pool(request, rid, pairs, req.priority, t0, "documents")
+            return JSONResponse(rerank_response(rid, ranked(outs, req.top_n), req.documents, outs, st.model_name,
+                                                req.return_documents), headers={"X-Request-Id": rid})
+
+    async def _pooling_body(self, request: Request, t0: float) -> dict[str, Any]:
+        try:
+            check_key(self.api_key, request.headers.get("authorization"))
+            return parse_json(await self._read_body(request))
+        except ApiError as e:
+            self.state.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
+            raise
+
+    async def _pool(self, request: Request, rid: str, choices: list[tuple[Prompt, PoolingParams]], priority: int,
+                    t0: float, items: str) -> list[RequestOutput]:
+        try:
+            return await run_pooling(self.state, "http", http_client_key(request), rid, choices, priority, t0)
+        except Refused as e:
+            raise refusal(e) from None
+        except InvalidParameter as e:
+            raise pooling_refusal(e, items) from None
+        except EngineDead as e:
+            raise ApiError(503, str(e), code="unavailable") from None
+        except PoolingFailed as e:
+            raise ApiError(503 if e.aborted else 500, str(e), code="unavailable" if e.aborted else "engine_error") \
+                from None
 
     async def metrics_page(self, request: Request) -> Response:
         if self.metrics is None:
