@@ -6,6 +6,8 @@ and values (its task, the settings it refuses, max_model_len within the budget, 
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +98,29 @@ def test_the_factory_reads_the_task_and_refuses_what_an_encoder_cannot_do(tiny_e
                                                          "scheduler": {"max_num_seqs": 4}}), 1.0)
     assert info.bytes_per_token == 0 and plan.sizing.bytes_per_block == 0 and plan.max_model_len == 128
     assert plan.sizing.num_blocks == 4 * 8 and plan.sizing.bound == "demand"   # four sequences of 128 tokens
+
+
+def st_folder(src: Path, dst: Path, pooling: str) -> Path:
+    """src with sentence-transformers' modules: `pooling` (a Pooling config's mode), then Normalize."""
+    shutil.copytree(src, dst)
+    (dst / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (dst / "1_Pooling").mkdir()
+    (dst / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": pooling}))
+    return dst
+
+
+def test_a_decoder_embeds_with_its_last_token_where_its_files_or_the_task_say(tiny_models: dict[str, Path],
+                                                                             tmp_path: Path) -> None:
+    qwen3 = engine(st_folder(tiny_models["tiny-qwen3"], tmp_path / "emb", "lasttoken"))
+    assert qwen3.task == "embed" and qwen3.max_model_len == 512       # cut to the token budget
+    vectors, steps = run(qwen3, ["the drone", "return home", "battery low"])
+    assert len(steps) == 1 and all(abs(float(np.linalg.norm(v)) - 1) < 1e-5 for v in vectors.values())
+    llama = build_engine(load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"]), "task": "embed"}}))
+    assert llama.task == "embed" and len(run(llama, ["the drone"])[0]["r0"]) == 64
+    with pytest.raises(EngineBuildError, match="a decoder embeds with its last token's state"):
+        engine(st_folder(tiny_models["tiny-qwen3"], tmp_path / "mean", "mean"))
+    with pytest.raises(EngineBuildError, match="needs the tokens 'yes' and 'no'"):
+        build_engine(load_settings(overrides={"model": {"path": str(tiny_models["tiny-qwen3"]), "task": "rerank"}}))

@@ -109,9 +109,9 @@ def test_stream_deltas_carry_reasoning_content_apart():
 
 
 def seq(params: SamplingParams, waits: bool = False) -> Any:
-    """What PendingRequest reads of a Sequence: its id, prompt, params, and whether its grammar waits for the
-    thinking."""
-    return SimpleNamespace(request_id="r", num_prompt_tokens=3, params=params,
+    """What PendingRequest reads of a Sequence: its id, prompt, params, that it is no pooling request, and
+    whether its grammar waits for the thinking."""
+    return SimpleNamespace(request_id="r", num_prompt_tokens=3, params=params, pooling=None,
                            structured_after_thinking=(1, object()) if waits else None)
 
 

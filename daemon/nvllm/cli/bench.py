@@ -29,6 +29,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--draft-model", default=None, metavar="PATH",
                    help="with --speculation: proposals by this draft model (a folder or .gguf sharing --model's "
                         "tokenizer) instead of n-grams")
+    b.add_argument("--embed", action="store_true",
+                   help="an embedding model's sequences/s and tokens/s: --inputs inputs of --prompt-len tokens "
+                        "(in-process, 2,048 tokens a step as llama-embedding batches them)")
+    b.add_argument("--inputs", type=int, default=64, help="with --embed: inputs embedded at once (default 64)")
     b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
     b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -56,14 +60,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"nvllm bench: {flag} takes positive whole numbers separated by commas, got {text!r}")
         return values
 
-    if len(args.threads) > 1 and (args.query or args.speculation or args.target):
-        print(f"nvllm bench: --threads takes one count with --query, --speculation or --target, got "
+    if len(args.threads) > 1 and (args.query or args.speculation or args.target or args.embed):
+        print(f"nvllm bench: --threads takes one count with --query, --speculation, --embed or --target, got "
               f"{','.join(map(str, args.threads))}", file=sys.stderr)
         return 2
     if args.query:
         return _query(args)
     if args.speculation:
         return _speculation(args)
+    if args.embed:
+        return _embed(args)
     if args.draft_model:
         print("nvllm bench: --draft-model goes with --speculation", file=sys.stderr)
         return 2
@@ -113,4 +119,25 @@ def _speculation(args: argparse.Namespace) -> int:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else format_speculation(result))
+    return 0
+
+
+def _embed(args: argparse.Namespace) -> int:
+    import json
+
+    from nvllm.bench.embedding import bench_embed, format_embed
+    from nvllm.config import ConfigError
+    from nvllm.engine.build.factory import EngineBuildError
+
+    if args.inputs < 1 or args.prompt_len < 2:
+        print(f"nvllm bench: --inputs must be at least 1 and --prompt-len 2, got {args.inputs} and {args.prompt_len}",
+              file=sys.stderr)
+        return 2
+    try:
+        result = bench_embed(Path(args.model), args.inputs, args.prompt_len, args.threads[0],
+                             quantization=args.quantization or "")
+    except (ConfigError, EngineBuildError, ValueError) as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else format_embed(result))
     return 0

@@ -173,8 +173,8 @@ class LLMEngine:
 
     def _pooling_sequence(self, request_id: str, prompt: Prompt, pooling: PoolingParams, priority: int) -> Sequence:
         ids, types = pooling_input(self.model, self.tokenizer, self.task, prompt, pooling, self.max_model_len)
-        detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=True)
-        seq = Sequence(request_id, ids, self.make_params(SamplingParams(max_tokens=1)), detok, frozenset(), 0, priority)
+        seq = Sequence(request_id, ids, self.make_params(SamplingParams(max_tokens=1)),
+                       IncrementalDetokenizer(self.tokenizer, ids), frozenset(), 0, priority)
         seq.pooling, seq.token_types = pooling, types
         return seq
 
@@ -294,9 +294,9 @@ class LLMEngine:
     def _run(self, batch: ScheduledBatch) -> tuple[list[Row], SamplerOutput | None]:
         """Pack the batch (packing.py), run the model, sample the rows of sequences whose last token was
         computed, each constrained row under its matcher's mask."""
-        fb, rows = pack(batch, self.kv_cache.block_size, self.kv_cache.layout.num_groups)
-        if isinstance(self.model, Encoder):
-            vectors = self.model.pool(fb, [s.pooling.dimensions if s.pooling else None for s in batch.seqs])
+        (fb, rows), model = pack(batch, self.kv_cache.block_size, self.kv_cache.layout.num_groups), self.model
+        if self.task != "generate" or isinstance(model, Encoder):   # a pooling step: a vector per sequence
+            vectors = model.pool(fb, self.kv_cache, [s.pooling.dimensions if s.pooling else None for s in batch.seqs])
             for seq, v in zip(batch.seqs, vectors):
                 seq.pooled = v.tolist()
             return [], None
@@ -310,7 +310,7 @@ class LLMEngine:
                 self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="nvllm-mask")
             filling = self._mask_pool.submit(self.structured.fill_ahead, items)
         try:
-            logits = self.model.forward(fb, self.kv_cache)
+            logits = model.forward(fb, self.kv_cache)
         finally:
             if filling is not None:   # never leave a fill running past the step
                 bits = filling.result()

@@ -21,6 +21,17 @@ def wrong_task(asked: str, task: str) -> InvalidParameter:
                                     f"{_ASKS[asked]}")
 
 
+# Qwen3-Reranker's prompt (its model card's): the answer's first token, "yes" or "no", is the judgement.
+JUDGE_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+_JUDGE_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                 "Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n")
+_JUDGE_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def judge_prompt(query: str, document: str, instruction: str = JUDGE_INSTRUCTION) -> str:
+    return f"{_JUDGE_PREFIX}<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}{_JUDGE_SUFFIX}"
+
+
 def pooling_input(model: Model | Encoder, tokenizer: Tokenizer, task: str, prompt: Prompt, pooling: PoolingParams,
                   max_tokens: int) -> tuple[list[int], list[int] | None]:
     """(token ids, token type ids or None) of a pooling request, or InvalidParameter naming the field."""
@@ -28,13 +39,24 @@ def pooling_input(model: Model | Encoder, tokenizer: Tokenizer, task: str, promp
     if task != ("rerank" if pair else "embed"):
         raise wrong_task("rerank" if pair else "embed", task)
     vocab = model.config.vocab_size
-    field, ids, types = pooling_ids(tokenizer, vocab, prompt, max_tokens, pooling.truncate_prompt_tokens)
+    if pair and isinstance(model, Model):   # a Qwen3-Reranker judges the pair in its own prompt, never cut
+        assert isinstance(prompt, dict)
+        for name in ("query", "document"):
+            if not isinstance(prompt[name], str):
+                raise InvalidParameter(name, prompt[name], "a string")
+        try:
+            field, ids, types = pooling_ids(tokenizer, vocab, judge_prompt(prompt["query"], prompt["document"]),
+                                            max_tokens)
+        except InvalidParameter as e:   # too long: the pair is what the client sent
+            raise InvalidParameter("document", e.value, e.reason.split(";")[0] + ")") from None
+    else:
+        field, ids, types = pooling_ids(tokenizer, vocab, prompt, max_tokens, pooling.truncate_prompt_tokens)
     if field != "prompt_token_ids" and max(ids) >= vocab:
         raise InvalidParameter(field, f"token id {max(ids)}", f"text whose tokens the model has (this tokenizer "
                                f"gave an id past its {vocab}-token vocabulary)")
     if pooling.dimensions is not None:
-        why = model.pooling.check_dimensions(pooling.dimensions, model.config.hidden_size) \
-            if isinstance(model, Encoder) else "given only by embedding models"
+        why = "given only by embedding models" if task != "embed" or model.pooling is None else \
+            model.pooling.check_dimensions(pooling.dimensions, model.config.hidden_size)
         if why:
             raise InvalidParameter("dimensions", pooling.dimensions, why)
     return ids, types

@@ -22,6 +22,7 @@ from nvllm.model.kernels.step import DecodeLayers, LayerSpec
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.kv_layout import KVLayout
 from nvllm.model.matrix.weight import DECODE_ROWS
+from nvllm.model.pooler import Pooling
 from nvllm.model.quant.kv_format import F32, KVFormat
 from nvllm.model.weights.folder import load_weights
 from nvllm.model.weights.layout import ModelWeights
@@ -118,7 +119,11 @@ class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
         self.config = config
         self.weights = weights
+        # "generate"; a decoder embedder ("embed": pooling set) or a Qwen3-Reranker ("rerank": judge_tokens, the
+        # ids of "no" and "yes") when its files or model.task say so (engine/build/pooling_model.py)
         self.task = "generate"
+        self.pooling: Pooling | None = None
+        self.judge_tokens: tuple[int, int] | None = None
         c = config
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
@@ -238,6 +243,33 @@ class Model:
         """Run every token of the batch; returns logits [len(logits_indices), vocab] in float32.
         Raises NonFiniteLogits if any of them is NaN or inf."""
         c, w = self.config, self.weights
+        last = rms_norm(self._layers(batch, kv_cache)[batch.logits_indices], w.norm, c.rms_norm_eps)   # [R, H]
+        logits = w.lm_head.apply(last)                                          # [R, V]
+        if c.final_logit_softcapping is not None:
+            cap = np.float32(c.final_logit_softcapping)
+            logits = np.tanh(logits / cap) * cap
+        # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
+        if not np.isfinite(logits).all():
+            raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])
+        return logits
+
+    def pool(self, batch: ForwardBatch, kv_cache: KVCache,
+             dimensions: list[int | None] | None = None) -> list[np.ndarray]:
+        """A decoder embedder's vector (Qwen3-Embedding: its last token's final state, pooled as its files
+        say) or a reranker's score (Qwen3-Reranker: logit("yes") - logit("no") at its last token, whose sigmoid
+        is P(yes) of the two), one per sequence ending in the batch (logits_indices)."""
+        w, eps = self.weights, self.config.rms_norm_eps
+        last = rms_norm(self._layers(batch, kv_cache)[batch.logits_indices], w.norm, eps)   # [S, H]
+        if self.judge_tokens is not None:
+            no, yes = w.lm_head.rows(np.asarray(self.judge_tokens, np.int64))
+            return [np.array([float(h @ yes) - float(h @ no)], np.float32) for h in last]
+        assert self.pooling is not None and self.pooling.method == "last"   # pooling_model.py sets them so
+        n = last.shape[0]
+        return self.pooling(last, np.arange(n), np.ones(n, np.int64), dimensions)
+
+    def _layers(self, batch: ForwardBatch, kv_cache: KVCache) -> np.ndarray:
+        """Every layer over the batch; returns the residual stream [T, H] (the workspace's, until the next step)."""
+        c, w = self.config, self.weights
         T = batch.token_ids.shape[0]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         cos, sin = self._rope_tables(batch.positions)               # [T, rope_dim/2] each
@@ -316,12 +348,4 @@ class Model:
             if layer.ffn_out_norm is not None:
                 out = rms_norm(out, layer.ffn_out_norm, c.rms_norm_eps, a.h)
             x += out
-        last = rms_norm(x[batch.logits_indices], w.norm, c.rms_norm_eps)        # [R, H]
-        logits = w.lm_head.apply(last)                                          # [R, V]
-        if c.final_logit_softcapping is not None:
-            cap = np.float32(c.final_logit_softcapping)
-            logits = np.tanh(logits / cap) * cap
-        # Sampling from NaN would pick garbage quietly; one pass over [R, V] is cheap next to lm_head.
-        if not np.isfinite(logits).all():
-            raise NonFiniteLogits(np.flatnonzero(~np.isfinite(logits).all(axis=1)), logits.shape[0])
-        return logits
+        return x

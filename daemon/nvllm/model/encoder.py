@@ -113,9 +113,10 @@ class Encoder:
             x = layer_norm(out, layer.ffn_norm, c.layer_norm_eps)
         return x
 
-    def pool(self, batch: ForwardBatch, dimensions: list[int | None] | None = None) -> list[np.ndarray]:
+    def pool(self, batch: ForwardBatch, kv_cache: KVCache | None = None,
+             dimensions: list[int | None] | None = None) -> list[np.ndarray]:
         """One vector per sequence of the batch: its pooled embedding, or its classifier's scores (the raw
-        logits, [num_labels]) for a cross-encoder."""
+        logits, [num_labels]) for a cross-encoder. kv_cache: unused (nothing is cached), as Model.pool takes it."""
         x = self.hidden(batch)
         lens = batch.attn.query_lens
         starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
+from nvllm.engine.build.draft_model import draft_blocks, drafter
 from nvllm.engine.build.memory import (
     GiB,
     MemoryReading,
@@ -43,10 +43,10 @@ from nvllm.engine.build.pooling_model import (
     folder_is_encoder,
     load_encoder_folder,
     read_encoder_config,
+    set_decoder_task,
     settings_for,
 )
 from nvllm.engine.llm_engine import LLMEngine
-from nvllm.engine.speculation.draft_proposer import DraftProposer
 from nvllm.engine.speculation.speculator import Speculator
 from nvllm.engine.structured.compiler import StructuredCompiler
 from nvllm.engine.structured.thinking import think_token_ids
@@ -221,8 +221,9 @@ def load_model(settings: Settings) -> LoadedModel:
     kind = _check_quantization(settings, path)
     t0 = time.monotonic()
     try:
+        pooling_type = None
         if is_gguf(path):
-            model, tokenizer, defaults = _load_gguf(path)
+            model, tokenizer, defaults, pooling_type = _load_gguf(path)
         elif folder_is_encoder(path):
             encoder, tokenizer = load_encoder_folder(path, kind)
             info = encoder_info(path, encoder.config, encoder.weights.nbytes,
@@ -233,6 +234,7 @@ def load_model(settings: Settings) -> LoadedModel:
             model, tokenizer = Model.from_dir(path, kind), Tokenizer.from_dir(path)
             gen_file = path / "generation_config.json"
             defaults = read_json(gen_file) if gen_file.exists() else {}
+        set_decoder_task(settings, path, model, tokenizer, pooling_type)   # an embedder or reranker, or not
     except (ModelLoadError, OSError, ValueError) as e:
         raise EngineBuildError(f"cannot load the model at {path}: {e}") from e
     c = model.config
@@ -248,6 +250,12 @@ def load_model(settings: Settings) -> LoadedModel:
     else:
         _, words, peak = _folder_plan(path, c, kind)
         info = ModelInfo.of(path, c, model.weights.nbytes, words, peak, kv, layout=model.kv_layout)
+    if model.task != "generate":
+        info = dataclasses.replace(info, task=model.task)
+        try:
+            check_settings(settings, info)
+        except ValueError as e:
+            raise EngineBuildError(f"cannot serve {path}: {e}") from None
     try:
         pinned = read_pinned_prompts(settings.cache.pinned_prompts, tokenizer, c.vocab_size,
                                      max_model_len(settings, info), settings.cache.block_size)
@@ -258,7 +266,7 @@ def load_model(settings: Settings) -> LoadedModel:
     loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
     if settings.speculative.method == "draft":
         loaded.draft = draft = _load_draft(settings, loaded)
-        blocks, _ = _draft_blocks(settings, draft.info, max_model_len(settings, info))
+        blocks, _ = draft_blocks(settings, draft.info, max_model_len(settings, info))
         loaded.info = dataclasses.replace(
             info, draft_pool_bytes=blocks * settings.cache.block_size
             * draft.info.kv_bytes_per_token(draft.info.kv_format, draft.info.num_layers))
@@ -299,11 +307,13 @@ def _tokenizer_difference(target: LoadedModel, draft: LoadedModel) -> str:
     return draft.tokenizer.difference(target.tokenizer)
 
 
-def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
-    """A GGUF holds weights, tokenizer and template in one file, and no sampling defaults."""
+def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any], int | None]:
+    """A GGUF holds weights, tokenizer and template in one file, and no sampling defaults; and the pooling
+    llama.cpp's converter writes for an embedder (`<arch>.pooling_type`)."""
     g = read_gguf(path)
     tokenizer = Tokenizer.from_gguf_metadata(g.metadata, str(path))
-    return Model(g.config, load_gguf_weights(g)), tokenizer, {}
+    pooling = g.metadata.get(f"{g.metadata.get('general.architecture')}.pooling_type")
+    return Model(g.config, load_gguf_weights(g)), tokenizer, {}, pooling if isinstance(pooling, int) else None
 
 
 def _ids(value: Any) -> list[int]:
@@ -389,7 +399,7 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
     if loaded.draft is not None:
         assert isinstance(loaded.draft.model, Model)   # _load_draft refuses an encoder
         loaded.draft.model.set_context(plan.max_model_len)
-        speculator.drafter = _drafter(settings, loaded.draft, plan.max_model_len)
+        speculator.drafter = drafter(settings, loaded.draft.model, loaded.draft.info, plan.max_model_len)
     structured = StructuredCompiler(loaded.tokenizer, loaded.model.config.vocab_size, loaded.eos_token_ids)
     # With a reasoning parser, a constrained answer's grammar waits for the end of its thinking.
     think = think_token_ids(loaded.tokenizer) if settings.server.reasoning_parser else None
@@ -404,27 +414,6 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
         engine.warmup = Warmup(engine, loaded.pinned, cache.persist_dir, cache.persist_max_mb << 20,
                                ident, loaded.info.vocab_size)
     return engine
-
-
-def _drafter(settings: Settings, draft: LoadedModel, max_len: int) -> DraftProposer:
-    """The draft's pool, resident now: disable_by_batch_size sequences (the most it ever proposes for)
-    of max_model_len, or of the draft's own limit when shorter."""
-    blocks, length = _draft_blocks(settings, draft.info, max_len)
-    assert isinstance(draft.model, Model)   # _load_draft refuses an encoder
-    # One group whatever the draft's layers: the proposer keeps one block table per sequence.
-    kv = draft.model.make_kv_cache(blocks, settings.cache.block_size, draft.info.kv_format,
-                                   layout=KVLayout.single(draft.info.num_layers))
-    draft.model.workspace.reserve(settings.scheduler.max_num_batched_tokens)
-    log.info("draft model %s (%s): a page pool of %s of %s keys and values, %d blocks; forward scratch of %s",
-             draft.info.path, draft.info.weight_format, format_bytes(kv.nbytes), kv.format.name, blocks,
-             format_bytes(draft.model.workspace.nbytes))
-    return DraftProposer(draft.model, kv, length, settings.scheduler.max_num_batched_tokens)
-
-
-def _draft_blocks(settings: Settings, draft: ModelInfo, max_len: int) -> tuple[int, int]:
-    """(blocks, positions per sequence) of the draft's pool."""
-    length = min(max_len, draft.max_position_embeddings)
-    return settings.speculative.disable_by_batch_size * math.ceil(length / settings.cache.block_size), length
 
 
 def identity(settings: Settings, info: ModelInfo) -> dict[str, Any]:

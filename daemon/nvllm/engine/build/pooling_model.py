@@ -12,8 +12,10 @@ from nvllm.config import Settings
 from nvllm.engine.build.memory import MemoryReading, PoolSizing
 from nvllm.engine.build.model_info import ModelInfo
 from nvllm.model.config import read_json
+from nvllm.model.decoder import Model
 from nvllm.model.encoder import Encoder
 from nvllm.model.encoder_config import EncoderConfig, is_encoder
+from nvllm.model.pooler import Pooling
 from nvllm.model.weights.folder import load_encoder_weights
 from nvllm.model.weights.pooling_files import read_pooling
 from nvllm.text.tokenizer import Tokenizer
@@ -73,3 +75,28 @@ def counting_pool(settings: Settings, reading: MemoryReading, per_seq: int) -> P
     demand = seqs * per_seq
     return PoolSizing(c.num_blocks or demand, 0, c.block_size, reading.available_bytes, reading.source, 0,
                       c.memory_fraction, 0, 0, c.num_blocks is not None, demand, seqs)
+
+
+def set_decoder_task(settings: Settings, path: Path, model: Model, tokenizer: Tokenizer,
+                     pooling_type: int | None = None) -> None:
+    """A decoder's task: "embed" where its folder names a pooling (sentence-transformers' modules.json, as
+    Qwen3-Embedding's does), its GGUF a last-token one (pooling_type 3), or model.task asks; "rerank" only when
+    model.task asks (a Qwen3-Reranker's files do not say it): the "yes" and "no" of its prompt are then its
+    judgement. ValueError naming what does not fit."""
+    task = settings.model.task
+    folder_pools = path.is_dir() and (path / "modules.json").exists()
+    if task == "auto":
+        task = "embed" if folder_pools or pooling_type == 3 else "generate"
+    if task == "embed":
+        pooling = read_pooling(path, "last", read_json(path / "config.json")) if path.is_dir() else Pooling("last")
+        if pooling.method != "last" or pooling.dense:
+            raise ValueError(f"{path}: a decoder embeds with its last token's state (no Dense layers); its files "
+                             f"ask for {pooling.method} pooling{' and Dense layers' if pooling.dense else ''}")
+        model.pooling = pooling
+    elif task == "rerank":
+        no, yes = tokenizer.token_to_id("no"), tokenizer.token_to_id("yes")
+        if no is None or yes is None:
+            raise ValueError(f"model.task='rerank' for a decoder needs the tokens 'yes' and 'no' (a Qwen3-Reranker's "
+                             f"judgement); {path}'s vocabulary lacks them")
+        model.judge_tokens = (no, yes)
+    model.task = task

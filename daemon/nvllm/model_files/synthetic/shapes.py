@@ -62,6 +62,7 @@ class Shape:
     rotary_dim: int = 0         # phi3: dimensions of each head rope turns (0: all)
     longrope: tuple[int, float] = (0, 0.0)   # phi3: its original context and attention factor
     sliding_window: int = 0     # gemma3's (its four norms a layer and q/k norms come with the architecture)
+    pooling: int = 0            # llama.cpp's pooling_type for an embedding model (3: the last token); 0: none
 
     @property
     def params(self) -> int:
@@ -92,6 +93,12 @@ def _qwen3(name: str, hidden: int, intermediate: int) -> Shape:
                  _QWEN3_SPECIALS, bos=151643, eos=151645, bpe=151643, qk_norm=True)
 
 
+# Qwen3-Embedding-0.6B's config.json: Qwen3-0.6B's layers, a vocabulary cut to 151,669 rows, 32k positions; its
+# GGUF says last-token pooling (llama.cpp's converter writes qwen3.pooling_type 3 for it).
+QWEN3_EMBEDDING = Shape("qwen3-embedding-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 128, 151669, 32768, 1e6, 1e-6,
+                        "qwen2", _QWEN3_SPECIALS, bos=151643, eos=151643, bpe=151643, qk_norm=True, pooling=3)
+
+
 SHAPES: dict[str, Shape] = {s.name: s for s in [
     _qwen25("qwen2.5-0.5b", 896, 4864, 24, 14),
     _qwen25("qwen2.5-1.5b", 1536, 8960, 28, 12),
@@ -116,4 +123,5 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
           _SMOLLM3_SPECIALS, bos=128000, eos=128012, bpe=128000),
     _gemma3("gemma-3-1b", 1152, 6912, 26),
     _gemma3("gemma-3-270m", 640, 2048, 18),
+    QWEN3_EMBEDDING,
 ]}

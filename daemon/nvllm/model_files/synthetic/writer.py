@@ -148,6 +148,8 @@ def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> No
             w.add_rope_scaling_attn_factors(shape.longrope[1])
     if shape.sliding_window:
         w.add_sliding_window(shape.sliding_window)
+    if shape.pooling:
+        w.add_pooling_type(gguf.PoolingType(shape.pooling))
     tokens, types, merges = vocabulary(shape, seed)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(shape.pre)
