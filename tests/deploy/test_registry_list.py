@@ -103,3 +103,12 @@ def test_the_default_settings_serve_the_pulled_gguf_by_the_models_name(tmp_path:
     assert served_name(s) == NAME
     assert cli.build_parser().parse_args(["generate", "hi"]).model == f"models/{NAME}.gguf"
     assert cli.build_parser().parse_args(["bench"]).model == f"models/{NAME}.gguf"
+
+
+def test_an_encoder_gguf_is_listed_from_its_header(tmp_path: Path):
+    """A BERT GGUF (llama.cpp's converter's) is a row like any model's, not a decoder's error."""
+    src = Path(__file__).resolve().parent.parent / "golden" / "converted" / "tiny-bert.f16.gguf"
+    (tmp_path / src.name).write_bytes(src.read_bytes())
+    (row,) = listing.list_models(tmp_path)
+    assert row["architecture"] == "bert" and row["complete"] and row["error"] is None
+    assert row["tensor_types"]["F16"] > 0 and row["num_parameters"] > 40_000

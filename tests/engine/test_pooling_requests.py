@@ -15,6 +15,7 @@ import pytest
 
 from golden.pooling_cases import EMBED_TEXTS
 from helpers.daemon_util import assert_pages_all_back
+from helpers.pooling_golden import golden_cases
 from nvllm.config import load_settings
 from nvllm.engine.build.factory import EngineBuildError, build_engine, plan_for_board
 from nvllm.engine.llm_engine import LLMEngine
@@ -124,3 +125,25 @@ def test_a_decoder_embeds_with_its_last_token_where_its_files_or_the_task_say(ti
         engine(st_folder(tiny_models["tiny-qwen3"], tmp_path / "mean", "mean"))
     with pytest.raises(EngineBuildError, match="needs the tokens 'yes' and 'no'"):
         build_engine(load_settings(overrides={"model": {"path": str(tiny_models["tiny-qwen3"]), "task": "rerank"}}))
+
+
+CONVERTED = Path(__file__).resolve().parent.parent / "golden" / "converted"   # llama.cpp's converter's files
+
+
+def test_gguf_encoders_serve_as_llamacpp_reads_them() -> None:
+    """The embedder's GGUF gives transformers' embeddings; the reranker's, which has no pooler and is scored
+    with every token type 0, gives llama.cpp's scores (tests/golden/pooling_llamacpp.json, flash attention
+    off), within what llama.cpp's tanh GELU makes of it (tests/model/weights/test_gguf_encoder.py)."""
+    embedder = engine(CONVERTED / "tiny-bert.f32.gguf")
+    assert embedder.task == "embed"
+    golden = {c["text"]: c["embedding"] for c in golden_cases("tiny-bert") if c["kind"] == "text"}
+    vectors, _ = run(embedder, list(EMBED_TEXTS))
+    for i, text in enumerate(EMBED_TEXTS):
+        v, want = np.asarray(vectors[f"r{i}"]), np.asarray(golden[text])
+        assert v @ want / np.linalg.norm(v) / np.linalg.norm(want) >= 0.9999, text
+    reranker = engine(CONVERTED / "tiny-bert-reranker.f32.gguf")
+    assert reranker.task == "rerank"
+    cases = next(r for r in json.loads((CONVERTED.parent / "pooling_llamacpp.json").read_text())["runs"]
+                 if r["kind"] == "rank" and r["flash_attn"] == "off")["cases"]
+    scores, _ = run(reranker, [{"query": c["query"], "document": c["document"]} for c in cases])
+    assert max(abs(scores[f"r{i}"][0] - c["score"]) for i, c in enumerate(cases)) < 2.5e-3

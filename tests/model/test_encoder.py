@@ -11,23 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.encoder_batch import encoder_batch
 from helpers.pooling_golden import golden_cases
 from nvllm.engine.build.pooling_model import load_encoder_folder
-from nvllm.model.attention import AttentionMetadata
-from nvllm.model.decoder import ForwardBatch
 from nvllm.model.encoder import Encoder, erf
-
-
-def batch_of(seqs: list[list[int]], types: list[list[int]] | None = None) -> ForwardBatch:
-    """A packed batch of whole sequences, as the engine's packing gives an encoder (it reads no pages)."""
-    lens = np.array([len(s) for s in seqs], np.int64)
-    positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
-    meta = AttentionMetadata(slot_mapping=np.zeros(positions.size, np.int64), query_lens=lens, context_lens=lens,
-                             block_tables=np.zeros((len(seqs), 1), np.int32), positions=positions)
-    fb = ForwardBatch(np.concatenate(seqs).astype(np.int64), positions, meta, np.zeros(0, np.int64))
-    if types is not None:
-        fb.token_types = np.concatenate(types).astype(np.int64)
-    return fb
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -57,15 +44,15 @@ def test_embeddings_of_a_packed_batch_are_transformers(encoders: dict[str, Encod
         else:
             assert tokenizer.encode_within(c["text"][0], 512, c["text"][1]) == (c["input_ids"], c["token_type_ids"])
     model = encoders[name]
-    batch = model.pool(batch_of([c["input_ids"] for c in cases], [c["token_type_ids"] for c in cases]))
+    batch = model.pool(encoder_batch([c["input_ids"] for c in cases], [c["token_type_ids"] for c in cases]))
     for c, got in zip(cases, batch):
         assert got.shape == (len(c["embedding"]),) and cosine(got, c["embedding"]) >= 0.9999, c["text"]
         assert abs(float(np.linalg.norm(got)) - 1) < 1e-5
-    alone = model.pool(batch_of([cases[3]["input_ids"]], [cases[3]["token_type_ids"]]))[0]
+    alone = model.pool(encoder_batch([cases[3]["input_ids"]], [cases[3]["token_type_ids"]]))[0]
     assert np.allclose(alone, batch[3], atol=1e-6)
     # Token types matter: the pair read as one segment is another embedding
     pair = next(c for c in cases if c["kind"] == "pair")
-    flat = model.pool(batch_of([pair["input_ids"]]))[0]
+    flat = model.pool(encoder_batch([pair["input_ids"]]))[0]
     assert cosine(flat, pair["embedding"]) < 0.9999
 
 
@@ -73,13 +60,13 @@ def test_a_cross_encoder_gives_transformers_logits(encoders: dict[str, Encoder])
     cases = golden_cases("tiny-bert-reranker")
     model = encoders["tiny-bert-reranker"]
     assert model.task == "rerank" and model.output_size == 1
-    scores = model.pool(batch_of([c["input_ids"] for c in cases], [c["token_type_ids"] for c in cases]))
+    scores = model.pool(encoder_batch([c["input_ids"] for c in cases], [c["token_type_ids"] for c in cases]))
     assert max(abs(float(s[0]) - c["logit"]) for s, c in zip(scores, cases)) < 1e-3
 
 
 def test_what_the_model_cannot_take_is_refused(encoders: dict[str, Encoder]) -> None:
     model = encoders["tiny-bert"]
     with pytest.raises(ValueError, match="up to 128 tokens"):
-        model.pool(batch_of([list(range(5, 135))]))
+        model.pool(encoder_batch([list(range(5, 135))]))
     with pytest.raises(ValueError, match="token_types: need ids below the model's type_vocab_size 2"):
-        model.pool(batch_of([[2, 7, 3]], [[0, 2, 0]]))
+        model.pool(encoder_batch([[2, 7, 3]], [[0, 2, 0]]))

@@ -60,6 +60,8 @@ class Encoder:
         self.weights = weights
         self.pooling = pooling
         self.scale = np.float32(config.head_dim ** -0.5)
+        # Whether a pair's second segment reads its own token-type row: False for a GGUF, as llama.cpp reads it.
+        self.token_types = True
 
     @property
     def task(self) -> str:
@@ -83,7 +85,7 @@ class Encoder:
         lens = batch.attn.query_lens
         if (batch.positions >= c.max_tokens).any():
             raise ValueError(f"positions: {c.architecture} takes sequences of up to {c.max_tokens} tokens")
-        types = batch.token_types if batch.token_types is not None else np.zeros(T, np.int64)
+        types = batch.token_types if batch.token_types is not None and self.token_types else np.zeros(T, np.int64)
         if types.size and (types.min() < 0 or types.max() >= c.type_vocab_size):
             raise ValueError(f"token_types: need ids below the model's type_vocab_size {c.type_vocab_size}")
         x = w.embed.rows(batch.token_ids) + w.positions.rows(batch.positions + c.position_offset)

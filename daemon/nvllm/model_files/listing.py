@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_encoder import is_gguf_encoder, read_gguf_encoder
+from nvllm.model.weights.gguf_file import GGUFFile, open_gguf, read_gguf
 from nvllm.model.weights.gguf_reader import GGUFError
 from nvllm.model_files.registry import KNOWN_MODELS, PathLike, is_complete
 
@@ -96,7 +97,8 @@ def describe_gguf(path: Path) -> dict:
         "error": None,
     }
     try:
-        gguf = read_gguf(path)
+        f = open_gguf(path)
+        gguf: GGUFFile = read_gguf_encoder(f).file if is_gguf_encoder(f.metadata) else read_gguf(f)
     except GGUFError as e:  # a broken or unsupported file is a row with its error, never a crash
         row["error"] = str(e)
         return row

@@ -42,6 +42,7 @@ from nvllm.engine.build.pooling_model import (
     encoder_info,
     folder_is_encoder,
     load_encoder_folder,
+    load_encoder_gguf,
     read_encoder_config,
     set_decoder_task,
     settings_for,
@@ -64,7 +65,8 @@ from nvllm.model.quant.kv_format import KVFormat
 from nvllm.model.quant.kv_format import by_name as kv_format_by_name
 from nvllm.model.weights.conversion import matrix_shapes, quantized_weight_bytes
 from nvllm.model.weights.folder import stored_weights
-from nvllm.model.weights.gguf_file import read_gguf
+from nvllm.model.weights.gguf_encoder import is_gguf_encoder, read_gguf_encoder
+from nvllm.model.weights.gguf_file import GGUFFile, open_gguf, read_gguf
 from nvllm.model.weights.gguf_weights import load_gguf_weights, resident_weight_bytes
 from nvllm.text.tokenizer import Tokenizer
 
@@ -175,7 +177,11 @@ def read_model_info(settings: Settings) -> ModelInfo:
     kind = _check_quantization(settings, path)
     try:
         if is_gguf(path):
-            g = read_gguf(path)
+            f = open_gguf(path)
+            if is_gguf_encoder(f.metadata):
+                e = read_gguf_encoder(f)
+                return encoder_info(path, e.config, e.resident_bytes(), GGUF_FORMATS)
+            g = read_gguf(f)
             return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS,
                                 kv_format=kv_cache_format(settings, path, g.config),
                                 layout=kv_layout(settings, g.config))
@@ -221,15 +227,15 @@ def load_model(settings: Settings) -> LoadedModel:
     kind = _check_quantization(settings, path)
     t0 = time.monotonic()
     try:
-        pooling_type = None
-        if is_gguf(path):
-            model, tokenizer, defaults, pooling_type = _load_gguf(path)
-        elif folder_is_encoder(path):
-            encoder, tokenizer = load_encoder_folder(path, kind)
-            info = encoder_info(path, encoder.config, encoder.weights.nbytes,
-                                f"{kind} (model.quantization)" if kind else "stored")
+        pooling_type, f = None, open_gguf(path) if is_gguf(path) else None
+        if f is not None and is_gguf_encoder(f.metadata) or f is None and folder_is_encoder(path):
+            encoder, tokenizer = load_encoder_gguf(f) if f is not None else load_encoder_folder(path, kind)
+            info = encoder_info(path, encoder.config, encoder.weights.nbytes, GGUF_FORMATS if f is not None
+                                else f"{kind} (model.quantization)" if kind else "stored")
             check_settings(settings, info)
             return LoadedModel(encoder, tokenizer, {}, frozenset(), info, time.monotonic() - t0)
+        if f is not None:
+            model, tokenizer, defaults, pooling_type = _load_gguf(f)
         else:
             model, tokenizer = Model.from_dir(path, kind), Tokenizer.from_dir(path)
             gen_file = path / "generation_config.json"
@@ -307,11 +313,11 @@ def _tokenizer_difference(target: LoadedModel, draft: LoadedModel) -> str:
     return draft.tokenizer.difference(target.tokenizer)
 
 
-def _load_gguf(path: Path) -> tuple[Model, Tokenizer, dict[str, Any], int | None]:
+def _load_gguf(f: GGUFFile) -> tuple[Model, Tokenizer, dict[str, Any], int | None]:
     """A GGUF holds weights, tokenizer and template in one file, and no sampling defaults; and the pooling
     llama.cpp's converter writes for an embedder (`<arch>.pooling_type`)."""
-    g = read_gguf(path)
-    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, str(path))
+    g = read_gguf(f)
+    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, str(f.path))
     pooling = g.metadata.get(f"{g.metadata.get('general.architecture')}.pooling_type")
     return Model(g.config, load_gguf_weights(g)), tokenizer, {}, pooling if isinstance(pooling, int) else None
 

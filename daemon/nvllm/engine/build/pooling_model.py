@@ -17,6 +17,8 @@ from nvllm.model.encoder import Encoder
 from nvllm.model.encoder_config import EncoderConfig, is_encoder
 from nvllm.model.pooler import Pooling
 from nvllm.model.weights.folder import load_encoder_weights
+from nvllm.model.weights.gguf_encoder import load_gguf_encoder
+from nvllm.model.weights.gguf_file import GGUFFile
 from nvllm.model.weights.pooling_files import read_pooling
 from nvllm.text.tokenizer import Tokenizer
 
@@ -36,6 +38,16 @@ def load_encoder_folder(path: Path, quantization: str) -> tuple[Encoder, Tokeniz
     config = EncoderConfig.from_dict(cfg, str(path / "config.json"))
     weights = load_encoder_weights(path, config, quantization)
     return Encoder(config, weights, read_pooling(path, "cls", cfg)), Tokenizer.from_dir(path)
+
+
+def load_encoder_gguf(f: GGUFFile) -> tuple[Encoder, Tokenizer]:
+    """A bert GGUF as llama.cpp reads it: its pooling from pooling_type, a reranker's head without the pooler
+    the converter leaves out, and every token type 0 (llama.cpp's: such a file gives llama.cpp's scores, not
+    the original model's)."""
+    config, weights, pooling, metadata = load_gguf_encoder(f)
+    encoder = Encoder(config, weights, pooling)
+    encoder.token_types = False
+    return encoder, Tokenizer.from_gguf_metadata(metadata, str(f.path))
 
 
 def encoder_info(path: Path, c: EncoderConfig, weight_bytes: int, weight_format: str) -> ModelInfo:

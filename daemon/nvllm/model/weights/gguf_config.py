@@ -20,6 +20,11 @@ def f32_float(x: float) -> float:
 
 
 
+# Encoders (embeddings, reranking) llama.cpp reads: served from a GGUF by gguf_encoder.py, the others
+# refused there by name.
+ENCODER_ARCHITECTURES = ("bert",)
+REFUSED_ENCODERS = ("nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "modern-bert",
+                    "t5encoder")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # llama.cpp makes every 4th smollm3 layer NoPE (its n_no_rope_layer_step, set in its C++ model loader): the
@@ -71,6 +76,9 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
     arch = metadata.get("general.architecture")
     if arch is None:
         raise GGUFError(f"{path}: metadata 'general.architecture' is missing")
+    if arch in ENCODER_ARCHITECTURES or arch in REFUSED_ENCODERS:
+        raise GGUFError(f"{path}: architecture {arch!r} is an encoder (embeddings, reranking), not a model that "
+                        "generates text")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{path}: architecture {arch!r} is not supported "
                         f"(supported: {', '.join(ARCHITECTURES)})")

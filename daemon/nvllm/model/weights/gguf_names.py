@@ -1,5 +1,5 @@
 """llama.cpp's tensor names and row order -> Hugging Face's (Llama's, with Qwen2's biases and Qwen3's q/k
-norms), for the GGUF reader and `nvllm models pull`'s conversion alike."""
+norms; BERT's for an encoder), for the GGUF reader and `nvllm models pull`'s conversion alike."""
 from __future__ import annotations
 
 import numpy as np
@@ -62,3 +62,39 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     # [H*d, in] -> [H, d/2, 2, in] -> [H, 2, d/2, in] -> [H*d, in]  (a bias [H*d] has in = 1)
     return np.ascontiguousarray(w.reshape(n_heads, d // 2, 2, -1).swapaxes(1, 2).reshape(w.shape))
 
+
+
+# BERT under llama.cpp's names (its converter's map, read backwards): BertModel's own names, unprefixed.
+_BERT_GLOBAL_NAMES = {
+    "token_embd.weight": "embeddings.word_embeddings.weight",
+    "position_embd.weight": "embeddings.position_embeddings.weight",
+    "token_types.weight": "embeddings.token_type_embeddings.weight",
+    "token_embd_norm.weight": "embeddings.LayerNorm.weight",
+    "token_embd_norm.bias": "embeddings.LayerNorm.bias",
+    "cls.weight": "pooler.dense.weight",       # a classifier's dense before tanh: llama.cpp's `cls`
+    "cls.bias": "pooler.dense.bias",
+    "cls.output.weight": "classifier.weight",  # the classifier itself: llama.cpp's `cls_out`
+    "cls.output.bias": "classifier.bias",
+}
+_BERT_LAYER_NAMES = {
+    "attn_q": "attention.self.query",
+    "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value",
+    "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm",
+    "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense",
+    "layer_output_norm": "output.LayerNorm",
+}
+
+
+def bert_tensor_name(gguf_name: str) -> str:
+    """llama.cpp tensor name of a bert GGUF -> BertModel's (BertForSequenceClassification's head:
+    classifier, and its pooler where the file has one)."""
+    if gguf_name in _BERT_GLOBAL_NAMES:
+        return _BERT_GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")  # blk.N.attn_q.weight
+    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BERT_LAYER_NAMES
+            and parts[3] in ("weight", "bias")):
+        return f"encoder.layer.{int(parts[1])}.{_BERT_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise GGUFError(f"unexpected tensor {gguf_name!r} in a bert GGUF")

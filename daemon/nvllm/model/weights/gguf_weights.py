@@ -1,17 +1,17 @@
-"""A checked GGUF's tensors -> the decoder's weights (weights/layout.py), each matrix in its file format
-where a C kernel multiplies it in place (model/matrix/quantized.py's QuantizedWeight): its blocks are
-copied out of the mapping (llama's Q/K rows unpermuted, q|k|v and gate|up fused by stacking their rows of
-blocks) and the mapped pages dropped, so the model is resident once, at its size in the file. Without the
-kernels, and for formats they do not read, the matrices are dequantized to float32 once, as a folder's
-are.
+"""A checked GGUF's tensors -> a model's weights (a decoder's, weights/layout.py; an encoder's,
+weights/encoder_layout.py), each matrix in its file format where a C kernel multiplies it in place
+(model/matrix/quantized.py's QuantizedWeight): its blocks are copied out of the mapping (llama's Q/K rows
+unpermuted, q|k|v and gate|up fused by stacking their rows of blocks) and the mapped pages dropped, so the
+model is resident once, at its size in the file. Without the kernels, and for formats they do not read,
+the matrices are dequantized to float32 once, as a folder's are.
 """
 from __future__ import annotations
 
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -25,9 +25,9 @@ from nvllm.model.matrix.weight import Weight
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import BlockFormat, raw_nbytes
 from nvllm.model.quant.packed import PANEL, packable
-from nvllm.model.weights.gguf_file import GGUFModel
+from nvllm.model.weights.gguf_file import GGUFFile, GGUFModel
 from nvllm.model.weights.gguf_names import ROPE_TABLES, hf_tensor_name, unpermute_rope_rows
-from nvllm.model.weights.layout import ModelWeights, Parts, lay_out
+from nvllm.model.weights.layout import ModelWeights, Parts, TensorReader, lay_out
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,16 @@ _CHUNK_BYTES = 16 << 20   # raw bytes dequantized at a time
 
 
 class _DequantizedTensors:
-    """The GGUF's tensors under their Hugging Face names, as layout.lay_out asks for them (get, joined,
-    `in`): each dequantized to float32 straight into its final layout, llama's Q/K rows unpermuted; a
-    matrix comes out as a DenseWeight of that array."""
+    """The GGUF's tensors under their Hugging Face names, as a layout asks for them (get, joined, `in`;
+    layout.lay_out's TensorReader): each dequantized to float32 straight into its final layout, the Q/K
+    rows of the kinds in `rope_heads` unpermuted; a matrix comes out as a DenseWeight of that array.
+    names: Hugging Face name -> GGUF name; rope_heads: a layer tensor's kind ("attn_q") -> its heads, for
+    the kinds whose rows llama.cpp's converter permuted."""
 
-    def __init__(self, model: GGUFModel) -> None:
+    def __init__(self, model: GGUFFile, names: Mapping[str, str], rope_heads: Mapping[str, int]) -> None:
         self.model = model
-        arch = model.metadata.get("general.architecture", "llama")
-        self.names = {hf_tensor_name(n, arch): n for n in model.tensors if n not in ROPE_TABLES}
-        # SmolLM3's converter is Llama's, so its Q/K rows are permuted too; phi3's rope pairs as HF's does.
-        self.permute = arch in ("llama", "smollm3")
+        self.names = dict(names)
+        self.rope_heads = dict(rope_heads)
 
     def __contains__(self, hf_name: str) -> bool:
         return hf_name in self.names
@@ -100,11 +100,18 @@ class _DequantizedTensors:
 
     def _rope_heads(self, gguf_name: str) -> int:
         """Heads to unpermute for llama's Q and K (weights and biases), else 0."""
-        if not self.permute:
-            return 0
         kind = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
-        c = self.model.config
-        return {"attn_q": c.num_heads, "attn_k": c.num_kv_heads}.get(kind, 0)
+        return self.rope_heads.get(kind, 0)
+
+
+def decoder_names(model: GGUFModel) -> tuple[dict[str, str], dict[str, int]]:
+    """A decoder's tensors by Hugging Face name, and the heads of the Q/K rows its converter permuted
+    (llama's; SmolLM3's converter is Llama's too; phi3's rope pairs as HF's does)."""
+    arch = model.metadata.get("general.architecture", "llama")
+    names = {hf_tensor_name(n, arch): n for n in model.tensors if n not in ROPE_TABLES}
+    c = model.config
+    heads = {"attn_q": c.num_heads, "attn_k": c.num_kv_heads} if arch in ("llama", "smollm3") else {}
+    return names, heads
 
 
 # The formats the C matmul kernels multiply in place; any other (F32) is laid out as float32.
@@ -120,8 +127,8 @@ class _InPlaceTensors(_DequantizedTensors):
     (a Q4_K_M file's Q6_K attn_v beside Q4_K attn_q and attn_k) make a FusedWeight of each run of parts
     in one format, stacked."""
 
-    def __init__(self, model: GGUFModel) -> None:
-        super().__init__(model)
+    def __init__(self, model: GGUFFile, names: Mapping[str, str], rope_heads: Mapping[str, int]) -> None:
+        super().__init__(model, names, rope_heads)
         self.as_float: list[str] = []   # "name (format)" of each matrix dequantized to float32
 
     def joined(self, parts: Parts) -> Any:
@@ -183,7 +190,7 @@ class _InPlaceTensors(_DequantizedTensors):
         return QuantizedWeight(fmt, out, (rows, shapes[0][1]))
 
 
-def _release_all(model: GGUFModel) -> None:
+def _release_all(model: GGUFFile) -> None:
     """Every tensor's mapped pages dropped again once all are copied: each page fault maps the cached
     pages around it too (fault-around), so pages released earlier come back while later tensors are
     read."""
@@ -196,21 +203,31 @@ def in_place_kernels() -> bool:
     return matmul.lib is not None
 
 
-def load_gguf_weights(model: GGUFModel, in_place: bool | None = None) -> ModelWeights:
-    """The weights in the layout a folder's give (layout.lay_out). In place (the default
-    where the C matmul kernels are built) the matrices keep their file format; otherwise, or for a
-    format the kernels do not read, they are float32, and one log line says which and why."""
+class _Sized(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+
+W = TypeVar("W", bound=_Sized)
+
+
+def lay_out_gguf(model: GGUFFile, names: Mapping[str, str], rope_heads: Mapping[str, int],
+                 lay: Callable[[TensorReader], W], in_place: bool | None = None) -> W:
+    """The weights `lay` lays out from the file's tensors (by Hugging Face name, `names`), a decoder's or an
+    encoder's. In place (the default where the C matmul kernels are built) the matrices keep their file
+    format; otherwise, or for a format the kernels do not read, they are float32, and one log line says
+    which and why."""
     if in_place is None:
         in_place = in_place_kernels()
     if not in_place:
-        weights = lay_out(_DequantizedTensors(model), model.config, model.path)
+        weights = lay(_DequantizedTensors(model, names, rope_heads))
         _release_all(model)
         if any(fmt.name != "F32" for name, (fmt, _, shape) in model.tensors.items() if len(shape) == 2):
             log.info("%s: every matrix dequantized to float32 (%.0f MiB): the C matmul kernels are not built",
                      model.path, weights.nbytes / 2**20)
         return weights
-    tensors = _InPlaceTensors(model)
-    weights = lay_out(tensors, model.config, model.path)
+    tensors = _InPlaceTensors(model, names, rope_heads)
+    weights = lay(tensors)
     _release_all(model)
     if tensors.as_float:
         shown = ", ".join(tensors.as_float[:6]) + (f" and {len(tensors.as_float) - 6} more"
@@ -219,6 +236,13 @@ def load_gguf_weights(model: GGUFModel, in_place: bool | None = None) -> ModelWe
                  "(kept in place: %s): %s", model.path, len(tensors.as_float), ", ".join(sorted(IN_PLACE_FORMATS)),
                  shown)
     return weights
+
+
+def load_gguf_weights(model: GGUFModel, in_place: bool | None = None) -> ModelWeights:
+    """A decoder's weights in the layout a folder's give (layout.lay_out), in place or float32 as
+    lay_out_gguf decides."""
+    names, heads = decoder_names(model)
+    return lay_out_gguf(model, names, heads, lambda t: lay_out(t, model.config, model.path), in_place)
 
 
 def _matrix_groups(c: ModelConfig) -> list[list[str]]:
@@ -238,10 +262,18 @@ def _matrix_groups(c: ModelConfig) -> list[list[str]]:
 def resident_weight_bytes(model: GGUFModel, in_place: bool | None = None) -> int:
     """The bytes load_gguf_weights(model, in_place) will hold (its ModelWeights.nbytes), from the header
     alone: for planning memory before loading."""
+    return resident_bytes(model, _matrix_groups(model.config), ROPE_TABLES, in_place)
+
+
+def resident_bytes(model: GGUFFile, groups: list[list[str]], unused: Collection[str],
+                   in_place: bool | None = None) -> int:
+    """The bytes lay_out_gguf will hold for the file's tensors, from the header alone: `groups` are the
+    matrices the layout stacks into one weight (GGUF names), every other tensor but the `unused` ones a
+    float32 array."""
     if in_place is None:
         in_place = in_place_kernels()
     total, grouped = 0, set()
-    for group in _matrix_groups(model.config):
+    for group in groups:
         found = [model.tensors[name] for name in group]
         grouped.update(group)
         if in_place and all(fmt.name in IN_PLACE_FORMATS for fmt, _, _ in found):
@@ -253,13 +285,13 @@ def resident_weight_bytes(model: GGUFModel, in_place: bool | None = None) -> int
         else:
             total += sum(4 * math.prod(shape) for _, _, shape in found)
     return total + sum(4 * math.prod(shape) for name, (_, _, shape) in model.tensors.items()
-                       if name not in grouped and name not in ROPE_TABLES)
+                       if name not in grouped and name not in unused)
 
 
 def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:
     """Every tensor under its Hugging Face name as float32 [out, in] (HF's Q/K row order), one at a time:
     what `nvllm models pull` writes into a folder's model.safetensors."""
-    tensors = _DequantizedTensors(model)
+    tensors = _DequantizedTensors(model, *decoder_names(model))
     for hf_name, gname in tensors.names.items():
         yield hf_name, tensors.array([(hf_name, tuple(model.tensors[gname][2]))])
 
