@@ -15,17 +15,19 @@ import pytest
 
 from golden.pooling_cases import EMBED_TEXTS
 from helpers.daemon_util import assert_pages_all_back
+from helpers.engines import backed_engine
 from helpers.pooling_golden import golden_cases
 from nvllm.config import load_settings
 from nvllm.engine.build.factory import EngineBuildError, build_engine, plan_for_board
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.engine.pooling_request import judge_prompt
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 
 
-def engine(model: Path, **scheduler: int) -> LLMEngine:
-    return build_engine(load_settings(overrides={"model": {"path": str(model)}, "scheduler": scheduler}))
+def engine(model: Path, task: str = "auto", **scheduler: int) -> LLMEngine:
+    return backed_engine(load_settings(overrides={"model": {"path": str(model), "task": task}, "scheduler": scheduler}))
 
 
 def run(eng: LLMEngine, prompts: list, priorities: list[int] | None = None) -> tuple[dict[str, list[float]], list]:
@@ -147,3 +149,29 @@ def test_gguf_encoders_serve_as_llamacpp_reads_them() -> None:
                  if r["kind"] == "rank" and r["flash_attn"] == "off")["cases"]
     scores, _ = run(reranker, [{"query": c["query"], "document": c["document"]} for c in cases])
     assert max(abs(scores[f"r{i}"][0] - c["score"]) for i, c in enumerate(cases)) < 2.5e-3
+
+
+@pytest.mark.smollm2
+def test_a_decoder_reranker_judges_in_its_own_prompt(smollm2_gguf: Path) -> None:
+    """model.task rerank on a decoder with "yes" and "no" tokens (SmolLM2's; a Qwen3-Reranker's in practice):
+    each pair's score is logit("yes") - logit("no") after the pair in Qwen3-Reranker's prompt, the logits a
+    generation request with that prompt gets for its first token."""
+    reranker = engine(smollm2_gguf, "rerank")
+    chat = engine(smollm2_gguf)
+    pairs = [{"query": "What powers the drone?", "document": d}
+             for d in ("A lithium battery powers the drone.", "Bees make honey.")]
+    scores, steps = run(reranker, pairs)
+    assert len(steps) == 1
+    tok = reranker.tokenizer
+    yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+    for i, p in enumerate(pairs):
+        ids = tok.encode(judge_prompt(p["query"], p["document"]))
+        # both lifted alike, to the top two: the difference of their logprobs is that of their logits
+        chat.add_request(f"g{i}", {"prompt_token_ids": ids}, SamplingParams(
+            max_tokens=1, logprobs=2, temperature=0, logit_bias={yes: 30.0, no: 30.0}))
+        outs = []
+        while chat.has_unfinished():
+            outs += chat.step()
+        top = {t.token_id: t.logprob for t in outs[-1].logprobs[0].top}
+        assert no in top and yes in top
+        assert abs((top[yes] - top[no]) - scores[f"r{i}"][0]) < 1e-3

@@ -244,7 +244,11 @@ class Model:
         Raises NonFiniteLogits if any of them is NaN or inf."""
         c, w = self.config, self.weights
         last = rms_norm(self._layers(batch, kv_cache)[batch.logits_indices], w.norm, c.rms_norm_eps)   # [R, H]
-        logits = w.lm_head.apply(last)                                          # [R, V]
+        return self._logits(last)
+
+    def _logits(self, last: np.ndarray) -> np.ndarray:
+        c = self.config
+        logits = self.weights.lm_head.apply(last)                               # [R, V]
         if c.final_logit_softcapping is not None:
             cap = np.float32(c.final_logit_softcapping)
             logits = np.tanh(logits / cap) * cap
@@ -260,9 +264,9 @@ class Model:
         is P(yes) of the two), one per sequence ending in the batch (logits_indices)."""
         w, eps = self.weights, self.config.rms_norm_eps
         last = rms_norm(self._layers(batch, kv_cache)[batch.logits_indices], w.norm, eps)   # [S, H]
-        if self.judge_tokens is not None:
-            no, yes = w.lm_head.rows(np.asarray(self.judge_tokens, np.int64))
-            return [np.array([float(h @ yes) - float(h @ no)], np.float32) for h in last]
+        if self.judge_tokens is not None:   # the logits a generation request gets there, to the bit
+            no, yes = self.judge_tokens
+            return [np.array([row[yes] - row[no]], np.float32) for row in self._logits(last)]
         assert self.pooling is not None and self.pooling.method == "last"   # pooling_model.py sets them so
         n = last.shape[0]
         return self.pooling(last, np.arange(n), np.ones(n, np.int64), dimensions)
