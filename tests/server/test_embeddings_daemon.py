@@ -13,6 +13,8 @@ import httpx2 as httpx
 import numpy as np
 import openai
 import pytest
+from google.protobuf import descriptor_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from golden.pooling_cases import EMBED_TEXTS, RERANK_DOCUMENTS, RERANK_QUERY
 from helpers.daemon_util import BASE_CONFIG, DaemonProcess, health, pages_all_back
@@ -47,6 +49,13 @@ def test_the_openai_client_gets_transformers_embeddings(embedder: DaemonProcess)
     with grpc.insecure_channel(embedder.address) as channel:
         rpc = pb_grpc.GeneratorStub(channel).Embed(pb.EmbedRequest(inputs=[pb.EmbedInput(text=EMBED_TEXTS[1])]))
         assert health(embedder.address).state == pb.HealthResponse.STATE_SERVING
+        # reflection serves the RPCs' descriptor, so grpcurl can call Embed and Rerank as they are
+        reply = next(iter(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter(
+            [reflection_pb2.ServerReflectionRequest(file_containing_symbol="nvllm.v1.Generator")]), timeout=5)))
+    files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+             for b in reply.file_descriptor_response.file_descriptor_proto]
+    methods = {m.name for f in files for s in f.service if s.name == "Generator" for m in s.method}
+    assert {"Embed", "Rerank", "Tokenize", "Generate"} <= methods
     assert np.allclose(list(rpc.embeddings[0].values), res.data[1].embedding, atol=1e-6)
     assert pages_all_back(health(embedder.address))
 
