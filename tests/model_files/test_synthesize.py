@@ -120,7 +120,8 @@ def test_every_tensor_has_a_name_llama_cpp_knows_for_its_architecture(name):
 def test_shapes_hold_the_real_parameter_counts(name):
     published = {"qwen2.5-0.5b": 0.49e9, "qwen2.5-1.5b": 1.54e9, "qwen2.5-3b": 3.09e9, "qwen3-0.6b": 0.60e9,
                  "qwen3-1.7b": 1.72e9, "llama-3.2-1b": 1.24e9, "smollm2-135m": 0.135e9, "smollm2-360m": 0.36e9,
-                 "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9, "gemma-3-1b": 1.0e9, "gemma-3-270m": 0.268e9}
+                 "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9, "gemma-3-1b": 1.0e9, "gemma-3-270m": 0.268e9,
+                 "qwen3-embedding-0.6b": 0.596e9}
     assert SHAPES[name].params == pytest.approx(published[name], rel=0.01)
 
 
