@@ -14,6 +14,8 @@ BPE tokenizer trained by `tokenizers` on a fixed built-in corpus, one thread. Te
   tiny-phi3, tiny-smollm3  Phi-3's partial rotary and longrope, SmolLM3's NoPE layers (tiny_rope_models.py)
   tiny-bert, tiny-bert-cls, tiny-bert-reranker  BERT embedding (sentence-transformers mean / CLS + Dense pooling)
                   and reranking folders with a WordPiece tokenizer, float32 (tiny_encoders.py)
+  tiny-xlmr-reranker  XLMRobertaForSequenceClassification with a SentencePiece Unigram tokenizer (tiny_xlmr.py)
+  tiny-nomic-bert NomicBertModel (rotary, SwiGLU) as nomic-embed-text-v1.5's folder, mean pooling (tiny_nomic.py)
   --qwen05b       qwen2.5-0.5b-random: Qwen2.5-0.5B's shapes, random float32 (about 2 GB), for speed
 """
 from __future__ import annotations
@@ -28,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # the makers beside t
 
 import tiny_encoders  # noqa: E402
 import tiny_gemma3  # noqa: E402
+import tiny_nomic  # noqa: E402
 import tiny_rope_models  # noqa: E402
+import tiny_xlmr  # noqa: E402
 from tiny_kit import (  # noqa: E402
     ENDOFTEXT_ID,
     IM_END_ID,
@@ -163,6 +167,8 @@ BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "tiny-gemma3": tiny_gemma3.make,
     **tiny_rope_models.ROPE_BUILDERS,
     **tiny_encoders.ENCODER_BUILDERS,
+    **tiny_xlmr.XLMR_BUILDERS,
+    **tiny_nomic.NOMIC_BUILDERS,
 }
 EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,

@@ -179,7 +179,7 @@ def bert_config(vocab: int, architecture: str) -> dict[str, Any]:
     }
 
 
-class _Draw:
+class Draw:
     """Seeded float32 draws: normal(...) for matrices, norm(n) for LayerNorm weights (1 with a spread)."""
 
     def __init__(self, seed: int) -> None:
@@ -192,7 +192,7 @@ class _Draw:
         return (1.0 + 0.15 * self.rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
 
-def bert_tensors(cfg: dict[str, Any], draw: _Draw, prefix: str = "") -> dict[str, np.ndarray]:
+def bert_tensors(cfg: dict[str, Any], draw: Draw, prefix: str = "") -> dict[str, np.ndarray]:
     """BertModel's tensors in transformers' names ([out, in]), the pooler included; prefix "bert." for the
     task classes."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
@@ -270,7 +270,7 @@ def _bert_folder(out: Path, architecture: str) -> dict[str, Any]:
 def make_tiny_bert(out: Path, _tok: Any = None) -> None:
     cfg = _bert_folder(out, "BertModel")
     kit.write_json(out / "config.json", cfg)
-    kit.save_tensors(dict(sorted(bert_tensors(cfg, _Draw(31)).items())), out / "model.safetensors", "float32")
+    kit.save_tensors(dict(sorted(bert_tensors(cfg, Draw(31)).items())), out / "model.safetensors", "float32")
     write_sentence_transformers(out, [("1_Pooling", ST_POOLING), ("2_Normalize", ST_NORMALIZE)])
     kit.write_json(out / "1_Pooling" / "config.json", pooling_config(cfg["hidden_size"], "mean_tokens"))
 
@@ -279,7 +279,7 @@ def make_tiny_bert_cls(out: Path, _tok: Any = None) -> None:
     """CLS pooling, then a Dense module 32 -> 16 with tanh (the kind of head that LaBSE-style models carry)."""
     cfg = _bert_folder(out, "BertModel")
     kit.write_json(out / "config.json", cfg)
-    draw = _Draw(32)
+    draw = Draw(32)
     kit.save_tensors(dict(sorted(bert_tensors(cfg, draw).items())), out / "model.safetensors", "float32")
     write_sentence_transformers(out, [("1_Pooling", ST_POOLING), ("2_Dense", ST_DENSE),
                                       ("3_Normalize", ST_NORMALIZE)])
@@ -297,7 +297,7 @@ def make_tiny_bert_reranker(out: Path, _tok: Any = None) -> None:
     cfg = _bert_folder(out, "BertForSequenceClassification")
     cfg["id2label"], cfg["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
     kit.write_json(out / "config.json", dict(sorted(cfg.items())))
-    draw = _Draw(33)
+    draw = Draw(33)
     t = bert_tensors(cfg, draw, prefix="bert.")
     t["classifier.weight"] = draw.normal(1, cfg["hidden_size"], std=0.3)
     t["classifier.bias"] = draw.normal(1, std=0.1)

@@ -19,7 +19,8 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3", "tiny-gemma3")
-ENCODERS = ("tiny-bert", "tiny-bert-cls", "tiny-bert-reranker")   # models/tiny_encoders.py
+ENCODERS = ("tiny-bert", "tiny-bert-cls", "tiny-bert-reranker",   # models/tiny_encoders.py
+            "tiny-xlmr-reranker", "tiny-nomic-bert")                 # models/tiny_xlmr.py, tiny_nomic.py
 SMOLLM2 = MODELS / "smollm2-135m-instruct"
 
 

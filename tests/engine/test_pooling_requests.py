@@ -164,6 +164,7 @@ def test_a_decoder_reranker_judges_in_its_own_prompt(smollm2_gguf: Path) -> None
     assert len(steps) == 1
     tok = reranker.tokenizer
     yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+    assert yes is not None and no is not None
     for i, p in enumerate(pairs):
         ids = tok.encode(judge_prompt(p["query"], p["document"]))
         # both lifted alike, to the top two: the difference of their logprobs is that of their logits
@@ -172,6 +173,8 @@ def test_a_decoder_reranker_judges_in_its_own_prompt(smollm2_gguf: Path) -> None
         outs = []
         while chat.has_unfinished():
             outs += chat.step()
-        top = {t.token_id: t.logprob for t in outs[-1].logprobs[0].top}
+        lps = outs[-1].logprobs
+        assert lps is not None
+        top = {t.token_id: t.logprob for t in lps[0].top}
         assert no in top and yes in top
         assert abs((top[yes] - top[no]) - scores[f"r{i}"][0]) < 1e-3

@@ -1,5 +1,5 @@
-"""Record what llama.cpp's own `llama-embedding` makes of the tiny BERT GGUFs (tests/golden/converted/, written by
-convert_tiny_encoders.py) for the inputs of pooling_cases.py: pooling_llamacpp.json.
+"""Record what llama.cpp's own `llama-embedding` makes of the tiny encoder GGUFs (tests/golden/converted/, written
+by convert_tiny_encoders.py) for the inputs of pooling_cases.py: pooling_llamacpp.json.
 
 Standard library only; run with any Python from the repository root, after building the tool in llama.cpp's
 build folder (LLAMA_CPP, default /work/llama/llama.cpp):
@@ -17,11 +17,17 @@ prompt llama.cpp fails on then fails alone: its case holds `error` instead of th
                   tiny-bert.f32 also with -fa off (flash attention, on by default on the CPU, rounds K and V
                   to float16). The texts, then each pair as one text "A[SEP]B" (llama.cpp has no pair input
                   for embeddings; "[SEP]" is parsed as the special token: [CLS] A [SEP] B [SEP]).
+                  tiny-nomic-bert.f32 and .f16 (mean pooling, rotary, SwiGLU) the same way, --embd-normalize -1,
+                  with -fa off, and the f32 by default too.
   rank runs       tiny-bert-reranker.f32 with --pooling rank and "query\tdocument" prompts (llama-embedding
                   puts the EOS text, [SEP], between them), --embd-normalize -1, by default and with -fa off.
-                  Only the first number of each output row is the score: llama.cpp keeps one number per
+                  tiny-xlmr-reranker.f32 the same (its </s> EOS and </s> SEP between them: <s> A </s></s> B
+                  </s>). Only the first number of each output row is the score: llama.cpp keeps one number per
                   sequence and llama-embedding reads n_embd (32) from there, the rest being whatever memory
                   follows; the default normalization (L2 over that row) therefore prints scores of about 0.
+  tokenize run    tiny-xlmr-reranker.f32, -fa off, --pooling rank, each of pooling_cases.UNIGRAM_TEXTS and
+                  EMBED_TEXTS as one prompt: the ids llama.cpp's SentencePiece Unigram tokenizer gives (and the
+                  score of the text alone).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pooling_cases import EMBED_PAIRS, EMBED_TEXTS, RERANK_DOCUMENTS, RERANK_QUERY  # noqa: E402
+from pooling_cases import EMBED_PAIRS, EMBED_TEXTS, RERANK_DOCUMENTS, RERANK_QUERY, UNIGRAM_TEXTS  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 ROOT = GOLDEN_DIR.parent.parent
@@ -76,8 +82,12 @@ def command(gguf: str, extra: list[str]) -> str:
 EMBEDDING_RUNS = (("tiny-bert.f32.gguf", "none", "auto"), ("tiny-bert.f32.gguf", "l2", "auto"),
                   ("tiny-bert.f32.gguf", "none", "off"),
                   ("tiny-bert.f16.gguf", "none", "auto"), ("tiny-bert.f16.gguf", "l2", "auto"),
-                  ("tiny-bert-cls.f32.gguf", "none", "auto"), ("tiny-bert-cls.f32.gguf", "l2", "auto"))
-RANK_RUNS = (("tiny-bert-reranker.f32.gguf", "auto"), ("tiny-bert-reranker.f32.gguf", "off"))
+                  ("tiny-bert-cls.f32.gguf", "none", "auto"), ("tiny-bert-cls.f32.gguf", "l2", "auto"),
+                  ("tiny-nomic-bert.f32.gguf", "none", "off"), ("tiny-nomic-bert.f32.gguf", "none", "auto"),
+                  ("tiny-nomic-bert.f16.gguf", "none", "off"))
+RANK_RUNS = (("tiny-bert-reranker.f32.gguf", "auto"), ("tiny-bert-reranker.f32.gguf", "off"),
+             ("tiny-xlmr-reranker.f32.gguf", "auto"), ("tiny-xlmr-reranker.f32.gguf", "off"))
+TOKENIZE_GGUF = "tiny-xlmr-reranker.f32.gguf"
 
 
 def flags(normalize: str, flash_attn: str) -> list[str]:
@@ -117,6 +127,18 @@ def rank_runs(binary: Path, gguf_dir: Path) -> list[dict[str, Any]]:
     return runs
 
 
+def tokenize_run(binary: Path, gguf_dir: Path) -> dict[str, Any]:
+    extra = ["--pooling", "rank", *flags("none", "off")]
+    cases = []
+    for text in (*UNIGRAM_TEXTS, *EMBED_TEXTS):
+        got = run(binary, gguf_dir / TOKENIZE_GGUF, text, extra)
+        if "row" in got:
+            got["score"] = got.pop("row")[0]
+        cases.append({"prompt": text, **got})
+    return {"gguf": TOKENIZE_GGUF, "kind": "tokenize", "normalize": "none", "flash_attn": "off",
+            "command": command(TOKENIZE_GGUF, extra), "cases": cases}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, default=Path(os.environ.get("LLAMA_CPP", "/work/llama/llama.cpp")))
@@ -125,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     binary = args.llama_cpp / "build" / "bin" / "llama-embedding"
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=True)
-    runs = [*embedding_runs(binary, args.gguf_dir.resolve()), *rank_runs(binary, args.gguf_dir.resolve())]
+    gguf_dir = args.gguf_dir.resolve()
+    runs = [*embedding_runs(binary, gguf_dir), *rank_runs(binary, gguf_dir), tokenize_run(binary, gguf_dir)]
     info = {"llama_cpp": " ".join((version.stdout + version.stderr).split()), "runs": []}
     head = json.dumps(info, ensure_ascii=False, indent=1)
     body = []

@@ -7,23 +7,31 @@ committed; nvllm's tests only read it. From the repository root:
     .refvenv/bin/pip install torch==2.13.0            # CPU wheel; pin it, other versions are huge
     .refvenv/bin/pip install transformers numpy safetensors tokenizers
     .refvenv/bin/pip install sentence-transformers    # optional: the cross-check below
-    python models/make_test_models.py --only tiny-bert --only tiny-bert-cls --only tiny-bert-reranker
+    python models/make_test_models.py --only tiny-bert --only tiny-bert-cls --only tiny-bert-reranker \
+        --only tiny-xlmr-reranker --only tiny-nomic-bert
     .refvenv/bin/python tests/golden/make_golden_pooling.py [--models-dir models] [--only NAME]
 
-The sentence embedding is computed by hand from transformers' BertModel output, as sentence-transformers'
-modules do it: Pooling (mean over the tokens the attention mask keeps, or the [CLS] row), then Dense
-(linear, then tanh) where the folder has one, then Normalize (L2, eps 1e-12). Where sentence-transformers is
-installed, the script also runs the folders through it (SentenceTransformer.encode, CrossEncoder.predict with
-no activation) and stops unless it agrees to 1e-5; it also stops unless a padded batch of all the texts gives
-what each text gives alone, and unless transformers tokenizes as the folder's tokenizer.json does (nvllm runs
-that file as it is). float32, eager attention, CPU, one thread: running twice gives byte-identical files.
+The sentence embedding is computed by hand from transformers' BertModel (NomicBertModel) output, as
+sentence-transformers' modules do it: Pooling (mean over the tokens the attention mask keeps, or the [CLS] row),
+then Dense (linear, then tanh) where the folder has one, then Normalize (L2, eps 1e-12). Where
+sentence-transformers is installed, the script also runs the folders through it (SentenceTransformer.encode,
+CrossEncoder.predict with no activation) and stops unless it agrees to 1e-5; it also stops unless a padded batch
+of all the texts gives what each text gives alone, and unless transformers tokenizes as the folder's
+tokenizer.json does (nvllm runs that file as it is; for tiny-xlmr-reranker also pooling_cases.UNIGRAM_TEXTS).
+float32, eager attention, CPU, one thread: running twice gives byte-identical files.
+
+tiny-nomic-bert's config.json is nomic's own (n_embd, n_layer, rotary_emb_base, ...): transformers 5 has a
+NomicBertModel of its own, which reads nomic's tensor names (its conversion mapping: Wqkv split into q, k, v;
+fc11 up, fc12 gate) but not nomic's config keys, so the script hands it a NomicBertConfig made from them
+(nomic_config below), and stops unless every tensor of the checkpoint was loaded.
 
 Writes, from the inputs in pooling_cases.py:
-  pooling_tiny-bert.json, pooling_tiny-bert-cls.json   per text / pair: input_ids, token_type_ids, `pooled`
-                          (the Pooling module's output, before Dense and Normalize) and `embedding` (the
-                          final sentence embedding)
-  pooling_tiny-bert-reranker.json   per (query, document): input_ids, token_type_ids and `logit`, the raw
-                          output of BertForSequenceClassification (no sigmoid)
+  pooling_tiny-bert.json, pooling_tiny-bert-cls.json, pooling_tiny-nomic-bert.json   per text / pair:
+                          input_ids, token_type_ids, `pooled` (the Pooling module's output, before Dense and
+                          Normalize) and `embedding` (the final sentence embedding)
+  pooling_tiny-bert-reranker.json, pooling_tiny-xlmr-reranker.json   per (query, document): input_ids,
+                          token_type_ids (XLM-R's tokenizer gives none: all 0, its one type) and `logit`, the raw
+                          output of Bert- / XLMRobertaForSequenceClassification (no sigmoid)
 Floats are written as the shortest decimal that reads back as the same float32.
 """
 
@@ -41,13 +49,13 @@ import safetensors
 import tokenizers
 import torch
 import transformers
-from pooling_cases import EMBED_PAIRS, EMBED_TEXTS, RERANK_DOCUMENTS, RERANK_QUERY  # beside this script
+from pooling_cases import EMBED_PAIRS, EMBED_TEXTS, RERANK_DOCUMENTS, RERANK_QUERY, UNIGRAM_TEXTS  # beside this script
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-EMBEDDERS = ("tiny-bert", "tiny-bert-cls")
-RERANKERS = ("tiny-bert-reranker",)
+EMBEDDERS = ("tiny-bert", "tiny-bert-cls", "tiny-nomic-bert")
+RERANKERS = ("tiny-bert-reranker", "tiny-xlmr-reranker")
 CROSS_CHECK_ATOL = 1e-5
 SEED = 1234
 GOLDEN_DIR = Path(__file__).resolve().parent
@@ -77,13 +85,37 @@ def versions() -> dict[str, str]:
     return v
 
 
+def type_ids(enc: Any) -> list[int]:
+    """transformers' token type ids; all 0 where its tokenizer gives none (XLM-R's: one token type)."""
+    ids = enc["input_ids"]
+    types = enc.get("token_type_ids")
+    if types is None:
+        return [0] * len(ids) if isinstance(ids, list) else [0] * len(ids[0])
+    return types if isinstance(types, list) else types[0].tolist()
+
+
 def check_tokenizer(model_dir: Path, tokenizer: Any, inputs: list[str | tuple[str, str]]) -> None:
     raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     for x in inputs:
         enc = raw.encode(*x) if isinstance(x, tuple) else raw.encode(x)
         theirs = tokenizer(*x) if isinstance(x, tuple) else tokenizer(x)
-        if (enc.ids, enc.type_ids) != (theirs["input_ids"], theirs["token_type_ids"]):
+        if (enc.ids, enc.type_ids) != (theirs["input_ids"], type_ids(theirs)):
             raise SystemExit(f"{model_dir.name}: transformers does not tokenize {x!r} as tokenizer.json does")
+
+
+def nomic_config(model_dir: Path) -> Any:
+    """transformers' NomicBertConfig for a folder whose config.json has nomic's keys; None for any other."""
+    cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") != "nomic_bert":
+        return None
+    if cfg["activation_function"] != "swiglu" or cfg["rotary_emb_fraction"] != 1.0 or cfg["rotary_emb_interleaved"]:
+        raise SystemExit(f"{model_dir.name}: only SwiGLU and rotary over whole heads, NeoX's halves, are mapped")
+    return transformers.NomicBertConfig(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["n_embd"], num_hidden_layers=cfg["n_layer"],
+        num_attention_heads=cfg["n_head"], head_dim=cfg["n_embd"] // cfg["n_head"], intermediate_size=cfg["n_inner"],
+        hidden_act="silu", max_position_embeddings=cfg["max_trained_positions"],
+        type_vocab_size=cfg["type_vocab_size"], layer_norm_eps=cfg["layer_norm_epsilon"], pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg["rotary_emb_base"])})
 
 
 # ---------------------------------------------------------------- sentence-transformers' modules, by hand
@@ -135,7 +167,12 @@ def embed(model: Any, enc: dict[str, torch.Tensor], mode: str,
 
 def embedding_golden(name: str, model_dir: Path) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    config = nomic_config(model_dir)
+    model, loading = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager",
+                                               output_loading_info=True, **({"config": config} if config else {}))
+    model.eval()
+    if any(loading[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+        raise SystemExit(f"{name}: transformers did not load the checkpoint whole: {loading}")
     inputs: list[str | tuple[str, str]] = [*EMBED_TEXTS, *EMBED_PAIRS]
     check_tokenizer(model_dir, tokenizer, inputs)
     mode, dense, normalize = read_modules(model_dir)
@@ -157,7 +194,8 @@ def embedding_golden(name: str, model_dir: Path) -> dict[str, Any]:
         raise SystemExit(f"{name}: padded batch differs from single runs by {gap}")
     report: dict[str, Any] = {"model": name, "pooling": mode, "dense": dense is not None, "batch_gap": gap}
     if sentence_transformers is not None:
-        st = sentence_transformers.SentenceTransformer(str(model_dir), device="cpu")
+        st = sentence_transformers.SentenceTransformer(str(model_dir), device="cpu",
+                                                       config_kwargs=config.to_diff_dict() if config else None)
         st_embs = st.encode(list(EMBED_TEXTS), convert_to_numpy=True, batch_size=len(EMBED_TEXTS))
         report["sentence_transformers_gap"] = gap = float(np.abs(st_embs - embs[: len(EMBED_TEXTS)]).max())
         if gap > CROSS_CHECK_ATOL:
@@ -179,13 +217,14 @@ def rerank_golden(name: str, model_dir: Path) -> dict[str, Any]:
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     pairs = [(RERANK_QUERY, d) for d in RERANK_DOCUMENTS]
-    check_tokenizer(model_dir, tokenizer, list(pairs))
+    unigram = list(UNIGRAM_TEXTS) if (model_dir / "sentencepiece.bpe.model").is_file() else []
+    check_tokenizer(model_dir, tokenizer, [*pairs, *unigram])
     cases = []
     for q, d in pairs:
         enc = tokenizer(q, d, return_tensors="pt")
         logit = model(**enc).logits[0, 0]
         cases.append({"query": q, "document": d, "input_ids": enc["input_ids"][0].tolist(),
-                      "token_type_ids": enc["token_type_ids"][0].tolist(), "logit": f32(logit.numpy())[0]})
+                      "token_type_ids": type_ids(enc), "logit": f32(logit.numpy())[0]})
     logits = np.array([c["logit"] for c in cases], dtype=np.float32)
     batch = tokenizer([q for q, _ in pairs], [d for _, d in pairs], padding=True, return_tensors="pt")
     gap = float(np.abs(model(**batch).logits[:, 0].numpy() - logits).max())
@@ -197,7 +236,7 @@ def rerank_golden(name: str, model_dir: Path) -> dict[str, Any]:
         scores = ce.predict(pairs, activation_fn=torch.nn.Identity(), convert_to_numpy=True)
         report["sentence_transformers_gap"] = gap = float(np.abs(np.asarray(scores) - logits).max())
         if gap > CROSS_CHECK_ATOL:
-            raise SystemExit(f"{name}: CrossEncoder differs from BertForSequenceClassification by {gap}")
+            raise SystemExit(f"{name}: CrossEncoder differs from the sequence classifier by {gap}")
     info = {"model": name, "folder_sha256": folder_fingerprint(model_dir), "versions": versions(),
             "settings": "float32, eager attention, CPU, one thread", "output": "raw logit, no sigmoid"}
     return {"info": info, "cases": cases, "report": report}

@@ -1,5 +1,5 @@
 """The inputs of the embedding and reranking goldens (make_golden_pooling.py runs them through transformers for
-tiny-bert, tiny-bert-cls and tiny-bert-reranker); the tests read the same ones from here.
+tiny-bert, tiny-bert-cls, tiny-bert-reranker and tiny-xlmr-reranker); the tests read the same ones from here.
 
 Changing anything here means regenerating the goldens (see make_golden_pooling.py's docstring).
 """
@@ -39,4 +39,16 @@ RERANK_DOCUMENTS: tuple[str, ...] = (
     "What is the capital of France? Nobody in the small village by the sea could say, but the old "
     "fisherman, who had sailed to 12 ports and counted 1,536 waves, said it was Paris.",
     "Café au lait in Paris costs 3.50 \u20ac.",
+)
+
+# Texts for a SentencePiece Unigram tokenizer (tiny-xlmr-reranker's) beside the ones above: runs of spaces at the
+# ends and inside, and what its normalization map rewrites (no-break and ideographic spaces, full-width letters
+# and digits, a ligature, an ellipsis, a circled digit, a decomposed letter), a special token's text inside a
+# word, and unknown characters side by side. No tab and no newline: llama-embedding reads those as separators.
+UNIGRAM_TEXTS: tuple[str, ...] = (
+    "  Spaces   before, between  and after   ",
+    "no\u00a0break\u3000ideographic",
+    "\uff21\uff22\uff23 \uff54\uff49\uff4e\uff59 \uff11\uff12\uff13 \ufb01sh and chips\u2026 \u2460 cafe\u0301 au lait",
+    "a <mask> b</s>c and <s> alone",
+    "\u6771\u4eac\U0001f680 \u00dcBER na\u00efve",
 )

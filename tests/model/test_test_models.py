@@ -23,7 +23,9 @@ mtm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mtm)
 
 NAMES = ["tiny-llama", "tiny-qwen2", "tiny-llama-f16", "tiny-qwen3", "tiny-phi3", "tiny-smollm3", "tiny-gemma3"]
-ENCODERS = ["tiny-bert", "tiny-bert-cls", "tiny-bert-reranker"]   # models/tiny_encoders.py
+ENCODERS = ["tiny-bert", "tiny-bert-cls", "tiny-bert-reranker",   # models/tiny_encoders.py
+            "tiny-xlmr-reranker", "tiny-nomic-bert"]                 # models/tiny_xlmr.py, tiny_nomic.py
+RERANKERS = ("tiny-bert-reranker", "tiny-xlmr-reranker")            # cross-encoders: no modules.json
 QWEN = ("tiny-qwen2", "tiny-qwen3")  # bfloat16, with Qwen2's tokenizer
 
 
@@ -67,7 +69,7 @@ def test_make_all_writes_every_folder(made: dict):
     for name, folder in made.items():
         assert folder.name == name
         # a decoder's sampling defaults; a sentence-transformers embedder's modules (a cross-encoder has neither)
-        own = ("generation_config.json",) if name in NAMES else ("modules.json",) * (name != "tiny-bert-reranker")
+        own = ("generation_config.json",) if name in NAMES else ("modules.json",) * (name not in RERANKERS)
         for f in ("config.json", "tokenizer.json", "tokenizer_config.json", *own):
             assert (folder / f).is_file(), (name, f)
     assert not [p for p in next(iter(made.values())).parent.iterdir() if p.name.startswith(".")]

@@ -313,7 +313,7 @@ def refused(meta: dict[str, Any], *words: str) -> str:
 
 
 def test_unknown_tokenizer_model_is_refused_naming_the_known_ones():
-    refused(dict(llama3_metadata(), **{"tokenizer.ggml.model": "t5"}), "'bert'", "'gpt2'", "'llama'")
+    refused(dict(llama3_metadata(), **{"tokenizer.ggml.model": "rwkv"}), "'bert'", "'gpt2'", "'llama'", "'t5'")
 
 
 def test_unknown_pre_tokenizer_is_refused_naming_the_known_ones():

@@ -1,8 +1,9 @@
-"""The encoder (BERT, XLM-RoBERTa) over a packed batch of whole sequences: embeddings (word, absolute
+"""The encoder (BERT, XLM-RoBERTa, NomicBert) over a packed batch of whole sequences: embeddings (word, absolute
 position, token type) and their LayerNorm, then post-norm layers of bidirectional attention (every token of
-a sequence sees all of its sequence, none of another) and a GELU MLP. Nothing is cached: a sequence is
-computed in the one step that takes it whole, and what leaves the model is one vector per sequence (the
-pooler's, model/pooler.py) or, for a cross-encoder, its classifier's score.
+a sequence sees all of its sequence, none of another) and a GELU MLP. NomicBert differs where its config says:
+rotary positions on q and k in place of the position table, a SwiGLU MLP, no biases. Nothing is cached: a
+sequence is computed in the one step that takes it whole, and what leaves the model is one vector per sequence
+(the pooler's, model/pooler.py) or, for a cross-encoder, its classifier's score.
 
 Every linear layer is one matmul for all tokens of the step; attention is per sequence, over its heads at once.
 """
@@ -42,6 +43,26 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), in place (exp's argument capped: past 80 the product is 0 in float32 either way)."""
+    s = np.exp(-np.maximum(x, np.float32(-80.0)))
+    s += np.float32(1.0)
+    x /= s
+    return x
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> None:
+    """Rotary positions on x [T, heads, d] in place (d = 2 * cos's last axis): NeoX's halves (x[i] with
+    x[i + d/2]), or adjacent pairs where interleaved. cos, sin: [T, 1, d/2]."""
+    half = x.shape[-1] // 2
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :half], x[..., half:])
+    a0 = a.copy()
+    a *= cos
+    a -= b * sin
+    b *= cos
+    b += a0 * sin
+
+
 def layer_norm(x: np.ndarray, norm: tuple[np.ndarray, np.ndarray], eps: float) -> np.ndarray:
     mean = x.mean(axis=-1, keepdims=True)
     d = x - mean
@@ -60,6 +81,8 @@ class Encoder:
         self.weights = weights
         self.pooling = pooling
         self.scale = np.float32(config.head_dim ** -0.5)
+        d = config.rotary_dim
+        self.inv_freq = (1.0 / config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)) if d else None
         # Whether a pair's second segment reads its own token-type row: False for a GGUF, as llama.cpp reads it.
         self.token_types = True
 
@@ -88,14 +111,21 @@ class Encoder:
         types = batch.token_types if batch.token_types is not None and self.token_types else np.zeros(T, np.int64)
         if types.size and (types.min() < 0 or types.max() >= c.type_vocab_size):
             raise ValueError(f"token_types: need ids below the model's type_vocab_size {c.type_vocab_size}")
-        x = w.embed.rows(batch.token_ids) + w.positions.rows(batch.positions + c.position_offset)
+        x = w.embed.rows(batch.token_ids)
+        if w.positions is not None:
+            x += w.positions.rows(batch.positions + c.position_offset)
         x += w.token_types.rows(types)
+        rope = self._rope(batch.positions)
         x = layer_norm(x, w.embed_norm, c.layer_norm_eps)
         starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
         attn = np.empty((T, H), np.float32)
         for layer in w.layers:
             qkv = layer.qkv.apply(x)
-            qkv += layer.qkv_bias
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            if rope is not None:   # q and k of every head, their first rotary_dim values
+                qk = qkv.reshape(T, 3 * nh, hd)[:, :2 * nh, :c.rotary_dim]
+                rotate(qk, *rope, c.rope_interleaved)
             for a, n in zip(starts, lens):
                 q, k, v = qkv[a:a + n].reshape(n, 3, nh, hd).transpose(1, 2, 0, 3)   # [nh, n, hd] each
                 scores = np.matmul(q * self.scale, k.transpose(0, 2, 1))                # [nh, n, n]
@@ -104,16 +134,32 @@ class Encoder:
                 scores /= scores.sum(axis=-1, keepdims=True)
                 attn[a:a + n] = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, H)
             out = layer.o.apply(attn)
-            out += layer.o_bias
+            if layer.o_bias is not None:
+                out += layer.o_bias
             out += x
             x = layer_norm(out, layer.attn_norm, c.layer_norm_eps)
             up = layer.up.apply(x)
-            up += layer.up_bias
-            out = layer.down.apply(gelu(up))
-            out += layer.down_bias
+            if layer.up_bias is not None:
+                up += layer.up_bias
+            if c.mlp == "swiglu":   # gate then up
+                act = silu(up[:, :c.intermediate_size])
+                act *= up[:, c.intermediate_size:]
+            else:
+                act = gelu(up)
+            out = layer.down.apply(np.ascontiguousarray(act))
+            if layer.down_bias is not None:
+                out += layer.down_bias
             out += x
             x = layer_norm(out, layer.ffn_norm, c.layer_norm_eps)
         return x
+
+    def _rope(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """cos and sin [T, 1, rotary_dim / 2] of each token's position (None without rotary positions);
+        the angles in float64, as float32 loses ~1e-4 of them at a few thousand tokens."""
+        if self.inv_freq is None:
+            return None
+        angles = positions.astype(np.float64)[:, None, None] * self.inv_freq
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
     def pool(self, batch: ForwardBatch, kv_cache: KVCache | None = None,
              dimensions: list[int | None] | None = None) -> list[np.ndarray]:

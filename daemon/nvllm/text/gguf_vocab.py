@@ -69,7 +69,8 @@ def gguf_backend(metadata: Mapping[str, Any], source: str) -> _Backend:
     kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"{source}: tokenizer.ggml.model is {short_value(kind)}; nvllm reads byte-level BPE "
-                         "('gpt2'), SentencePiece ('llama') and WordPiece ('bert') tokenizers from GGUF files")
+                         "('gpt2'), SentencePiece ('llama'), WordPiece ('bert') and Unigram ('t5') tokenizers from "
+                         "GGUF files")
     pre = _gguf_pre_tokenizer(metadata, source)
     tokens = gguf_list(metadata, "tokenizer.ggml.tokens", str, source)
     types = gguf_list(metadata, "tokenizer.ggml.token_type", int, source)

@@ -5,8 +5,9 @@ Everything here aims at giving exactly the ids and text transformers gives for t
   encode_chat(messages) == AutoTokenizer(...).apply_chat_template(messages, add_generation_prompt=True)
   decode(ids)           == AutoTokenizer(...).decode(ids, skip_special_tokens=True)
 What the folder adds to tokenizer.json is read in tokenizer_config.py, a GGUF's vocabulary rebuilt in
-gguf_vocab.py (byte-level BPE), gguf_spm.py (SentencePiece) or gguf_wpm.py (BERT's WordPiece); the
-template itself lives in chat_template.py, streaming text in detokenizer.py.
+gguf_vocab.py (byte-level BPE), gguf_spm.py (SentencePiece), gguf_wpm.py (BERT's WordPiece) or gguf_ugm.py
+(XLM-RoBERTa's SentencePiece Unigram); the template itself lives in chat_template.py, streaming text in
+detokenizer.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nvllm.text.chat_template import (
     template_takes_tools,
 )
 from nvllm.text.gguf_spm import spm_backend, spm_end_of_turn_ids, with_spm_defaults
+from nvllm.text.gguf_ugm import ugm_backend
 from nvllm.text.gguf_vocab import gguf_backend, gguf_special_tokens, gguf_token_id
 from nvllm.text.gguf_wpm import wpm_backend
 from nvllm.text.tokenizer_config import add_declared_tokens, apply_bos_eos_flags, folder_special_tokens, read_json
@@ -97,7 +99,8 @@ class Tokenizer:
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
         """The tokenizer a GGUF file describes: metadata holds its key/values as plain Python values
         (tokenizer.ggml.* and tokenizer.chat_template). Byte-level BPE ("gpt2"), SentencePiece
-        ("llama", with llama.cpp's defaults for what it leaves out) or an encoder's WordPiece ("bert"); the
+        ("llama", with llama.cpp's defaults for what it leaves out), an encoder's WordPiece ("bert") or
+        Unigram ("t5", an XLM-RoBERTa's); the
         special token ids, add_bos and the chat template come from the metadata. The end-of-turn (and
         end-of-message) ids, when they differ from the EOS id, are in extra_eos_ids (for SentencePiece also
         the control tokens llama.cpp ends a turn at by name: <end_of_turn>, <|end|>, ...)."""
@@ -107,6 +110,8 @@ class Tokenizer:
             backend = spm_backend(metadata, source)
         elif metadata.get("tokenizer.ggml.model") == "bert":
             backend = wpm_backend(metadata, source)
+        elif metadata.get("tokenizer.ggml.model") == "t5":
+            backend = ugm_backend(metadata, source)
         else:
             backend = gguf_backend(metadata, source)
         tokens = metadata["tokenizer.ggml.tokens"]

@@ -59,6 +59,7 @@ def test_mean_pooling_gives_transformers_embeddings(name: str, in_place: bool | 
 def test_f16_matrices_stay_f16() -> None:
     w = encoder("tiny-bert.f16", in_place=True).weights
     assert w.embed.formats == w.layers[0].qkv.formats == w.layers[1].down.formats == ("F16",)
+    assert w.positions is not None
     assert w.positions.formats == ("F32",)   # the converter keeps position_embd and token_types F32
 
 
@@ -189,11 +190,12 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "extra tensor": ({"tensors": {"blk.0.ffn_gate.weight": np.zeros((64, H), np.float32)}},
                      r"unexpected tensor 'blk.0.ffn_gate.weight' for a 2-layer bert model"),
     "half a dense": ({"tensors": {"cls.weight": np.zeros((H, H), np.float32)}}, r"tensor 'cls.bias' is missing"),
-    "nomic-bert": ({"arch": "nomic-bert"}, r"architecture 'nomic-bert' is an encoder nvllm does not serve "
-                                           r"\(encoders served: bert\)"),
+    "jina-bert-v2": ({"arch": "jina-bert-v2"}, r"architecture 'jina-bert-v2' is an encoder nvllm does not serve "
+                                               r"\(encoders served: bert, nomic-bert\)"),
     "a decoder": ({"arch": "llama"}, r"architecture 'llama' is not an encoder"),
-    "xlm-roberta's vocabulary": ({"extra": {"tokenizer.ggml.model": "t5"}},
-                                 r"metadata 'tokenizer.ggml.model' is 't5' \(an XLM-RoBERTa's SentencePiece Unigram\)"),
+    "a byte-level BPE vocabulary": ({"extra": {"tokenizer.ggml.model": "gpt2"}},
+                                    r"metadata 'tokenizer.ggml.model' is 'gpt2': nvllm reads an encoder's WordPiece "
+                                    r"\('bert'\) or SentencePiece Unigram \('t5'\) vocabulary"),
     "two labels": ({"src": "tiny-bert-reranker.f32", "extra": {"bert.classifier.output_labels": ["a", "b"]}},
                    r"a classifier with 2 labels; only one-label classifiers"),
 }
@@ -220,6 +222,7 @@ def test_the_decoder_reader_names_an_encoder_for_what_it_is(tmp_path: Path) -> N
         read_gguf(CONVERTED / "tiny-bert.f32.gguf")
     assert not is_gguf_encoder({"general.architecture": "llama"})
     assert is_gguf_encoder({"general.architecture": "nomic-bert"})
+    assert is_gguf_encoder({"general.architecture": "jina-bert-v2"})
 
 
 def test_a_file_with_a_dense_before_its_classifier_applies_it(tmp_path: Path) -> None:

@@ -22,9 +22,8 @@ def f32_float(x: float) -> float:
 
 # Encoders (embeddings, reranking) llama.cpp reads: served from a GGUF by gguf_encoder.py, the others
 # refused there by name.
-ENCODER_ARCHITECTURES = ("bert",)
-REFUSED_ENCODERS = ("nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "modern-bert",
-                    "t5encoder")
+ENCODER_ARCHITECTURES = ("bert", "nomic-bert")
+REFUSED_ENCODERS = ("nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "modern-bert", "t5encoder")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # llama.cpp makes every 4th smollm3 layer NoPE (its n_no_rope_layer_step, set in its C++ model loader): the

@@ -1,16 +1,25 @@
-"""A BERT GGUF (llama.cpp's arch `bert`, as its convert_hf_to_gguf.py writes BertModel and
-BertForSequenceClassification) read as llama.cpp reads it: the hyperparameters from `bert.*`, the vocabulary
-size from token_embd's rows and the token types from token_types' rows, every tensor's shape checked
-against them before anything is allocated (gguf_file.open_gguf checked the header and the bytes), then
-the weights laid out by Hugging Face name (encoder_layout.py) through gguf_weights.py, the matrices in a
-format the C kernels multiply kept in place.
+"""An encoder GGUF (llama.cpp's arch `bert`, as its convert_hf_to_gguf.py writes BertModel,
+BertForSequenceClassification and XLM-RoBERTa's two; `nomic-bert`, NomicBertModel) read as llama.cpp reads
+it: the hyperparameters from `{arch}.*`, the vocabulary size from token_embd's rows and the token types from
+token_types' rows, every tensor's shape checked against them before anything is allocated
+(gguf_file.open_gguf checked the header and the bytes), then the weights laid out by Hugging Face name
+(encoder_layout.py; nomic's own names for nomic-bert) through gguf_weights.py, the matrices in a format the C
+kernels multiply kept in place.
+
+The vocabulary is BERT's WordPiece ("bert") or XLM-R's SentencePiece Unigram ("t5"). An XLM-R file's position
+table starts at the first real position (the converter drops RoBERTa's pad_token_id + 1 rows before it), so
+its positions count from 0 as BERT's do. A nomic-bert file has no position table: rotary positions over
+`rope.dimension_count` of each head (the head by default), NeoX's halves, base `rope.freq_base`; q|k|v fused
+(attn_qkv), a SwiGLU MLP (ffn_gate, ffn_up, ffn_down) with no biases (llama.cpp adds none there), attention
+biases where the file has them.
 
 What llama.cpp does and nvllm follows: the pooling is `bert.pooling_type` (1 mean, 2 cls, 3 last, 4 rank),
 L2-normalized for an embedder (llama.cpp's default); 0 (none: a vector per token) is refused. A file
 with a classifier (cls.output) and no pooling key is a reranker (llama.cpp needs `--pooling rank` for it):
 the classifier on the first token's state, after the file's `cls` dense and tanh where it has one (the
-converter drops BERT's pooler, so it usually has none). No Q/K rows are unpermuted: the converter does not
-permute bert's. Other encoder architectures (nomic-bert, jina-bert-v2, ...) are refused by name.
+converter drops BERT's pooler, so it usually has none; XLM-R's head keeps its dense). No Q/K rows are
+unpermuted: the converter permutes neither arch's. Other encoder architectures (jina-bert-v2, ...) are refused
+by name.
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ from nvllm.model.pooler import Pooling
 from nvllm.model.weights.encoder_layout import EncoderWeights, lay_out_encoder
 from nvllm.model.weights.gguf_config import ENCODER_ARCHITECTURES, REFUSED_ENCODERS, Meta
 from nvllm.model.weights.gguf_file import GGUFFile, open_gguf
-from nvllm.model.weights.gguf_names import bert_tensor_name
+from nvllm.model.weights.gguf_names import bert_tensor_name, nomic_bert_tensor_name
 from nvllm.model.weights.gguf_reader import GGUFError, TensorInfo
 from nvllm.model.weights.gguf_weights import lay_out_gguf, resident_bytes
 
@@ -34,8 +43,8 @@ _HEAD = ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
 
 
 def is_gguf_encoder(metadata: Mapping[str, Any]) -> bool:
-    """Whether a GGUF's metadata names an encoder architecture, served (bert) or refused by name: such a
-    file goes to load_gguf_encoder, not to the decoder's read_gguf."""
+    """Whether a GGUF's metadata names an encoder architecture, served (bert, nomic-bert) or refused by name:
+    such a file goes to load_gguf_encoder, not to the decoder's read_gguf."""
     arch = metadata.get("general.architecture")
     return arch in ENCODER_ARCHITECTURES or arch in REFUSED_ENCODERS
 
@@ -49,11 +58,13 @@ class GGUFEncoder:
 
     def resident_bytes(self, in_place: bool | None = None) -> int:
         """The bytes load_gguf_encoder will hold (its EncoderWeights.nbytes): for planning memory."""
-        groups = [["token_embd.weight"], ["position_embd.weight"], ["token_types.weight"]]
+        nomic = self.config.family == "nomic-bert"
+        groups = [["token_embd.weight"], ["token_types.weight"]] + ([] if nomic else [["position_embd.weight"]])
         for n in range(self.config.num_layers):
             p = f"blk.{n}."
-            groups += [[p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [p + "attn_output.weight"],
-                       [p + "ffn_up.weight"], [p + "ffn_down.weight"]]
+            qkv = [p + "attn_qkv.weight"] if nomic else [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+            up = [p + "ffn_gate.weight", p + "ffn_up.weight"] if nomic else [p + "ffn_up.weight"]
+            groups += [qkv, [p + "attn_output.weight"], up, [p + "ffn_down.weight"]]
         head = [n for n in _HEAD if n in self.file.tensors]
         if self.config.head:
             groups += [[n] for n in head if n.endswith(".weight")]
@@ -81,12 +92,13 @@ def read_gguf_encoder(path: str | Path | GGUFFile) -> GGUFEncoder:
 
 
 def load_gguf_encoder(path: str | Path | GGUFFile, in_place: bool | None = None) -> GGUFEncoderModel:
-    """A bert GGUF's config, weights (in place where the C kernels multiply their format; in_place as
+    """An encoder GGUF's config, weights (in place where the C kernels multiply their format; in_place as
     gguf_weights.lay_out_gguf takes it), pooling and metadata: Encoder(config, weights, pooling) runs it,
     Tokenizer.from_gguf_metadata(metadata, ...) tokenizes for it."""
     e = read_gguf_encoder(path)
     f = e.file
-    names = {bert_tensor_name(n): n for n in f.tensors}
+    hf_name = nomic_bert_tensor_name if e.config.family == "nomic-bert" else bert_tensor_name
+    names = {hf_name(n): n for n in f.tensors}
     weights = lay_out_gguf(f, names, {}, lambda t: lay_out_encoder(t, e.config, str(f.path), pooler_optional=True),
                            in_place)
     return GGUFEncoderModel(e.config, weights, e.pooling, f.metadata)
@@ -107,19 +119,24 @@ def _read(f: GGUFFile) -> GGUFEncoder:
     config, labels = _config(m, f.infos)
     pooling = _pooling(m, labels)
     if pooling is None:   # a reranker: the classifier scores the first token's state; the pooling goes unused
+        if config.family != "bert":
+            raise m.fail("a nomic-bert file with a classifier: only bert rerankers are served")
         config = replace(config, architecture="BertForSequenceClassification", head="bert", num_labels=1)
         pooling = Pooling("cls", normalize=False)
     _check_tensors(m, config, labels, f.infos)
     return GGUFEncoder(f, config, pooling)
 
 
+# The vocabularies nvllm rebuilds for an encoder: BERT's WordPiece, XLM-RoBERTa's SentencePiece Unigram.
+TOKENIZER_MODELS = ("bert", "t5")
+
+
 def _check_tokenizer(m: Meta) -> None:
-    """Refused before the weights are read: the only vocabulary nvllm rebuilds for an encoder is WordPiece."""
+    """Refused before the weights are read."""
     kind = m.m.get("tokenizer.ggml.model")
-    if kind != "bert":
-        what = {"t5": " (an XLM-RoBERTa's SentencePiece Unigram)"}.get(kind, "") if isinstance(kind, str) else ""
-        raise m.fail(f"metadata 'tokenizer.ggml.model' is {kind!r}{what}: nvllm reads a bert GGUF's WordPiece "
-                     "vocabulary ('bert') only")
+    if kind not in TOKENIZER_MODELS:
+        raise m.fail(f"metadata 'tokenizer.ggml.model' is {kind!r}: nvllm reads an encoder's WordPiece ('bert') "
+                     "or SentencePiece Unigram ('t5') vocabulary")
 
 
 def _rows(m: Meta, infos: dict[str, TensorInfo], name: str) -> int:
@@ -164,7 +181,20 @@ def _config(m: Meta, infos: dict[str, TensorInfo]) -> tuple[EncoderConfig, int]:
         intermediate_size=m.positive("feed_forward_length"), num_layers=m.positive("block_count", limit=len(infos)),
         num_heads=heads, max_position_embeddings=m.positive("context_length"), type_vocab_size=types,
         layer_norm_eps=m.finite("attention.layer_norm_epsilon"), pad_token_id=pad)
+    if m.arch == "nomic-bert":
+        config = _nomic(m, config, infos)
     return config, labels
+
+
+def _nomic(m: Meta, c: EncoderConfig, infos: dict[str, TensorInfo]) -> EncoderConfig:
+    """A nomic-bert file's differences from bert's, as llama.cpp's loader reads them."""
+    head_dim = c.hidden_size // c.num_heads
+    rotary = m.positive("rope.dimension_count", head_dim, limit=head_dim)
+    if rotary % 2:
+        raise m.fail(f"metadata '{m.arch}.rope.dimension_count' is {rotary}: rotary positions need pairs")
+    return replace(c, architecture="NomicBertModel", family="nomic-bert", rotary_dim=rotary,
+                   rope_theta=m.finite("rope.freq_base", 10000.0), mlp="swiglu",
+                   attention_bias="blk.0.attn_qkv.bias" in infos, up_bias=False, down_bias=False)
 
 
 def _pooling(m: Meta, labels: int) -> Pooling | None:
@@ -193,11 +223,15 @@ def _pooling(m: Meta, labels: int) -> Pooling | None:
 
 
 def _expected_shapes(c: EncoderConfig, labels: int, infos: dict[str, TensorInfo]) -> dict[str, tuple[int, ...]]:
-    """Every tensor llama.cpp's bert loader reads (NumPy order), the classifier's where the file has it."""
+    """Every tensor llama.cpp's bert (nomic-bert) loader reads (NumPy order), the classifier's where the file
+    has it."""
     H, F = c.hidden_size, c.intermediate_size
     want: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (c.vocab_size, H), "position_embd.weight": (c.max_position_embeddings, H),
-        "token_types.weight": (c.type_vocab_size, H), "token_embd_norm.weight": (H,), "token_embd_norm.bias": (H,)}
+        "token_embd.weight": (c.vocab_size, H), "token_types.weight": (c.type_vocab_size, H),
+        "token_embd_norm.weight": (H,), "token_embd_norm.bias": (H,)}
+    if c.family == "nomic-bert":
+        return want | _nomic_shapes(c)
+    want["position_embd.weight"] = (c.max_position_embeddings, H)
     for n in range(c.num_layers):
         p = f"blk.{n}."
         for kind, out, inp in (("attn_q", H, H), ("attn_k", H, H), ("attn_v", H, H), ("attn_output", H, H),
@@ -209,6 +243,20 @@ def _expected_shapes(c: EncoderConfig, labels: int, infos: dict[str, TensorInfo]
         want.update({"cls.output.weight": (labels, H), "cls.output.bias": (labels,)})
     if "cls.weight" in infos or "cls.bias" in infos:
         want.update({"cls.weight": (H, H), "cls.bias": (H,)})
+    return want
+
+
+def _nomic_shapes(c: EncoderConfig) -> dict[str, tuple[int, ...]]:
+    H, F = c.hidden_size, c.intermediate_size
+    want: dict[str, tuple[int, ...]] = {}
+    for n in range(c.num_layers):
+        p = f"blk.{n}."
+        want.update({f"{p}attn_qkv.weight": (3 * H, H), f"{p}attn_output.weight": (H, H),
+                     f"{p}ffn_gate.weight": (F, H), f"{p}ffn_up.weight": (F, H), f"{p}ffn_down.weight": (H, F)})
+        if c.attention_bias:
+            want.update({f"{p}attn_qkv.bias": (3 * H,), f"{p}attn_output.bias": (H,)})
+        for norm in ("attn_output_norm", "layer_output_norm"):
+            want.update({f"{p}{norm}.weight": (H,), f"{p}{norm}.bias": (H,)})
     return want
 
 

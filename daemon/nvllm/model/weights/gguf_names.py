@@ -1,5 +1,5 @@
 """llama.cpp's tensor names and row order -> Hugging Face's (Llama's, with Qwen2's biases and Qwen3's q/k
-norms; BERT's for an encoder), for the GGUF reader and `nvllm models pull`'s conversion alike."""
+norms; BERT's and NomicBert's for an encoder), for the GGUF reader and `nvllm models pull`'s conversion alike."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,3 +98,33 @@ def bert_tensor_name(gguf_name: str) -> str:
             and parts[3] in ("weight", "bias")):
         return f"encoder.layer.{int(parts[1])}.{_BERT_LAYER_NAMES[parts[2]]}.{parts[3]}"
     raise GGUFError(f"unexpected tensor {gguf_name!r} in a bert GGUF")
+
+
+# NomicBert under llama.cpp's names (its converter's map, read backwards): nomic's own names. ffn_up is fc11, the
+# SwiGLU's up; ffn_gate is fc12, the half that goes through silu.
+_NOMIC_GLOBAL_NAMES = {
+    "token_embd.weight": "embeddings.word_embeddings.weight",
+    "token_types.weight": "embeddings.token_type_embeddings.weight",
+    "token_embd_norm.weight": "emb_ln.weight",
+    "token_embd_norm.bias": "emb_ln.bias",
+}
+_NOMIC_LAYER_NAMES = {
+    "attn_qkv": "attn.Wqkv",
+    "attn_output": "attn.out_proj",
+    "attn_output_norm": "norm1",
+    "ffn_up": "mlp.fc11",
+    "ffn_gate": "mlp.fc12",
+    "ffn_down": "mlp.fc2",
+    "layer_output_norm": "norm2",
+}
+
+
+def nomic_bert_tensor_name(gguf_name: str) -> str:
+    """llama.cpp tensor name of a nomic-bert GGUF -> NomicBertModel's (nomic's checkpoint names)."""
+    if gguf_name in _NOMIC_GLOBAL_NAMES:
+        return _NOMIC_GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")  # blk.N.attn_qkv.weight
+    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _NOMIC_LAYER_NAMES
+            and parts[3] in ("weight", "bias")):
+        return f"encoder.layers.{int(parts[1])}.{_NOMIC_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise GGUFError(f"unexpected tensor {gguf_name!r} in a nomic-bert GGUF")
