@@ -15,6 +15,7 @@ from helpers.encoder_batch import encoder_batch
 from helpers.pooling_golden import golden_cases
 from nvllm.engine.build.pooling_model import load_encoder_folder
 from nvllm.model.encoder import Encoder, erf
+from nvllm.model.kernels import ops
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -31,6 +32,20 @@ def test_erf_is_within_a_millionth() -> None:
     x = np.linspace(-6, 6, 200_001, dtype=np.float32)
     want = np.array([math.erf(float(v)) for v in x])
     assert np.abs(erf(x).astype(np.float64) - want).max() < 1e-6   # A&S 7.1.26: 1.5e-7, then float32
+
+
+def test_the_c_gelu_is_its_numpy_twins_formula() -> None:
+    """ops.gelu_erf (csrc/ops.c) computes what encoder.gelu's NumPy path does, within float32 rounding; NaN
+    stays NaN, +inf stays +inf, and -inf is NaN as the formula (and torch's) makes it (-inf * 0)."""
+    if ops.lib is None:
+        pytest.skip("the C kernels are not built")
+    x = np.concatenate([np.linspace(-12, 12, 100_001, dtype=np.float32), [np.nan, np.inf, -np.inf]])
+    x = x.astype(np.float32)
+    with np.errstate(invalid="ignore"):   # -inf * 0
+        twin = x * (np.float32(1) + erf(x * np.float32(1 / math.sqrt(2)))) * np.float32(0.5)
+    got = ops.gelu_erf(x.copy())
+    assert np.allclose(got[:-3], twin[:-3], rtol=0, atol=2e-6)
+    assert np.isnan(got[-3]) and got[-2] == np.inf and np.isnan(got[-1])
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-bert-cls"])

@@ -16,6 +16,7 @@ import numpy as np
 
 from nvllm.model.decoder import ForwardBatch
 from nvllm.model.encoder_config import EncoderConfig
+from nvllm.model.kernels import ops
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.kv_layout import KVLayout
 from nvllm.model.pooler import Pooling
@@ -35,7 +36,9 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """transformers' "gelu": x * (1 + erf(x / sqrt 2)) / 2, in place."""
+    """transformers' "gelu": x * (1 + erf(x / sqrt 2)) / 2, in place (in C where built: the same formula)."""
+    if ops.lib is not None and x.flags.c_contiguous:
+        return ops.gelu_erf(x)
     e = erf(x * np.float32(1 / math.sqrt(2)))
     e += np.float32(1.0)
     x *= e

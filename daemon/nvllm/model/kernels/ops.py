@@ -21,7 +21,7 @@ from nvllm.model.quant.kv_format import F32, KVFormat, of_pool
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-ABI = 6  # must equal kernels_abi() in csrc/ops.c
+ABI = 7  # must equal kernels_abi() in csrc/ops.c
 
 _why_not = ""
 
@@ -43,6 +43,8 @@ def _load() -> ctypes.CDLL | None:
         lib.silu_mul.restype = None
         lib.gelu_tanh_mul.argtypes = [_P, _P, _I64, _I64]
         lib.gelu_tanh_mul.restype = None
+        lib.gelu_erf.argtypes = [_P, _I64]
+        lib.gelu_erf.restype = None
         lib.rms_norm.argtypes = [_P, _P, _P, _I64, _I64, ctypes.c_float]
         lib.rms_norm.restype = None
         lib.rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, ctypes.c_float, _P, _P, _P,
@@ -260,6 +262,14 @@ def silu_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 def gelu_tanh_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """gate_up [T, 2I] -> gelu_pytorch_tanh(gate) * up [T, I] (Gemma's GeGLU; into out, if given)."""
     return _gated(gate_up, "gelu_tanh_mul", out)
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    """x (float32, contiguous) in place -> x (1 + erf(x / sqrt 2)) / 2, BERT's GELU."""
+    _check(x, np.float32, "x", written=True)
+    assert lib is not None  # callers run this only with the library loaded
+    lib.gelu_erf(_ptr(x), x.size)
+    return x
 
 
 def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:

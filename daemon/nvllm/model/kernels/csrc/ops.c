@@ -28,9 +28,9 @@
 
 /* Bumped with every change to an entry point's arguments or meaning: ops.py refuses a library
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
-int kernels_abi(void) { return 6; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats;
+int kernels_abi(void) { return 7; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats;
                                          5: sliding windows (decode window, softmax starts); 6: paged prefill,
-                                         decode and prefill by one online softmax (attention.c)
+                                         decode and prefill by one online softmax (attention.c); 7: gelu_erf
                                          (step.c's entry points per head, column and row: not called from Python) */
 
 /* Columns c0 .. c1 of one row: gate_up [2I] (gate then up) -> out [I] = silu(gate) * up. Each value on its own,
@@ -63,6 +63,21 @@ ENTRY void gelu_tanh_mul_cols(const float *gate_up, float *out, int64_t inter, i
 /* gate_up [T, 2I] -> out [T, I] = gelu_tanh(gate) * up: GeGLU, with PyTorch's tanh approximation of gelu. */
 void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter) {
     for (int64_t t = 0; t < T; t++) gelu_tanh_mul_cols(gate_up + t * 2 * inter, out + t * inter, inter, 0, inter);
+}
+
+/* x [n] in place -> x (1 + erf(x / sqrt 2)) / 2: transformers' "gelu" (BERT's MLP), erf by Abramowitz and
+ * Stegun 7.1.26 (within 1.5e-7) with exp_nonpos, so the loop has no calls and vectorises; the same formula
+ * as its NumPy twin (model/encoder.py's gelu). NaN stays NaN. */
+ENTRY void gelu_erf(float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i], z = fabsf(v) * 0.70710678f;
+        const float t = 1.0f / (1.0f + 0.3275911f * z);
+        const float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t +
+                            0.254829592f) * t;
+        const float e = 1.0f - poly * exp_nonpos(-z * z);
+        x[i] = 0.5f * v * (1.0f + (v < 0.0f ? -e : e));
+    }
 }
 
 /* 1 / sqrt(mean(x^2) + eps) of one row of H: rms_norm's scale. Not inlined, so the sum of squares is the same

@@ -12,6 +12,7 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *k_pool,
                            int64_t window);
 void silu_mul(const float *gate_up, float *out, int64_t T, int64_t inter);
 void gelu_tanh_mul(const float *gate_up, float *out, int64_t T, int64_t inter);
+void gelu_erf(float *x, int64_t n);
 void rms_norm(const float *x, const float *weight, float *out, int64_t T, int64_t H, float eps);
 void rope_write_kv(float *qkv, int64_t T, int64_t row_stride, int64_t nq, int64_t nk, int64_t hd,
                    const float *cos_t, const float *sin_t, float q_scale, const int64_t *slots, void *k_pool,
