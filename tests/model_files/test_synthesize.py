@@ -121,7 +121,7 @@ def test_shapes_hold_the_real_parameter_counts(name):
     published = {"qwen2.5-0.5b": 0.49e9, "qwen2.5-1.5b": 1.54e9, "qwen2.5-3b": 3.09e9, "qwen3-0.6b": 0.60e9,
                  "qwen3-1.7b": 1.72e9, "llama-3.2-1b": 1.24e9, "smollm2-135m": 0.135e9, "smollm2-360m": 0.36e9,
                  "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9, "gemma-3-1b": 1.0e9, "gemma-3-270m": 0.268e9,
-                 "qwen3-embedding-0.6b": 0.596e9}
+                 "qwen3-embedding-0.6b": 0.596e9, "bge-small-en-v1.5": 33.4e6, "all-minilm-l6-v2": 22.7e6}
     assert SHAPES[name].params == pytest.approx(published[name], rel=0.01)
 
 

@@ -11,7 +11,8 @@ share a KV head, every attn_v. A fused attn_qkv (phi3) is counted and typed as a
 Q5_0: Q5_0. All but F32, F16 and Q8_0 take Q6_K for the output matrix.
 A matrix whose rows do not split into its type's blocks falls back (IQ4_XS -> IQ4_NL, Q2_K and Q3_K ->
 Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16), so on a 896-wide model most of Q4_K_M is Q5_0
-and Q8_0. Norms, biases and every 1-D tensor stay F32.
+and Q8_0. Norms, biases and every 1-D tensor stay F32, and so do a BERT's position embeddings and token-type
+embeddings (roles pos_embd and token_types): its converter writes them F32 and llama-quantize leaves them be.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ _DEFAULT = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q4_K_M"
 _FALLBACK = {"IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 _BLOCK = {f.name: f.block_elems for f in FORMATS.values()}
 _IQ4 = ("IQ4_NL", "IQ4_XS")
+_F32_ROLES = ("norm", "bias", "pos_embd", "token_types")
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     """A tensor to write: its GGUF name, its role (token_embd, output, attn_q, attn_k, attn_v, attn_qkv,
-    attn_output, ffn_gate, ffn_up, ffn_down, or norm and bias for vectors) and its shape [rows, row length]
-    (a vector is [n])."""
+    attn_output, ffn_gate, ffn_up, ffn_down, pos_embd, token_types, or norm and bias for vectors) and its
+    shape [rows, row length] (a vector is [n])."""
 
     name: str
     role: str
@@ -82,7 +84,7 @@ def tensor_types(file_type: str, tensors: list[TensorSpec], layers: int, gqa: in
     i_v = i_down = 0
     out = []
     for t in tensors:
-        if len(t.shape) < 2 or t.role in ("norm", "bias"):
+        if len(t.shape) < 2 or t.role in _F32_ROLES:
             out.append("F32")
             continue
         new = _DEFAULT[file_type]

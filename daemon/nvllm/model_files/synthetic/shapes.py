@@ -33,11 +33,12 @@ GEMMA3 = ("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + ('model'
 
 @dataclass(frozen=True)
 class Shape:
-    """One model's shape. `bpe` is how many ids the byte-level BPE vocabulary holds (from id `bpe_start`);
-    the `specials` sit at their own ids, and what is left of `vocab` is unused padding, as in the real file."""
+    """One model's shape. `bpe` is how many ids the byte-level BPE vocabulary holds (from id `bpe_start`; for a
+    `bert` shape the WordPiece pieces, [unusedN] in the ids below it); the `specials` sit at their own ids, and
+    what is left of `vocab` is unused padding, as in the real file."""
 
     name: str
-    arch: str                   # llama.cpp's architecture: "qwen2", "qwen3", "llama", "smollm3", "phi3" or "gemma3"
+    arch: str                   # llama.cpp's: "qwen2", "qwen3", "llama", "smollm3", "phi3", "gemma3" or "bert"
     hidden: int
     intermediate: int
     layers: int
@@ -62,12 +63,16 @@ class Shape:
     rotary_dim: int = 0         # phi3: dimensions of each head rope turns (0: all)
     longrope: tuple[int, float] = (0, 0.0)   # phi3: its original context and attention factor
     sliding_window: int = 0     # gemma3's (its four norms a layer and q/k norms come with the architecture)
-    pooling: int = 0            # llama.cpp's pooling_type for an embedding model (3: the last token); 0: none
+    pooling: int = 0            # llama.cpp's pooling_type for an embedding model (1 mean, 2 CLS, 3 last token); 0: none
+    token_types: int = 0        # bert: rows of token_types.weight (config.json's type_vocab_size)
 
     @property
     def params(self) -> int:
-        """Parameters, the tied embedding counted once."""
+        """Parameters, the tied embedding counted once (a bert file's: no pooler, as its converter drops it)."""
         h, kv = self.hidden, self.kv_heads * self.head_dim
+        if self.arch == "bert":   # q, k, v, output, up and down with their biases, two norms (gain, bias) a layer
+            per_layer = 4 * (h * h + h) + 2 * h * self.intermediate + self.intermediate + h + 4 * h
+            return self.layers * per_layer + (self.vocab + self.context + self.token_types) * h + 2 * h
         attn = h * self.heads * self.head_dim * 2 + h * kv * 2
         per_layer = attn + 3 * h * self.intermediate + 2 * h
         if self.arch == "gemma3":   # its post-attention and post-feedforward norms, and the q/k norms
@@ -99,6 +104,21 @@ QWEN3_EMBEDDING = Shape("qwen3-embedding-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 
                         "qwen2", _QWEN3_SPECIALS, bos=151643, eos=151643, bpe=151643, qk_norm=True, pooling=3)
 
 
+# bert-base-uncased's special tokens, which BERT models with its vocabulary keep
+_BERT_SPECIALS = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
+
+
+def _bert(name: str, layers: int, pooling: int) -> Shape:
+    """A BertModel of BERT-small's width as its config.json gives it (384 wide, 12 heads, 1536, 512 positions, 2
+    token types, layer_norm_eps 1e-12) with bert-base-uncased's 30,522-token WordPiece vocabulary ([unusedN] and
+    the specials below id 999, the pieces past it); pooling as its sentence-transformers folder says and llama.cpp's
+    converter writes it (bert.pooling_type 1 mean, 2 CLS). tokenizer.ggml.pre is "bert-bge": the converter names
+    the pre-tokenizer by the ids bge-small-en-v1.5's tokenizer gives its test text, which every uncased BERT
+    tokenizer with that vocabulary gives too. rope_theta is unused (no rope)."""
+    return Shape(name, "bert", 384, 1536, layers, 12, 12, 32, 30522, 512, 0.0, 1e-12, "bert-bge", _BERT_SPECIALS,
+                 bos=101, eos=102, bpe=30522 - 999, bpe_start=999, chat_template="", pooling=pooling, token_types=2)
+
+
 SHAPES: dict[str, Shape] = {s.name: s for s in [
     _qwen25("qwen2.5-0.5b", 896, 4864, 24, 14),
     _qwen25("qwen2.5-1.5b", 1536, 8960, 28, 12),
@@ -124,4 +144,6 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
     _gemma3("gemma-3-1b", 1152, 6912, 26),
     _gemma3("gemma-3-270m", 640, 2048, 18),
     QWEN3_EMBEDDING,
+    _bert("bge-small-en-v1.5", 12, pooling=2),
+    _bert("all-minilm-l6-v2", 6, pooling=1),
 ]}

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from nvllm.model_files.synthetic.shapes import Shape
 
-_TEXT = """\
+ENGLISH = """\
 The drone holds its position above the field while the operator asks how much battery is left.
 A small language model answers on the board itself, with no network, in well under a second.
 What is the capital of France? Paris is the capital of France, and it lies on the river Seine.
@@ -30,17 +30,17 @@ Once upon a time there was a robot who wanted to learn how to paint the colours 
 Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 3.14159 2.71828 42 2026.
 The system prompt tells the assistant to be brief, to answer in English, and to ask when it is unsure.
 """
-_LEARNED = 2000  # merges learned from _TEXT at most (it holds fewer pairs worth merging)
+_LEARNED = 2000  # merges learned from ENGLISH at most (it holds fewer pairs worth merging)
 
 
 def _learned() -> tuple[list[str], list[tuple[str, str]]]:
-    """Byte-level BPE learned from _TEXT: (tokens in id order, merges in rank order)."""
+    """Byte-level BPE learned from ENGLISH: (tokens in id order, merges in rank order)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=256 + _LEARNED, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_TEXT.splitlines(), trainer)
+    tok.train_from_iterator(ENGLISH.splitlines(), trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]

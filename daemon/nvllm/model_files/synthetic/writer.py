@@ -21,6 +21,7 @@ import numpy as np
 
 from nvllm.model.quant.formats import FORMATS
 from nvllm.model.quant.quantize import quantize
+from nvllm.model_files.synthetic.bert import bert_metadata, bert_tensor_specs
 from nvllm.model_files.synthetic.mixture import FILE_TYPES, TensorSpec, tensor_types
 from nvllm.model_files.synthetic.shapes import Shape
 from nvllm.model_files.synthetic.vocab import vocabulary
@@ -31,6 +32,8 @@ _ROWS_VALUES = 1 << 22  # values drawn and quantized at a time
 
 def tensor_specs(shape: Shape) -> list[TensorSpec]:
     """Every tensor of the model, in the order llama.cpp's converter writes them."""
+    if shape.arch == "bert":
+        return bert_tensor_specs(shape)
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     specs = []
     if shape.rope_scaling:
@@ -123,6 +126,9 @@ def _encoded(shape: Shape, spec: TensorSpec, type_name: str, seed: int, index: i
 
 
 def _metadata(w: gguf.GGUFWriter, shape: Shape, file_type: str, seed: int) -> None:
+    if shape.arch == "bert":
+        bert_metadata(w, shape, FILE_TYPES[file_type], seed)
+        return
     w.add_type("model")
     w.add_name(f"{shape.name} (synthetic, random weights, seed {seed})")
     w.add_file_type(FILE_TYPES[file_type])
