@@ -16,7 +16,8 @@ import numpy as np
 
 from nvllm.model.decoder import ForwardBatch
 from nvllm.model.encoder_config import EncoderConfig
-from nvllm.model.kernels import ops
+from nvllm.model.kernels import matmul, ops, threads
+from nvllm.model.kernels.encoder_attention import encoder_attention
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.kv_layout import KVLayout
 from nvllm.model.pooler import Pooling
@@ -129,13 +130,7 @@ class Encoder:
             if rope is not None:   # q and k of every head, their first rotary_dim values
                 qk = qkv.reshape(T, 3 * nh, hd)[:, :2 * nh, :c.rotary_dim]
                 rotate(qk, *rope, c.rope_interleaved)
-            for a, n in zip(starts, lens):
-                q, k, v = qkv[a:a + n].reshape(n, 3, nh, hd).transpose(1, 2, 0, 3)   # [nh, n, hd] each
-                scores = np.matmul(q * self.scale, k.transpose(0, 2, 1))                # [nh, n, n]
-                scores -= scores.max(axis=-1, keepdims=True)
-                np.exp(scores, out=scores)
-                scores /= scores.sum(axis=-1, keepdims=True)
-                attn[a:a + n] = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, H)
+            self._attention(qkv, starts, lens, attn)
             out = layer.o.apply(attn)
             if layer.o_bias is not None:
                 out += layer.o_bias
@@ -155,6 +150,23 @@ class Encoder:
             out += x
             x = layer_norm(out, layer.ffn_norm, c.layer_norm_eps)
         return x
+
+    def _attention(self, qkv: np.ndarray, starts: np.ndarray, lens: np.ndarray, attn: np.ndarray) -> None:
+        """qkv [T, 3H] -> attn [T, H]: each sequence's tokens see all of it. In C on the matmul pool where built
+        (kernels/encoder_attention.py); the NumPy twin calls BLAS per sequence, whose threads then spin on the
+        cores the next matmul wants."""
+        c = self.config
+        nh, hd = c.num_heads, c.head_dim
+        if ops.lib is not None and matmul.lib is not None:
+            encoder_attention(qkv, starts, lens, nh, hd, float(self.scale), attn, threads.count, matmul.pool_run)
+            return
+        for a, n in zip(starts, lens):
+            q, k, v = qkv[a:a + n].reshape(n, 3, nh, hd).transpose(1, 2, 0, 3)   # [nh, n, hd] each
+            scores = np.matmul(q * self.scale, k.transpose(0, 2, 1))                # [nh, n, n]
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            attn[a:a + n] = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, nh * hd)
 
     def _rope(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """cos and sin [T, 1, rotary_dim / 2] of each token's position (None without rotary positions);

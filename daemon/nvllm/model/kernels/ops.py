@@ -35,6 +35,8 @@ def _load() -> ctypes.CDLL | None:
         lib.paged_decode_part.argtypes = [_P, ctypes.c_int]
         lib.paged_decode_part.restype = None
         lib.paged_prefill_part.argtypes = [_P, ctypes.c_int]
+        lib.encoder_attention_part.argtypes = [_P, ctypes.c_int]
+        lib.encoder_attention_part.restype = None
         lib.paged_prefill_part.restype = None
         lib.paged_decode_attention.restype = ctypes.c_int
         lib.softmax_causal_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P]

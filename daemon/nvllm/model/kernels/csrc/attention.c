@@ -428,3 +428,55 @@ ENTRY void softmax_causal_rows(float *scores, int64_t rows, int64_t width, const
         if (n < width) memset(sc + n, 0, sizeof(float) * (size_t)(width - n));
     }
 }
+
+/* An encoder's attention (BERT's: every token of a sequence sees all of it, nothing cached) as tasks for a
+ * pool of threads: each task a tile of one sequence's query rows and one head, its keys and values read in
+ * place from the step's qkv rows, a block of EB keys at a time with the same online softmax as the paged
+ * kernels (page_rows). encoder_job_t: ops.h. */
+#define EB 64
+static inline __attribute__((always_inline)) void encoder_task(const encoder_job_t *j, const int64_t *task, float *s, float *p, float *qs, float *acc,
+                         float *ml) {
+    const int64_t hd = j->hd, stride = 3 * j->nh * hd, a = task[0], n = task[1], h = task[2], t0 = task[3];
+    const int64_t t1 = t0 + j->tile < n ? t0 + j->tile : n, nr = t1 - t0;
+    const float *k = j->qkv + a * stride + j->nh * hd + h * hd, *v = k + j->nh * hd;
+    const float *qr[64];
+    float *mr[64], *ar[64];
+    for (int64_t r = 0; r < nr; r++) {
+        const float *q = j->qkv + (a + t0 + r) * stride + h * hd;
+        for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = q[d] * j->scale;
+        qr[r] = qs + r * hd, mr[r] = ml + 2 * r, ar[r] = acc + r * hd;
+        ml[2 * r] = -INFINITY, ml[2 * r + 1] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(nr * hd));
+    for (int64_t k0 = 0; k0 < n; k0 += EB) {
+        const int64_t nb = n - k0 < EB ? n - k0 : EB;
+        page_rows(qr, (int)nr, k + k0 * stride, stride, 0, nb, v + k0 * stride, stride, hd, mr, ar, s, p, EB);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        float *o = j->out + (a + t0 + r) * j->nh * hd + h * hd;
+        const float inv = 1.0f / ml[2 * r + 1];
+        for (int64_t d = 0; d < hd; d++) o[d] = acc[r * hd + d] * inv;
+    }
+}
+
+ENTRY static void encoder_run(encoder_job_t *j, float *s, float *p, float *qs, float *acc, float *ml) {
+    for (;;) {
+        const int64_t t = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (t >= j->n_tasks) break;
+        encoder_task(j, j->tasks + 4 * t, s, p, qs, acc, ml);
+    }
+}
+
+void encoder_attention_part(void *arg, int part) {
+    (void)part;
+    encoder_job_t *j = arg;
+    float *base = malloc(sizeof(float) * (size_t)(4 * EB + j->tile * (2 * j->hd + 2)));
+    if (!base || j->tile > 64) {
+        free(base);
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *s = base, *p = s + 2 * EB, *qs = p + 2 * EB, *acc = qs + j->tile * j->hd, *ml = acc + j->tile * j->hd;
+    encoder_run(j, s, p, qs, acc, ml);
+    free(base);
+}

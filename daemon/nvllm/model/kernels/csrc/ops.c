@@ -30,7 +30,8 @@
  * built from another version (an editable install not rebuilt after a pull) rather than misuse it. */
 int kernels_abi(void) { return 7; }   /* 2: NaN and inf defined, carried through; 3: paged_decode_part; 4: KV formats;
                                          5: sliding windows (decode window, softmax starts); 6: paged prefill,
-                                         decode and prefill by one online softmax (attention.c); 7: gelu_erf
+                                         decode and prefill by one online softmax (attention.c); 7: gelu_erf,
+                                         encoder_attention_part
                                          (step.c's entry points per head, column and row: not called from Python) */
 
 /* Columns c0 .. c1 of one row: gate_up [2I] (gate then up) -> out [I] = silu(gate) * up. Each value on its own,

@@ -74,4 +74,18 @@ typedef struct {
 
 void paged_prefill_part(void *arg, int part);
 
+/* An encoder's bidirectional attention as tasks for a pool of threads (attention.c): each task a tile of one
+ * sequence's query rows and one head against all of that sequence's keys, read in place from qkv. */
+typedef struct {
+    const float *qkv;               /* [T, 3, nh, hd]: each token's q, k and v (q not yet scaled) */
+    float *out;                     /* [T, nh, hd] */
+    const int64_t *tasks;           /* [n_tasks, 4]: the sequence's first row, its length, head, first query */
+    int64_t n_tasks, tile, nh, hd;  /* tile: the most query rows in a task (at most 64) */
+    float scale;
+    int failed;                     /* set when a part could not allocate its scratch */
+    int64_t next;                   /* tasks handed out so far */
+} encoder_job_t;
+
+void encoder_attention_part(void *arg, int part);
+
 #endif
