@@ -26,10 +26,17 @@ def rewrite_gguf(tmp_path: Path, extra: dict | None = None, drop: tuple = (), ar
                  qtype: T = T.F32) -> Path:
     """A small random GGUF written again with keys added or dropped (GGUFWriter, not byte surgery)."""
     src = gu.write_random_gguf(tmp_path / "src.gguf", qtype, arch, hidden=64, intermediate=128, vocab=32)
-    reader = gguf.GGUFReader(str(src))
     extra = dict(extra or {})
-    out = tmp_path / "rewritten.gguf"
-    w = gguf.GGUFWriter(str(out), extra.pop("general.architecture", arch))
+    return rewrite_file(src, tmp_path / "rewritten.gguf", extra.pop("general.architecture", arch), drop, extra)
+
+
+def rewrite_file(src: Path, out: Path, arch: str, drop: tuple = (), extra: dict | None = None,
+                 tensors: dict[str, np.ndarray | None] | None = None) -> Path:
+    """src written again as arch with keys dropped or set (a bool, list, string, float32 or uint32 by the
+    value's type) and tensors dropped (None), replaced or added."""
+    reader = gguf.GGUFReader(str(src))
+    extra, tensors = dict(extra or {}), dict(tensors or {})
+    w = gguf.GGUFWriter(str(out), arch)
     for k, f in reader.fields.items():
         if k.startswith("GGUF.") or k == "general.architecture" or k in drop or k in extra:
             continue
@@ -39,7 +46,9 @@ def rewrite_gguf(tmp_path: Path, extra: dict | None = None, drop: tuple = (), ar
         else:
             w.add_key_value(k, f.contents(), vtype)
     for k, v in extra.items():
-        if isinstance(v, list):
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, list):
             w.add_array(k, v)
         elif isinstance(v, str):
             w.add_string(k, v)
@@ -48,5 +57,9 @@ def rewrite_gguf(tmp_path: Path, extra: dict | None = None, drop: tuple = (), ar
         else:
             w.add_uint32(k, v)
     for t in reader.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        if t.name not in tensors:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    for name, data in tensors.items():
+        if data is not None:
+            w.add_tensor(name, data)
     return gu._finish(w, out)

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import pytest
 
 from helpers.encoder_batch import encoder_batch
+from helpers.gguf_cases import rewrite_file
 from helpers.paths import GOLDEN
 from helpers.pooling_golden import golden_cases
 from nvllm.model import encoder as encoder_module
@@ -134,38 +134,8 @@ def test_planned_bytes_are_the_loaded_bytes(name: str) -> None:
 
 def rewrite(out: Path, src: str = "tiny-bert.f32", arch: str = "bert", drop: tuple[str, ...] = (),
             extra: dict[str, Any] | None = None, tensors: dict[str, np.ndarray | None] | None = None) -> Path:
-    """A converted GGUF written again (gguf.GGUFWriter) with keys dropped or set and tensors dropped (None),
-    replaced or added."""
-    reader = gguf.GGUFReader(str(CONVERTED / f"{src}.gguf"))
-    extra, tensors = dict(extra or {}), dict(tensors or {})
-    w = gguf.GGUFWriter(str(out), arch)
-    for k, f in reader.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k in drop or k in extra:
-            continue
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(k, f.contents())
-        else:
-            w.add_key_value(k, f.contents(), f.types[0])
-    for k, v in extra.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, list):
-            w.add_array(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        else:
-            w.add_uint32(k, v)
-    for t in reader.tensors:
-        if t.name not in tensors:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    for name, data in tensors.items():
-        if data is not None:
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    """A converted GGUF written again with keys dropped or set and tensors dropped (None), replaced or added."""
+    return rewrite_file(CONVERTED / f"{src}.gguf", out, arch, drop, extra, tensors)
 
 
 H = 32
