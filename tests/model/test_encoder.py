@@ -34,6 +34,7 @@ def test_erf_is_within_a_millionth() -> None:
     assert np.abs(erf(x).astype(np.float64) - want).max() < 1e-6   # A&S 7.1.26: 1.5e-7, then float32
 
 
+@pytest.mark.aarch64
 def test_the_c_gelu_is_its_numpy_twins_formula() -> None:
     """ops.gelu_erf (csrc/ops.c) computes what encoder.gelu's NumPy path does, within float32 rounding; NaN
     stays NaN, +inf stays +inf, and -inf is NaN as the formula (and torch's) makes it (-inf * 0)."""

@@ -11,7 +11,8 @@ import pytest
 from nvllm.model.kernels import matmul, ops
 from nvllm.model.kernels.encoder_attention import encoder_attention, tasks
 
-pytestmark = pytest.mark.skipif(ops.lib is None or matmul.lib is None, reason="the C kernels are not built")
+pytestmark = [pytest.mark.aarch64,
+              pytest.mark.skipif(ops.lib is None or matmul.lib is None, reason="the C kernels are not built")]
 
 
 def twin(qkv: np.ndarray, starts: np.ndarray, lens: np.ndarray, nh: int, hd: int, scale: float) -> np.ndarray:
