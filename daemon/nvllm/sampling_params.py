@@ -197,6 +197,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before any other step
     # Speculative decoding never changes the output; a request may still opt out (to time the model alone).
     disable_speculation: bool = False
+    # vLLM's: a prompt longer than this many tokens keeps its last ones (the rest is dropped), instead of
+    # being refused for max_model_len.
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self.structured = _structured(self.structured)
@@ -239,6 +242,10 @@ class SamplingParams:
         _real("frequency_penalty", self.frequency_penalty, -2.0, 2.0, False, "a number in [-2, 2]")
         if self.seed is not None:
             _integer("seed", self.seed, 0, SEED_LIMIT - 1, "an integer in [0, 2**64) or unset")
+        if self.truncate_prompt_tokens is not None:
+            _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, 1, max_model_len,
+                     "an integer >= 1 or unset" if max_model_len is None
+                     else f"an integer in [1, {max_model_len}] (max_model_len) or unset")
         if self.max_tokens is not None:
             if max_model_len is None:
                 _integer("max_tokens", self.max_tokens, 1, None, "an integer >= 1 or unset")

@@ -112,9 +112,8 @@ class LLMEngine:
         """The request's parameters with the model's defaults filled in, validated once."""
         limits = self.settings.server
         return (params or SamplingParams()).resolve(
-            self.generation_defaults, max_stop_strings=limits.max_stop_strings,
-            max_stop_string_chars=limits.max_stop_string_chars,
-            vocab_size=self.model.config.vocab_size, max_model_len=self.max_model_len)
+            self.generation_defaults, max_stop_strings=limits.max_stop_strings, vocab_size=self.model.config.vocab_size,
+            max_stop_string_chars=limits.max_stop_string_chars, max_model_len=self.max_model_len)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0) -> None:
@@ -140,14 +139,15 @@ class LLMEngine:
         if self.task != "generate":
             raise wrong_task("generate", self.task)
         params = self.make_params(params)
-        field, ids = prompt_ids(self.tokenizer, self.model.config.vocab_size, prompt)
+        vocab = self.model.config.vocab_size
+        field, ids = prompt_ids(self.tokenizer, vocab, prompt)
         if not ids:
             raise InvalidParameter(field, "", "non-empty")
-        vocab = self.model.config.vocab_size
         if field != "prompt_token_ids" and max(ids) >= vocab:   # a tokenizer larger than the model's vocabulary
             raise InvalidParameter(field, f"token id {max(ids)}",
                                    f"text whose tokens the model has (this tokenizer gave an id past its "
                                    f"{vocab}-token vocabulary)")
+        ids = ids[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else ids   # vLLM's: the last
         n = len(ids)
         if n >= self.max_model_len:
             raise InvalidParameter(field, f"{n} tokens",

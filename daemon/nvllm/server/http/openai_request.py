@@ -31,7 +31,7 @@ SAMPLING_FIELDS: dict[str, str] = {
     "temperature": _REAL, "top_p": _REAL, "top_k": _INT, "min_p": _REAL, "repetition_penalty": _REAL,
     "presence_penalty": _REAL, "frequency_penalty": _REAL, "seed": _INT, "min_tokens": _INT,
     "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "include_stop_str_in_output": _BOOL,
-    "disable_speculation": _BOOL,
+    "disable_speculation": _BOOL, "truncate_prompt_tokens": _INT,
 }
 COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_ids", "max_tokens", "user",
                  "logit_bias", "priority", *SAMPLING_FIELDS}
