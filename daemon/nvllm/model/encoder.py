@@ -5,7 +5,8 @@ rotary positions on q and k in place of the position table, a SwiGLU MLP, no bia
 sequence is computed in the one step that takes it whole, and what leaves the model is one vector per sequence
 (the pooler's, model/pooler.py) or, for a cross-encoder, its classifier's score.
 
-Every linear layer is one matmul for all tokens of the step; attention is per sequence, over its heads at once.
+Every linear layer is one matmul for all tokens of the step; attention runs in C on the matmul pool, a tile of a
+sequence's queries and one head a task (kernels/encoder_attention.py), and BERT's GELU in C (ops.gelu_erf).
 """
 
 from __future__ import annotations
