@@ -3,7 +3,7 @@ texts, a cross-encoder a query and a document), its length, its vocabulary, the 
 
 from __future__ import annotations
 
-from nvllm.engine.prompt import Prompt, pooling_ids
+from nvllm.engine.prompt import Prompt, pooling_ids, prompt_ids, too_long
 from nvllm.model.decoder import Model
 from nvllm.model.encoder import Encoder
 from nvllm.pooling_params import PoolingParams
@@ -44,11 +44,10 @@ def pooling_input(model: Model | Encoder, tokenizer: Tokenizer, task: str, promp
         for name in ("query", "document"):
             if not isinstance(prompt[name], str):
                 raise InvalidParameter(name, prompt[name], "a string")
-        try:
-            field, ids, types = pooling_ids(tokenizer, vocab, judge_prompt(prompt["query"], prompt["document"]),
-                                            max_tokens)
-        except InvalidParameter as e:   # too long: the pair is what the client sent
-            raise InvalidParameter("document", e.value, e.reason.split(";")[0] + ")") from None
+        field, ids = prompt_ids(tokenizer, vocab, judge_prompt(prompt["query"], prompt["document"]))
+        types = None
+        if len(ids) > max_tokens:   # the pair is what the client sent
+            raise too_long("document", len(ids), max_tokens, cuttable=False)
     else:
         field, ids, types = pooling_ids(tokenizer, vocab, prompt, max_tokens, pooling.truncate_prompt_tokens)
     if field != "prompt_token_ids" and max(ids) >= vocab:

@@ -99,7 +99,7 @@ def pooling_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, max_tokens: in
         ids, types = tokenizer.encode_within(q, _NO_LIMIT, d)
         if len(ids) > limit:
             if not truncate:
-                raise _too_long("document", len(ids), max_tokens)
+                raise too_long("document", len(ids), max_tokens)
             try:
                 ids, types = tokenizer.encode_within(q, limit, d)
             except ValueError as e:
@@ -110,7 +110,7 @@ def pooling_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, max_tokens: in
         raise InvalidParameter(field, "", "non-empty")
     if len(ids) > limit:
         if not truncate:
-            raise _too_long(field, len(ids), max_tokens)
+            raise too_long(field, len(ids), max_tokens)
         if field == "prompt_token_ids":
             ids = ids[-limit:]
         else:
@@ -119,6 +119,7 @@ def pooling_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, max_tokens: in
     return field, ids, None
 
 
-def _too_long(field: str, n: int, max_tokens: int) -> InvalidParameter:
+def too_long(field: str, n: int, max_tokens: int, cuttable: bool = True) -> InvalidParameter:
+    """An input of n tokens past max_tokens; cuttable: truncate_prompt_tokens could cut it."""
     return InvalidParameter(field, f"{n} tokens", f"at most the model's {max_tokens} tokens (over by "
-                            f"{n - max_tokens}; truncate_prompt_tokens cuts it)")
+                            f"{n - max_tokens}{'; truncate_prompt_tokens cuts it' if cuttable else ''})")

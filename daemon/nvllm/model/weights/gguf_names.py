@@ -91,13 +91,19 @@ _BERT_LAYER_NAMES = {
 def bert_tensor_name(gguf_name: str) -> str:
     """llama.cpp tensor name of a bert GGUF -> BertModel's (BertForSequenceClassification's head:
     classifier, and its pooler where the file has one)."""
-    if gguf_name in _BERT_GLOBAL_NAMES:
-        return _BERT_GLOBAL_NAMES[gguf_name]
+    return _encoder_name(gguf_name, _BERT_GLOBAL_NAMES, _BERT_LAYER_NAMES, "encoder.layer", "bert")
+
+
+def _encoder_name(gguf_name: str, global_names: dict[str, str], layer_names: dict[str, str], layers: str,
+                  arch: str) -> str:
+    """A tensor's name by the tables: a global one's, or blk.N.<kind>.weight|bias -> <layers>.N.<name>.<kind>."""
+    if gguf_name in global_names:
+        return global_names[gguf_name]
     parts = gguf_name.split(".")  # blk.N.attn_q.weight
-    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BERT_LAYER_NAMES
+    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names
             and parts[3] in ("weight", "bias")):
-        return f"encoder.layer.{int(parts[1])}.{_BERT_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise GGUFError(f"unexpected tensor {gguf_name!r} in a bert GGUF")
+        return f"{layers}.{int(parts[1])}.{layer_names[parts[2]]}.{parts[3]}"
+    raise GGUFError(f"unexpected tensor {gguf_name!r} in a {arch} GGUF")
 
 
 # NomicBert under llama.cpp's names (its converter's map, read backwards): nomic's own names. ffn_up is fc11, the
@@ -121,10 +127,4 @@ _NOMIC_LAYER_NAMES = {
 
 def nomic_bert_tensor_name(gguf_name: str) -> str:
     """llama.cpp tensor name of a nomic-bert GGUF -> NomicBertModel's (nomic's checkpoint names)."""
-    if gguf_name in _NOMIC_GLOBAL_NAMES:
-        return _NOMIC_GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".")  # blk.N.attn_qkv.weight
-    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _NOMIC_LAYER_NAMES
-            and parts[3] in ("weight", "bias")):
-        return f"encoder.layers.{int(parts[1])}.{_NOMIC_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise GGUFError(f"unexpected tensor {gguf_name!r} in a nomic-bert GGUF")
+    return _encoder_name(gguf_name, _NOMIC_GLOBAL_NAMES, _NOMIC_LAYER_NAMES, "encoder.layers", "nomic-bert")
