@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nvllm.server.http.errors import ApiError
-from nvllm.server.http.tool_plan import ToolPlan, plan_tools
+from nvllm.server.chat.field_error import FieldError
+from nvllm.server.chat.tool_plan import ToolPlan, plan_tools
 
 if TYPE_CHECKING:
     # The official client's request types: the data below is what the live-daemon test hands to openai.
@@ -91,10 +91,10 @@ def smollm2_template(smollm2: Path) -> str:
     return json.loads((smollm2 / "tokenizer_config.json").read_text())["chat_template"]
 
 
-def refused(call: Callable[[], object], param: str) -> ApiError:
-    with pytest.raises(ApiError) as e:
+def refused(call: Callable[[], object], param: str) -> FieldError:
+    with pytest.raises(FieldError) as e:
         call()
-    assert e.value.status == 400 and e.value.param == param, (e.value.param, e.value.message)
+    assert e.value.field == param, (e.value.field, e.value.message)
     return e.value
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from helpers.tool_call_cases import TIME_PARAMS, WEATHER_PARAMS, refused
-from nvllm.server.http.response_format import Constraint, parse_constraint
+from nvllm.server.chat.response_format import Constraint, parse_constraint
 
 
 def constraint(body: dict[str, Any]) -> Constraint:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from helpers.tool_call_cases import NAMED, QWEN_TOOLS_TEMPLATE, TOOLS, tool_plan
-from nvllm.server.http.tool_calls import ToolCallStream, read_tool_calls
-from nvllm.server.http.tool_plan import ToolPlan
+from nvllm.server.chat.tool_calls import ToolCallStream, read_tool_calls
+from nvllm.server.chat.tool_plan import ToolPlan
 
 JSON_PLAN = tool_plan(TOOLS, "required", None, None)
 TAGGED_PLAN = tool_plan(TOOLS, "auto", None, QWEN_TOOLS_TEMPLATE)

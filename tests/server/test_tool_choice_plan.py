@@ -24,8 +24,8 @@ from helpers.tool_call_cases import (
     smollm2_template,
     tool_plan,
 )
-from nvllm.server.http.tool_calls import finish_reason
-from nvllm.server.http.tool_plan import plan_tools, tool_format
+from nvllm.server.chat.tool_calls import finish_reason
+from nvllm.server.chat.tool_plan import plan_tools, tool_format
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -36,8 +35,9 @@ from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.http.auth import check_key
+from nvllm.server.http.dialect import Answering, Dialect, Event
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_request import ParsedRequest, invalid, parse_chat, parse_completion, parse_json
+from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion, parse_json
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_request import parse_embeddings, parse_rerank, pooling_refusal
 from nvllm.server.http.pooling_response import embeddings_response, rerank_response
@@ -90,9 +90,12 @@ class OpenAIApi:
         return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                                             Exception: _internal_error})
 
+    def check_key(self, request: Request) -> None:
+        check_key(self.api_key, request.headers.get("authorization"), request.headers.get("x-api-key"))
+
     # -- small endpoints ------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
-        check_key(self.api_key, request.headers.get("authorization"))
+        self.check_key(request)
         st = self.state
         return JSONResponse({"object": "list", "data": [
             {"id": st.model_name, "object": "model", "created": int(st.started_at), "owned_by": "nvllm",
@@ -118,7 +121,7 @@ class OpenAIApi:
         return JSONResponse(body, status_code=200 if state == "serving" else 503)
 
     async def tokenize(self, request: Request) -> Response:
-        check_key(self.api_key, request.headers.get("authorization"))
+        self.check_key(request)
         st = self.state
         req = parse_tokenize(parse_json(await self._read_body(request)), st.model_name)
         try:
@@ -133,7 +136,7 @@ class OpenAIApi:
                              "tokens": done.ids, "token_strs": done.strs})
 
     async def detokenize(self, request: Request) -> Response:
-        check_key(self.api_key, request.headers.get("authorization"))
+        self.check_key(request)
         st = self.state
         ids = parse_detokenize(parse_json(await self._read_body(request)), st.model_name)
         try:
@@ -169,7 +172,7 @@ class OpenAIApi:
 
     async def _pooling_body(self, request: Request, t0: float) -> dict[str, Any]:
         try:
-            check_key(self.api_key, request.headers.get("authorization"))
+            self.check_key(request)
             return parse_json(await self._read_body(request))
         except ApiError as e:
             self.state.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
@@ -196,44 +199,57 @@ class OpenAIApi:
         return Response(body, headers={"Content-Type": content_type})
 
     # -- generation -----------------------------------------------------------------------------
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, self._parse_chat)
+    def _read_chat(self, body: dict[str, Any], st: DaemonState) -> ParsedRequest:
+        engine = st.engine      # the template tells the model's tool-call format (tool_plan.py)
+        return parse_chat(body, st.model_name, st.max_num_seqs, engine.chat_template if engine is not None else None)
 
-    def _parse_chat(self, body: dict[str, Any], model_name: str, max_choices: int) -> ParsedRequest:
-        engine = self.state.engine      # the template tells the model's tool-call format (tool_plan.py)
-        return parse_chat(body, model_name, max_choices, engine.chat_template if engine is not None else None)
+    def _openai(self, read: Callable[[dict[str, Any], DaemonState], ParsedRequest]) -> Dialect:
+        return Dialect(read, lambda req, rid, st, thinks: ResponseBuilder(req, rid, st.model_name,
+                                                                         st.reasoning_parser, thinks))
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.generate(request, self._openai(self._read_chat))
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, parse_completion)
+        return await self.generate(request, self._openai(
+            lambda body, st: parse_completion(body, st.model_name, st.max_num_seqs)))
 
-    async def _generate(self, request: Request, parse: Callable[..., ParsedRequest]) -> Response:
-        """The body read as OpenAI's, handed in through DaemonState.submit, the answer built from its outputs."""
+    async def generate(self, request: Request, dialect: Dialect) -> Response:
+        """A generation request in any of the API's dialects: its body read, handed in through
+        DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape."""
+        try:
+            return await self._generate(request, dialect)
+        except ApiError as e:
+            if e.status >= 500:
+                log.warning("HTTP %d: %s", e.status, e.message)
+            return dialect.refused(e)
+
+    async def _generate(self, request: Request, dialect: Dialect) -> Response:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         st = self.state
         with request_context(rid):
             try:
-                check_key(self.api_key, request.headers.get("authorization"))
-                req = parse(parse_json(await self._read_body(request)), st.model_name, st.max_num_seqs)
+                self.check_key(request)
+                asked = dialect.read(parse_json(await self._read_body(request)), st)
             except ApiError as e:
                 st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
                 raise
             try:
-                sub = await st.submit("http", http_client_key(request), rid,
-                                      [req.choice(i) for i in range(req.num_choices)], req.priority, t0,
-                                      f", user {req.user!r}" if req.user else "")
+                sub = await st.submit("http", http_client_key(request), rid, asked.choices(), asked.priority, t0,
+                                      f", user {asked.user!r}" if asked.user else "")
             except Refused as e:
                 raise refusal(e) from None
             except InvalidParameter as e:
-                raise invalid(e, req) from None
+                raise asked.refusal(e) from None
             except EngineDead as e:
                 raise ApiError(503, str(e), code="unavailable") from None
-            builder = ResponseBuilder(req, rid, st.model_name, st.reasoning_parser, sub.thinks)
-            if req.stream:    # the event stream gives back what the request holds when it ends
-                return _EventStream(self._events(req, sub, builder, rid, t0), sub, ping=PING_S, sep="\n",
+            answering = dialect.answering(asked, rid, st, sub.thinks)
+            if asked.stream:    # the event stream gives back what the request holds when it ends
+                return _EventStream(self._events(sub, answering, rid, t0), sub, ping=PING_S, sep="\n",
                                     headers={"X-Request-Id": rid})
             async with sub:
-                return await self._whole(request, sub, builder, rid)
+                return await self._whole(request, sub, answering, rid)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
@@ -255,9 +271,9 @@ class OpenAIApi:
             raise ApiError(400, "the client closed the connection before sending the whole body") from None
         return b"".join(chunks)
 
-    async def _whole(self, request: Request, sub: Submission, builder: ResponseBuilder, rid: str) -> Response:
+    async def _whole(self, request: Request, sub: Submission, answering: Answering, rid: str) -> Response:
         """Collect every choice; a client that disconnects meanwhile aborts them."""
-        collect = asyncio.ensure_future(_collect(sub, builder))
+        collect = asyncio.ensure_future(_collect(sub, answering))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -272,15 +288,12 @@ class OpenAIApi:
             log.info("cancelled (the client went away); request aborted")
             return Response(status_code=499)    # nobody reads it
         collect.result()           # raises the engine's failure as ApiError
-        usage = builder.usage
-        log.info("finished over HTTP: %d prompt + %d output tokens", sum(usage.prompt_tokens.values()),
-                 usage.completion_tokens)
-        return JSONResponse(builder.response(), headers={"X-Request-Id": rid})
+        log.info("finished over HTTP: %d prompt + %d output tokens", *answering.token_counts())
+        return JSONResponse(answering.response(), headers={"X-Request-Id": rid})
 
-    async def _events(self, req: ParsedRequest, sub: Submission, builder: ResponseBuilder, rid: str,
-                      t0: float) -> AsyncIterator[dict[str, str]]:
-        """The SSE events: chunks as the engine makes them, then usage if asked, then [DONE]. Leaving
-        early (the client disconnected, the server stops) aborts whatever is unfinished."""
+    async def _events(self, sub: Submission, answering: Answering, rid: str, t0: float) -> AsyncIterator[Event]:
+        """The SSE events as the engine makes the outputs, then the closing ones. Leaving early (the client
+        disconnected, the server stops) aborts whatever is unfinished."""
         extra = {"request_id": rid}
         first: float | None = None
         try:
@@ -289,17 +302,15 @@ class OpenAIApi:
                     try:
                         _raise_failure(out)
                     except ApiError as e:
-                        yield {"data": json.dumps(e.body())}
+                        yield answering.failed(e)
                         return
                     if first is None and out.token_ids:
                         first = time.monotonic()
-                    for chunk in builder.chunks(index, out):
-                        yield {"data": json.dumps(chunk, ensure_ascii=False)}
-            if req.include_usage:
-                yield {"data": json.dumps(builder.usage_chunk())}
-            yield {"data": "[DONE]"}
-            log.info("finished over HTTP: %d prompt + %d output tokens%s", sum(builder.usage.prompt_tokens.values()),
-                     builder.usage.completion_tokens,
+                    for event in answering.events(index, out):
+                        yield event
+            for event in answering.closing():
+                yield event
+            log.info("finished over HTTP: %d prompt + %d output tokens%s", *answering.token_counts(),
                      "" if first is None else f", first token after {1000 * (first - t0):.0f} ms", extra=extra)
         except (asyncio.CancelledError, GeneratorExit):
             log.info("cancelled (the client went away); request aborted", extra=extra)
@@ -323,11 +334,11 @@ class _EventStream(EventSourceResponse):
             self.sub.close()
 
 
-async def _collect(sub: Submission, builder: ResponseBuilder) -> None:
+async def _collect(sub: Submission, answering: Answering) -> None:
     async with contextlib.aclosing(aiter(sub)) as outputs:
         async for index, out in outputs:
             _raise_failure(out)
-            builder.add(index, out)
+            answering.add(index, out)
 
 
 def _raise_failure(out: RequestOutput) -> None:

@@ -1,4 +1,5 @@
-"""The API key: read once from http.api_key_file, compared in constant time with the Bearer token."""
+"""The API key: read once from http.api_key_file, compared in constant time with the Bearer token or,
+as Anthropic's clients send it, the x-api-key header."""
 
 from __future__ import annotations
 
@@ -44,12 +45,17 @@ def read_api_key(path: str) -> bytes:
     return key
 
 
-def check_key(expected: bytes | None, authorization: str | None) -> None:
-    """ApiError 401 unless the Authorization header is "Bearer <expected>" (no key configured: pass)."""
+def check_key(expected: bytes | None, authorization: str | None, x_api_key: str | None = None) -> None:
+    """ApiError 401 unless the Authorization header is "Bearer <expected>" or, with no Authorization
+    header, the x-api-key header is the key (no key configured: pass)."""
     if expected is None:
         return
+    if not authorization and x_api_key:
+        if not hmac.compare_digest(x_api_key.strip().encode("utf-8", "replace"), expected):
+            raise ApiError(401, "incorrect API key", code="invalid_api_key")
+        return
     if not authorization:
-        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer <key>'",
+        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                        code="invalid_api_key")
     scheme, _, token = authorization.partition(" ")
     given = token.strip().encode("utf-8", "replace")

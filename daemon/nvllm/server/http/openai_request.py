@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
+from nvllm.server.chat.chat_request import ChatRequest
+from nvllm.server.chat.field_error import FieldError
+from nvllm.server.chat.response_format import parse_constraint
+from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.response_format import Constraint, parse_constraint
-from nvllm.server.http.tool_plan import ToolPlan, plan_tools
 
 CHAT, COMPLETION = "chat", "completion"
 COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's (and vLLM's) default for /v1/completions
@@ -35,7 +37,7 @@ SAMPLING_FIELDS: dict[str, str] = {
 }
 COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_ids", "max_tokens", "user",
                  "logit_bias", "priority", *SAMPLING_FIELDS}
-# Constraints (response_format, structured_outputs) and tools: server/http/response_format.py, tool_plan.py.
+# Constraints (response_format, structured_outputs) and tools: server/chat/response_format.py, tool_plan.py.
 CONSTRAINT_FIELDS = {"response_format", "structured_outputs"}
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
 CHAT_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | TOOL_FIELDS | {"messages", "max_completion_tokens", "logprobs",
@@ -92,6 +94,12 @@ class ParsedRequest:
             return prompt, self.params
         return prompt, dataclasses.replace(self.params, seed=self.params.seed + i,
                                            stop=list(self.params.stop), stop_token_ids=list(self.params.stop_token_ids))
+
+    def choices(self) -> list[tuple[Any, SamplingParams]]:
+        return [self.choice(i) for i in range(self.num_choices)]
+
+    def refusal(self, e: InvalidParameter) -> ApiError:
+        return invalid(e, self)
 
     def param_name(self, field_name: str) -> str:
         """The request parameter an InvalidParameter's field stands for."""
@@ -241,13 +249,20 @@ def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
     """chat_template: the model's template text, which tells its tool-call format (tool_plan.py)."""
     check_keys(body, CHAT_FIELDS)
     req = _common(body, CHAT, model_name, max_choices)
-    req.prompts = [{"messages": chat_messages(body.get("messages"))}]
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         # Its keys are the template's to check (the engine names one that overrides its own variables).
         req.template_kwargs = need("chat_template_kwargs", kwargs, "an object")
-        req.prompts = [{**p, "chat_template_kwargs": kwargs} for p in req.prompts]
-    _constrain(body, req, chat_template)
+    chat = ChatRequest(chat_messages(body.get("messages")), req.params, body.get("tools"), body.get("tool_choice"),
+                       body.get("parallel_tool_calls"), template_kwargs=req.template_kwargs)
+    try:
+        chat.constraint = parse_constraint(body)
+        planned = chat.plan(chat_template)
+    except FieldError as e:
+        raise bad_request(e.field, e.message, e.code) from None
+    req.prompts = [planned.prompt]
+    req.tool_plan = planned.tool_plan
+    req.constraint_param = planned.constraint_param
     # max_completion_tokens is OpenAI's current name; max_tokens its deprecated one.
     _max_tokens(body, req, ("max_completion_tokens", "max_tokens"), None)
     if body.get("logprobs") is not None:
@@ -262,27 +277,6 @@ def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
     if req.logprobs:
         req.params.logprobs = top or 0
     return req
-
-
-def _constrain(body: dict[str, Any], req: ParsedRequest, chat_template: str | None) -> None:
-    """The tools into the prompt, and the one constraint the request asks for (a tool choice's, or
-    response_format's / structured_outputs') onto its SamplingParams."""
-    constraint = parse_constraint(body)
-    if req.kind == CHAT:
-        plan = plan_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
-                          chat_template)
-        if plan is not None:
-            req.tool_plan = plan
-            req.prompts = [{**p, "tools": plan.tools} for p in req.prompts]
-            if plan.constraint is not None:
-                if constraint is not None:
-                    raise bad_request(constraint.param.split(".")[0],
-                                      f"{constraint.param.split('.')[0]} cannot be combined with tool_choice "
-                                      f"{plan.choice!r}, which constrains the answer to tool calls")
-                constraint = Constraint(plan.constraint, "tools")
-    if constraint is not None:
-        req.params.structured = constraint.spec
-        req.constraint_param = constraint.param
 
 
 def chat_messages(messages: Any) -> list[dict[str, Any]]:
@@ -313,7 +307,13 @@ def parse_completion(body: dict[str, Any], model_name: str, max_choices: int) ->
     check_keys(body, COMPLETION_FIELDS)
     req = _common(body, COMPLETION, model_name, max_choices)
     req.prompts = _prompts(body.get("prompt"))
-    _constrain(body, req, None)
+    try:
+        constraint = parse_constraint(body)
+    except FieldError as e:
+        raise bad_request(e.field, e.message, e.code) from None
+    if constraint is not None:
+        req.params.structured = constraint.spec
+        req.constraint_param = constraint.param
     if req.num_choices > max_choices:
         raise bad_request("n", f"{len(req.prompts)} prompts x n={req.n} make {req.num_choices} choices; "
                                f"at most {max_choices} (scheduler.max_num_seqs)")

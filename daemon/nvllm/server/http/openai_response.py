@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from nvllm.engine.outputs import RequestOutput, TokenLogprob
+from nvllm.server.chat.tool_calls import ToolCallStream, finish_reason, read_tool_calls
+from nvllm.server.http.errors import ApiError
 from nvllm.server.http.openai_request import CHAT, ParsedRequest
-from nvllm.server.http.tool_calls import ToolCallStream, finish_reason, read_tool_calls
 from nvllm.server.reasoning import reasoning_stream
 
 MIN_LOGPROB = -9999.0                  # JSON has no -inf; vLLM sends this floor too
@@ -194,3 +196,17 @@ class ResponseBuilder:
 
     def usage_chunk(self) -> dict[str, Any]:
         return {**self._head(), "choices": [], "usage": self.usage.to_dict()}
+
+    # -- as app.py's Answering -----------------------------------------------------------------
+    def events(self, index: int, out: RequestOutput) -> list[dict[str, str]]:
+        return [{"data": json.dumps(c, ensure_ascii=False)} for c in self.chunks(index, out)]
+
+    def closing(self) -> list[dict[str, str]]:
+        usage = [{"data": json.dumps(self.usage_chunk())}] if self.req.include_usage else []
+        return usage + [{"data": "[DONE]"}]
+
+    def failed(self, e: ApiError) -> dict[str, str]:
+        return {"data": json.dumps(e.body())}
+
+    def token_counts(self) -> tuple[int, int]:
+        return sum(self.usage.prompt_tokens.values()), self.usage.completion_tokens

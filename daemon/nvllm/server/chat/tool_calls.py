@@ -13,9 +13,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvllm.server.http.partial_json import PartialCall, scan_calls, scan_object, skip_ws
-from nvllm.server.http.tool_grammar import TAG_CLOSE, TAG_OPEN
-from nvllm.server.http.tool_plan import ToolPlan
+from nvllm.server.chat.partial_json import PartialCall, scan_calls, scan_object, skip_ws
+from nvllm.server.chat.tool_grammar import TAG_CLOSE, TAG_OPEN
+from nvllm.server.chat.tool_plan import ToolPlan
 
 
 def new_call_id() -> str:

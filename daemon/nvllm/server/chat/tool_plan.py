@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import StructuredSpec
-from nvllm.server.http.errors import bad_request
-from nvllm.server.http.tool_grammar import TAG_CLOSE, TAG_OPEN, Tool, json_constraint, tagged_constraint
+from nvllm.server.chat.field_error import bad_field
+from nvllm.server.chat.tool_grammar import TAG_CLOSE, TAG_OPEN, Tool, json_constraint, tagged_constraint
 
 MAX_TOOLS = 128               # OpenAI's limit on tools per request
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for function names
@@ -52,40 +52,40 @@ def tool_format(chat_template: str | None) -> str | None:
 def parse_tools(tools: Any) -> list[Tool]:
     """Check OpenAI's tools; 400 naming the field for anything malformed."""
     if not isinstance(tools, list):
-        raise bad_request("tools", f"tools must be a list of tools, got {type(tools).__name__}")
+        raise bad_field("tools", f"tools must be a list of tools, got {type(tools).__name__}")
     if len(tools) > MAX_TOOLS:
-        raise bad_request("tools", f"tools may hold at most {MAX_TOOLS} tools, got {len(tools)}")
+        raise bad_field("tools", f"tools may hold at most {MAX_TOOLS} tools, got {len(tools)}")
     out: list[Tool] = []
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise bad_request(at, f"{at} must be an object like {{\"type\": \"function\", \"function\": {{...}}}}")
+            raise bad_field(at, f"{at} must be an object like {{\"type\": \"function\", \"function\": {{...}}}}")
         if tool.get("type") != "function":
-            raise bad_request(f"{at}.type", f"{at}.type must be 'function', got {tool.get('type')!r}")
+            raise bad_field(f"{at}.type", f"{at}.type must be 'function', got {tool.get('type')!r}")
         unknown = sorted(set(tool) - {"type", "function"})
         if unknown:
-            raise bad_request(f"{at}.{unknown[0]}", f"{at}.{unknown[0]} is not supported")
+            raise bad_field(f"{at}.{unknown[0]}", f"{at}.{unknown[0]} is not supported")
         fn = tool.get("function")
         if not isinstance(fn, dict):
-            raise bad_request(f"{at}.function", f"{at}.function must be an object with a name")
+            raise bad_field(f"{at}.function", f"{at}.function must be an object with a name")
         unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
         if unknown:
-            raise bad_request(f"{at}.function.{unknown[0]}", f"{at}.function.{unknown[0]} is not supported")
+            raise bad_field(f"{at}.function.{unknown[0]}", f"{at}.function.{unknown[0]} is not supported")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise bad_request(f"{at}.function.name", f"{at}.function.name must be 1 to 64 letters, digits, "
+            raise bad_field(f"{at}.function.name", f"{at}.function.name must be 1 to 64 letters, digits, "
                                                      f"'_' or '-', got {_show(name)}")
         if any(t.name == name for t in out):
-            raise bad_request(f"{at}.function.name", f"{at}.function.name {name!r} is used by an earlier tool")
+            raise bad_field(f"{at}.function.name", f"{at}.function.name {name!r} is used by an earlier tool")
         if fn.get("description") is not None and not isinstance(fn["description"], str):
-            raise bad_request(f"{at}.function.description", f"{at}.function.description must be a string")
+            raise bad_field(f"{at}.function.description", f"{at}.function.description must be a string")
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
-            raise bad_request(f"{at}.function.strict", f"{at}.function.strict must be true or false")
+            raise bad_field(f"{at}.function.strict", f"{at}.function.strict must be true or false")
         params = fn.get("parameters")
         if params is None:
             params = NO_PARAMETERS
         elif not isinstance(params, dict):
-            raise bad_request(f"{at}.function.parameters",
+            raise bad_field(f"{at}.function.parameters",
                               f"{at}.function.parameters must be a JSON Schema object, got {_show(params)}")
         out.append(Tool(name, params))
     return out
@@ -97,16 +97,16 @@ def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
     if parallel_tool_calls is None:
         parallel_tool_calls = True          # OpenAI's default
     elif not isinstance(parallel_tool_calls, bool):
-        raise bad_request("parallel_tool_calls", "parallel_tool_calls must be true or false")
+        raise bad_field("parallel_tool_calls", "parallel_tool_calls must be true or false")
     if tools is None or tools == []:
         if tool_choice not in (None, "none"):
-            raise bad_request("tool_choice", "tool_choice needs tools: the request has none")
+            raise bad_field("tool_choice", "tool_choice needs tools: the request has none")
         return None
     checked = parse_tools(tools)
     choice, named = _parse_choice(tool_choice, checked)
     style = tool_format(chat_template)
     if choice == "auto" and style is None:
-        raise bad_request("tool_choice", "tool_choice 'auto' needs a model whose tool-call format nvllm knows "
+        raise bad_field("tool_choice", "tool_choice 'auto' needs a model whose tool-call format nvllm knows "
                                          "(Qwen2.5/Qwen3's <tool_call>); this model's chat template has none: "
                                          "use 'required', a named function, or 'none'")
     prompt_tools = [{"type": "function", "function": t["function"]} for t in tools]
@@ -129,16 +129,16 @@ def _parse_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str | None]
     if isinstance(tool_choice, str):
         if tool_choice in ("none", "auto", "required"):
             return tool_choice, None
-        raise bad_request("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or "
+        raise bad_field("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or "
                                          f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
                                          f"got {_show(tool_choice)}")
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or \
             not isinstance(tool_choice.get("function"), dict):
-        raise bad_request("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
+        raise bad_field("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
                                          "{\"type\": \"function\", \"function\": {\"name\": ...}}")
     name = tool_choice["function"].get("name")
     if not any(t.name == name for t in tools):
-        raise bad_request("tool_choice.function.name",
+        raise bad_field("tool_choice.function.name",
                           f"tool_choice.function.name {_show(name)} names no tool of the request "
                           f"(tools: {', '.join(t.name for t in tools)})")
     return "named", name

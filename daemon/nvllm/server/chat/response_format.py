@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import StructuredSpec
-from nvllm.server.http.errors import bad_request
+from nvllm.server.chat.field_error import bad_field
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for json_schema.name
 # structured_outputs keys that pick the constraint, and the request field each is reported as.
@@ -44,7 +44,7 @@ def parse_constraint(body: dict[str, Any]) -> Constraint | None:
     rf = _response_format(body.get("response_format"))
     so = _structured_outputs(body.get("structured_outputs"))
     if rf is not None and so is not None:
-        raise bad_request("structured_outputs", "structured_outputs and a response_format other than text "
+        raise bad_field("structured_outputs", "structured_outputs and a response_format other than text "
                                                 "ask for two constraints: give one")
     return rf or so
 
@@ -53,15 +53,15 @@ def _response_format(rf: Any) -> Constraint | None:
     if rf is None:
         return None
     if not isinstance(rf, dict):
-        raise bad_request("response_format", "response_format must be an object like {\"type\": \"json_object\"}")
+        raise bad_field("response_format", "response_format must be an object like {\"type\": \"json_object\"}")
     kind = rf.get("type")
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
     if kind not in allowed:
-        raise bad_request("response_format.type", "response_format.type must be 'text', 'json_object' or "
+        raise bad_field("response_format.type", "response_format.type must be 'text', 'json_object' or "
                                                   f"'json_schema', got {_show(kind)}")
     extra = sorted(set(rf) - allowed[kind])
     if extra:
-        raise bad_request(f"response_format.{extra[0]}"[:80], f"response_format.{extra[0][:64]} is not "
+        raise bad_field(f"response_format.{extra[0]}"[:80], f"response_format.{extra[0][:64]} is not "
                                                                f"supported with type {kind!r}")
     if kind == "text":
         return None
@@ -69,28 +69,28 @@ def _response_format(rf: Any) -> Constraint | None:
         return Constraint(StructuredSpec("json_object"), "response_format")
     js = rf.get("json_schema")
     if not isinstance(js, dict):
-        raise bad_request("response_format.json_schema", "response_format.json_schema must be an object "
+        raise bad_field("response_format.json_schema", "response_format.json_schema must be an object "
                                                          "with a name and a schema")
     extra = sorted(set(js) - {"name", "schema", "strict", "description"})
     if extra:
-        raise bad_request(f"response_format.json_schema.{extra[0]}"[:80],
+        raise bad_field(f"response_format.json_schema.{extra[0]}"[:80],
                           f"response_format.json_schema.{extra[0][:64]} is not supported")
     name = js.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise bad_request("response_format.json_schema.name", "response_format.json_schema.name must be 1 to "
+        raise bad_field("response_format.json_schema.name", "response_format.json_schema.name must be 1 to "
                                                               f"64 letters, digits, '_' or '-', got {_show(name)}")
     if js.get("strict") is not None and not isinstance(js["strict"], bool):
-        raise bad_request("response_format.json_schema.strict", "response_format.json_schema.strict must be "
+        raise bad_field("response_format.json_schema.strict", "response_format.json_schema.strict must be "
                                                                 "true or false")
     if js.get("description") is not None and not isinstance(js["description"], str):
-        raise bad_request("response_format.json_schema.description",
+        raise bad_field("response_format.json_schema.description",
                           "response_format.json_schema.description must be a string")
     schema = js.get("schema")
     param = "response_format.json_schema.schema"
     if schema is None:
         return Constraint(StructuredSpec("json_object"), param)   # no schema: any JSON object
     if not isinstance(schema, dict):
-        raise bad_request(param, f"{param} must be a JSON Schema object, got {_show(schema)}")
+        raise bad_field(param, f"{param} must be a JSON Schema object, got {_show(schema)}")
     # strict or not, the answer follows the schema: the constraint is all nvllm has to keep it.
     return Constraint(StructuredSpec("json_schema", _schema_text(schema, param)), param)
 
@@ -99,40 +99,40 @@ def _structured_outputs(so: Any) -> Constraint | None:
     if so is None:
         return None
     if not isinstance(so, dict):
-        raise bad_request("structured_outputs", "structured_outputs must be an object like {\"json\": {...}}, "
+        raise bad_field("structured_outputs", "structured_outputs must be an object like {\"json\": {...}}, "
                                                 "{\"regex\": ...}, {\"choice\": [...]} or {\"grammar\": ...}")
     unknown = sorted(set(so) - set(_KINDS) - _IGNORED)
     if unknown:
-        raise bad_request(f"structured_outputs.{unknown[0]}"[:80],
+        raise bad_field(f"structured_outputs.{unknown[0]}"[:80],
                           f"structured_outputs.{unknown[0][:64]} is not supported by nvllm")
     for key in sorted(_IGNORED & set(so)):
         if so[key] is not None and not isinstance(so[key], bool):
-            raise bad_request(f"structured_outputs.{key}", f"structured_outputs.{key} must be true or false")
+            raise bad_field(f"structured_outputs.{key}", f"structured_outputs.{key} must be true or false")
     given = [k for k in _KINDS if so.get(k) not in (None, False)]
     if len(given) != 1:
-        raise bad_request("structured_outputs", "structured_outputs must set exactly one of json, json_object, "
+        raise bad_field("structured_outputs", "structured_outputs must set exactly one of json, json_object, "
                                                 f"regex, choice, grammar (got {len(given)})")
     key = given[0]
     value, param = so[key], f"structured_outputs.{key}"
     if key == "json_object":
         if value is not True:
-            raise bad_request(param, f"{param} must be true")
+            raise bad_field(param, f"{param} must be true")
         return Constraint(StructuredSpec("json_object"), param)
     if key == "json":
         if isinstance(value, str):
             try:
                 value = json.loads(value)
             except ValueError as e:
-                raise bad_request(param, f"{param} must be a JSON Schema (an object or its JSON text): {e}") from None
+                raise bad_field(param, f"{param} must be a JSON Schema (an object or its JSON text): {e}") from None
         if not isinstance(value, dict):
-            raise bad_request(param, f"{param} must be a JSON Schema object, got {_show(value)}")
+            raise bad_field(param, f"{param} must be a JSON Schema object, got {_show(value)}")
         return Constraint(StructuredSpec("json_schema", _schema_text(value, param)), param)
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
-            raise bad_request(param, f"{param} must be a non-empty array of non-empty strings")
+            raise bad_field(param, f"{param} must be a non-empty array of non-empty strings")
         return Constraint(StructuredSpec("choice", tuple(value)), param)
     if not isinstance(value, str) or not value:
-        raise bad_request(param, f"{param} must be a non-empty string")
+        raise bad_field(param, f"{param} must be a non-empty string")
     return Constraint(StructuredSpec(_KINDS[key], value), param)
 
 
@@ -140,7 +140,7 @@ def _schema_text(schema: dict[str, Any], param: str) -> str:
     try:
         return json.dumps(schema, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as e:
-        raise bad_request(param, f"{param} must be JSON: {e}") from None
+        raise bad_field(param, f"{param} must be JSON: {e}") from None
 
 
 def _show(value: Any) -> str:
