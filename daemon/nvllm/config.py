@@ -212,6 +212,10 @@ class ServerSettings:
     # Chat answers' thinking (<think>...</think>) sent apart from their content (server/reasoning.py,
     # vLLM's parsers of the same names); empty: the text as the model wrote it.
     reasoning_parser: str = field(default="", metadata=one_of("", "qwen3", "deepseek_r1"))
+    # A chat longer than the context: "error" refuses it naming both lengths; "drop_oldest" drops whole
+    # turns from the oldest on, keeping the system messages and the last turn. A request's own
+    # context_overflow field wins.
+    context_overflow: str = field(default="error", metadata=one_of("error", "drop_oldest"))
 
 
 @dataclass

@@ -32,6 +32,7 @@ class CompletionOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    dropped_prompt_tokens: int = 0     # a chat's oldest turns left out (context_overflow "drop_oldest")
     error: str | None = None
 
     def update(self, out: RequestOutput) -> None:
@@ -41,7 +42,7 @@ class CompletionOutput:
             self.logprobs = (self.logprobs or []) + out.logprobs
         self.finish_reason, self.stop_reason, self.error = out.finish_reason, out.stop_reason, out.error
         self.prompt_tokens, self.completion_tokens = out.prompt_tokens, out.completion_tokens
-        self.cached_tokens = out.cached_tokens
+        self.cached_tokens, self.dropped_prompt_tokens = out.cached_tokens, out.dropped_prompt_tokens
 
 
 class LLM:

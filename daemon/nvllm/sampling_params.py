@@ -200,6 +200,9 @@ class SamplingParams:
     # vLLM's: a prompt longer than this many tokens keeps its last ones (the rest is dropped), instead of
     # being refused for max_model_len.
     truncate_prompt_tokens: int | None = None
+    # A chat prompt longer than the context: "error" (None's meaning) refuses it naming both lengths;
+    # "drop_oldest" drops whole turns from the oldest on, keeping the system messages and the last turn.
+    context_overflow: str | None = None
 
     def __post_init__(self) -> None:
         self.structured = _structured(self.structured)
@@ -246,6 +249,8 @@ class SamplingParams:
             _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, 1, max_model_len,
                      "an integer >= 1 or unset" if max_model_len is None
                      else f"an integer in [1, {max_model_len}] (max_model_len) or unset")
+        if self.context_overflow not in (None, "error", "drop_oldest"):
+            raise InvalidParameter("context_overflow", self.context_overflow, "'error', 'drop_oldest' or unset")
         if self.max_tokens is not None:
             if max_model_len is None:
                 _integer("max_tokens", self.max_tokens, 1, None, "an integer >= 1 or unset")

@@ -25,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sv.add_argument("--reasoning-parser", default=None, metavar="NAME",
                     help="send chat answers' <think> part apart from their content: qwen3 or deepseek_r1 "
                          "(server.reasoning_parser)")
+    sv.add_argument("--context-overflow", default=None, choices=("error", "drop_oldest"),
+                    help="a chat longer than the context: refuse it (error, the default) or drop its oldest "
+                         "turns (server.context_overflow)")
     sv.add_argument("--task", default=None, choices=("auto", "generate", "embed", "rerank"),
                     help="what the model serves (model.task; default auto: read from its files)")
     add_quantization_flag(sv)

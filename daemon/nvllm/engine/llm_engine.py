@@ -17,7 +17,7 @@ from nvllm.engine.block_manager import BlockManager
 from nvllm.engine.outputs import RequestOutput, TokenLogprob, TopLogprob
 from nvllm.engine.packing import pack
 from nvllm.engine.pooling_request import pooling_input, wrong_task
-from nvllm.engine.prompt import Prompt, prompt_ids
+from nvllm.engine.prompt import Prompt, generation_ids
 from nvllm.engine.sampling_rows import Row, sampling_batch
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import Sequence, SequenceStatus, check_priority
@@ -139,30 +139,11 @@ class LLMEngine:
         if self.task != "generate":
             raise wrong_task("generate", self.task)
         params = self.make_params(params)
-        vocab = self.model.config.vocab_size
-        field, ids = prompt_ids(self.tokenizer, vocab, prompt)
-        if not ids:
-            raise InvalidParameter(field, "", "non-empty")
-        if field != "prompt_token_ids" and max(ids) >= vocab:   # a tokenizer larger than the model's vocabulary
-            raise InvalidParameter(field, f"token id {max(ids)}",
-                                   f"text whose tokens the model has (this tokenizer gave an id past its "
-                                   f"{vocab}-token vocabulary)")
-        ids = ids[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else ids   # vLLM's: the last
-        n = len(ids)
-        if n >= self.max_model_len:
-            raise InvalidParameter(field, f"{n} tokens",
-                                   f"shorter than max_model_len {self.max_model_len} tokens "
-                                   f"(over by {n - self.max_model_len + 1})")
-        if params.max_tokens is None:
-            params.max_tokens = self.max_model_len - n
-        elif n + params.max_tokens > self.max_model_len:
-            raise InvalidParameter("max_tokens", params.max_tokens,
-                                   f"at most {self.max_model_len - n} for a prompt of {n} tokens "
-                                   f"(prompt + max_tokens exceeds max_model_len {self.max_model_len} "
-                                   f"by {n + params.max_tokens - self.max_model_len})")
+        ids, dropped = generation_ids(self.tokenizer, self.model.config.vocab_size, prompt, params, self.max_model_len)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
         seq = Sequence(request_id, ids, params, detok, self.eos_token_ids, seed, priority)
+        seq.dropped_prompt_tokens = dropped
         if params.structured is not None:   # compiled here, off the engine thread, in bounded time
             matcher = self.structured.matcher(params.structured)
             if self.think_tokens is not None and not prompt_ends_thinking(ids, self.think_tokens):
@@ -409,7 +390,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason if finished else None, stop_reason=seq.stop_reason,
             prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached_tokens, error=seq.error, queued_s=queued, prefill_s=prefill,
-            pooled=seq.pooled)
+            pooled=seq.pooled, dropped_prompt_tokens=seq.dropped_prompt_tokens)
 
     # -- numbers ------------------------------------------------------------------------------
     def tokens_per_second(self, window_s: float = 10.0) -> float:

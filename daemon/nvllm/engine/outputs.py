@@ -44,3 +44,5 @@ class RequestOutput:
     prefill_s: float | None = None
     # A pooling request's result, on its one output: the embedding, or a cross-encoder's raw scores.
     pooled: list[float] | None = None
+    # Prompt tokens a chat's context_overflow "drop_oldest" dropped (whole turns), on the finished output.
+    dropped_prompt_tokens: int = 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from nvllm.sampling_params import InvalidParameter
+from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.tokenizer import Tokenizer
 
 # What a request may give as its prompt: text, token ids, or {"prompt": text},
@@ -61,6 +61,79 @@ def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, add_special_tok
             raise InvalidParameter(field, t, f"token ids in [0, {vocab})")
         ids.append(int(t))
     return field, ids
+
+
+def generation_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, params: SamplingParams,
+                   max_model_len: int) -> tuple[list[int], int]:
+    """(a generation request's prompt ids fitted to the context, how many a chat's drop_oldest dropped).
+    A chat with context_overflow "drop_oldest" that leaves too little room (max_tokens, else one token) loses
+    whole turns from the oldest on; then truncate_prompt_tokens keeps the last tokens; what is still too long
+    is refused naming both lengths. params.max_tokens unset becomes what the context leaves."""
+    field, ids = prompt_ids(tokenizer, vocab, prompt)
+    if not ids:
+        raise InvalidParameter(field, "", "non-empty")
+    if field != "prompt_token_ids" and max(ids) >= vocab:   # a tokenizer larger than the model's vocabulary
+        raise InvalidParameter(field, f"token id {max(ids)}",
+                               f"text whose tokens the model has (this tokenizer gave an id past its "
+                               f"{vocab}-token vocabulary)")
+    dropped = 0
+    room = max_model_len - (params.max_tokens or 1)
+    if field == "messages" and params.context_overflow == "drop_oldest" and len(ids) > room:
+        assert isinstance(prompt, Mapping)
+        whole = len(ids)
+        ids = _drop_oldest(tokenizer, vocab, prompt, whole, max(room, 0), max_model_len)
+        dropped = whole - len(ids)
+    ids = ids[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else ids   # vLLM's: the last
+    n = len(ids)
+    hint = "; context_overflow 'drop_oldest' drops the oldest turns" \
+        if field == "messages" and params.context_overflow != "drop_oldest" else ""
+    if n >= max_model_len:
+        raise InvalidParameter(field, f"{n} tokens", f"shorter than max_model_len {max_model_len} tokens "
+                                                    f"(over by {n - max_model_len + 1}{hint})")
+    if params.max_tokens is None:
+        params.max_tokens = max_model_len - n
+    elif n + params.max_tokens > max_model_len:
+        raise InvalidParameter("max_tokens", params.max_tokens,
+                               f"at most {max_model_len - n} for a prompt of {n} tokens (prompt + max_tokens "
+                               f"exceeds max_model_len {max_model_len} by {n + params.max_tokens - max_model_len}"
+                               f"{hint})")
+    return ids, dropped
+
+
+def _drop_oldest(tokenizer: Tokenizer, vocab: int, prompt: Mapping[str, Any], n: int, room: int,
+                 max_model_len: int) -> list[int]:
+    """The chat rendered without its oldest whole turns, as few dropped as fit within room tokens. Kept:
+    the leading system messages (so a pinned system prompt's cached pages still match) and the last turn,
+    from the last user message on; a turn starts at a user message, so a tool call and its result go
+    together. The fewest turns that fit are found by halving (each turn dropped shortens the prompt)."""
+    messages = list(prompt["messages"])
+    head = 0
+    while head < len(messages) and isinstance(messages[head], Mapping) and messages[head].get("role") == "system":
+        head += 1
+    users = [i for i in range(head, len(messages)) if isinstance(messages[i], Mapping)
+             and messages[i].get("role") == "user"]
+    last = users[-1] if users else len(messages) - 1
+    starts = sorted({head, *[i for i in users if i <= last], last})   # where each droppable chunk begins
+
+    def render(k: int) -> list[int]:   # k chunks dropped
+        return prompt_ids(tokenizer, vocab, {**prompt, "messages": messages[:head] + messages[starts[k]:]})[1]
+
+    lo, hi = 1, len(starts) - 1
+    best = render(hi) if hi >= 1 else None
+    if best is None or len(best) > room:
+        kept = len(best) if best is not None else n
+        raise InvalidParameter("messages", f"{n} tokens",
+                               f"at most {room} tokens to leave room for the answer within max_model_len "
+                               f"{max_model_len}; with context_overflow 'drop_oldest' the system messages and "
+                               f"the last turn alone make {kept}", shown=f"{n} tokens")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ids = render(mid)
+        if len(ids) <= room:
+            hi, best = mid, ids
+        else:
+            lo = mid + 1
+    return best
 
 
 @dataclass

@@ -49,6 +49,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []   # prefix-cache hash of each full block, computed once
         self.num_computed_tokens = 0      # tokens whose K/V are in the pool
         self.num_cached_tokens = 0        # prompt tokens served by the prefix cache at first admission
+        self.dropped_prompt_tokens = 0    # a chat's oldest turns dropped to fit the context (drop_oldest)
         self.admitted_once = False
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

@@ -165,6 +165,7 @@ class Daemon:
                                  s.scheduler.max_num_seqs, s.server.max_message_bytes,
                                  s.server.max_streams_per_client)
         self.state.reasoning_parser = s.server.reasoning_parser
+        self.state.context_overflow = s.server.context_overflow
         self.engine: AsyncEngine | None = None
         self.watchdog: MemoryWatchdog | None = None
         self.pinger: WatchdogPinger | None = None
@@ -344,7 +345,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "model": {"path": args.model, "quantization": getattr(args, "quantization", None),
                   "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None),
                   "task": getattr(args, "task", None)},
-        "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None)},
+        "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None),
+                   "context_overflow": getattr(args, "context_overflow", None)},
         "http": {"listen": getattr(args, "http_listen", None)},
         "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},
         "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},

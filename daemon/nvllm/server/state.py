@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -96,6 +96,7 @@ class DaemonState:
         self.max_message_bytes = max_message_bytes
         self.max_streams_per_client = max_streams_per_client   # 0: no limit
         self.reasoning_parser = ""       # server.reasoning_parser: chat answers' thinking apart (reasoning.py)
+        self.context_overflow = "error"  # server.context_overflow: a chat's, where the request sets none
         self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
         self.phase = Phase.STARTING
         self.engine: AsyncEngine | None = None
@@ -205,6 +206,7 @@ class DaemonState:
             opened = True
             assert self.engine is not None     # check_serving passed, and the engine is never unset
             ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
+            _default_overflow(choices, self.context_overflow)
             pending = await asyncio.get_running_loop().run_in_executor(
                 self.tokenize_pool, _prepare, self.engine, ids, choices, priority)
             self.check_admission()
@@ -266,6 +268,14 @@ class DaemonState:
             if reading is not None:
                 r.available_memory_bytes = max(0, int(reading.available_bytes))
         return r
+
+
+def _default_overflow(choices: Sequence[tuple[Prompt, Params]], default: str) -> None:
+    """The server's context_overflow onto each chat choice that sets none."""
+    for prompt, params in choices:
+        if isinstance(params, SamplingParams) and params.context_overflow is None and \
+                isinstance(prompt, Mapping) and "messages" in prompt:
+            params.context_overflow = default
 
 
 def _prepare(engine: AsyncEngine, ids: list[str], choices: Sequence[tuple[Prompt, Params]],

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
-from nvllm.server.chat.chat_request import ChatRequest
+from nvllm.server.chat.chat_request import ChatRequest, context_overflow
 from nvllm.server.chat.field_error import FieldError
 from nvllm.server.chat.response_format import parse_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
@@ -41,7 +41,8 @@ COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_i
 CONSTRAINT_FIELDS = {"response_format", "structured_outputs"}
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
 CHAT_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | TOOL_FIELDS | {"messages", "max_completion_tokens", "logprobs",
-                                                                 "top_logprobs", "chat_template_kwargs"}
+                                                                 "top_logprobs", "chat_template_kwargs",
+                                                                 "context_overflow"}
 COMPLETION_FIELDS = COMMON_FIELDS | CONSTRAINT_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 
 # OpenAI parameters nvllm does not implement: accepted only at the value that asks for nothing.
@@ -256,6 +257,8 @@ def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
     chat = ChatRequest(chat_messages(body.get("messages")), req.params, body.get("tools"), body.get("tool_choice"),
                        body.get("parallel_tool_calls"), template_kwargs=req.template_kwargs)
     try:
+        if body.get("context_overflow") is not None:
+            req.params.context_overflow = context_overflow(body["context_overflow"], "context_overflow")
         chat.constraint = parse_constraint(body)
         planned = chat.plan(chat_template)
     except FieldError as e:

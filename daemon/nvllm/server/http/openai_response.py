@@ -48,17 +48,23 @@ class Usage:
     prompt_tokens: dict[int, int] = field(default_factory=dict)     # prompt index -> tokens
     cached_tokens: dict[int, int] = field(default_factory=dict)
     completion_tokens: int = 0
+    dropped_tokens: dict[int, int] | None = None   # with context_overflow drop_oldest: a chat's turns dropped
 
     def add(self, prompt_index: int, out: RequestOutput) -> None:
         self.prompt_tokens[prompt_index] = out.prompt_tokens
         self.cached_tokens[prompt_index] = max(self.cached_tokens.get(prompt_index, 0), out.cached_tokens)
         self.completion_tokens += out.completion_tokens
+        if self.dropped_tokens is not None:
+            self.dropped_tokens[prompt_index] = out.dropped_prompt_tokens
 
     def to_dict(self) -> dict[str, Any]:
         prompt = sum(self.prompt_tokens.values())
-        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
-                "total_tokens": prompt + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens.values())}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
+                 "total_tokens": prompt + self.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens.values())}}
+        if self.dropped_tokens is not None:   # nvllm's: the prompt tokens drop_oldest left out
+            usage["dropped_prompt_tokens"] = sum(self.dropped_tokens.values())
+        return usage
 
 
 class ResponseBuilder:
@@ -73,7 +79,7 @@ class ResponseBuilder:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id
         self.created = int(time.time())
         self.model = model_name
-        self.usage = Usage()
+        self.usage = Usage(dropped_tokens={} if req.params.context_overflow == "drop_oldest" else None)
         n = req.num_choices
         self.texts = [""] * n
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
