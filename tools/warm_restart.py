@@ -104,7 +104,8 @@ def ask_http(serve: Serve, question: str) -> tuple[str, int, int]:
 
 def ask_grpc(serve: Serve, question: str) -> tuple[list[int], int, int]:
     """(the answer's token ids, prompt tokens, cached prompt tokens)."""
-    req = pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in messages(question)]))
+    chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages(question)]
+    req = pb.GenerateRequest(chat=pb.ChatMessages(messages=chat))
     req.sampling_params.CopyFrom(pb.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     with grpc.insecure_channel(serve.grpc) as ch:
         out = list(pb_grpc.GeneratorStub(ch).Generate(req, timeout=120))

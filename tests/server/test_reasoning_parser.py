@@ -15,7 +15,7 @@ from nvllm.sampling_params import SamplingParams, StructuredSpec
 from nvllm.server.http.openai_request import parse_chat
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.reasoning import ReasoningStream, split_reasoning, thinking_requested
-from nvllm.server.service import GeneratorService, chat_reasoning
+from nvllm.server.service import GeneratorService, chat_answer
 
 CASES = [
     # (text, reasoning, content) for deepseek_r1 and qwen3 with thinking on
@@ -133,13 +133,13 @@ def test_grpc_responses_carry_reasoning_text_apart():
     state = DaemonState("m", HealthServicer(), 8, 8, 1 << 20)
     service = GeneratorService(state)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    stream = chat_reasoning("deepseek_r1", "chat", chat, thinks=True)
+    stream = chat_answer("deepseek_r1", "chat", chat, thinks=True)
     assert stream is not None
     rs = [service._response("r", out(p, finished=i == len(PIECES) - 1), 0.0, None, stream)
           for i, p in enumerate(PIECES)]
     assert "".join(r.reasoning_text for r in rs) == "Hmm." and "".join(r.text for r in rs) == "\n\nBlue."
-    assert chat_reasoning("deepseek_r1", "prompt", "hi", thinks=True) is None
-    assert chat_reasoning("", "chat", chat, thinks=True) is None
+    assert chat_answer("deepseek_r1", "prompt", "hi", thinks=True) is None
+    assert chat_answer("", "chat", chat, thinks=True) is None
 
 
 def test_a_constrained_answer_thinks_only_when_its_grammar_waits_for_the_thinking():
@@ -149,8 +149,8 @@ def test_a_constrained_answer_thinks_only_when_its_grammar_waits_for_the_thinkin
     b = builder("qwen3", thinks=False)
     b.add(0, out("{}", finished=True))
     assert b.response()["choices"][0]["message"] == {"role": "assistant", "content": "{}", "reasoning_content": None}
-    stream = chat_reasoning("deepseek_r1", "chat", {"messages": []}, thinks=False)
-    assert stream is not None and stream.feed("{}", final=True) == ("", "{}")
+    stream = chat_answer("deepseek_r1", "chat", {"messages": []}, thinks=False)
+    assert stream is not None and [(d.kind, d.text) for d in stream.feed("{}", final=True)] == [("text", "{}")]
 
 
 def test_the_setting_and_its_flag(capsys: pytest.CaptureFixture[str]):

@@ -53,7 +53,8 @@ def sse(r: httpx.Response) -> tuple[str, str]:
 
 def chat(**kw: Any) -> pb.GenerateRequest:
     kw.setdefault("sampling_params", pb.SamplingParams(max_tokens=6, temperature=0))
-    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in USER]), **kw)
+    chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in USER]
+    return pb.GenerateRequest(chat=pb.ChatMessages(messages=chat), **kw)
 
 
 async def grpc_call(stub: Any, req: pb.GenerateRequest) -> list[pb.GenerateResponse] | grpc.aio.AioRpcError:

@@ -44,7 +44,8 @@ def run(llm: LLM, body: Any, ready: bool = True) -> Any:
 
 
 def grpc_chat(**kw: Any) -> pb.TokenizeRequest:
-    return pb.TokenizeRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in CHAT]), **kw)
+    chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
+    return pb.TokenizeRequest(chat=pb.ChatMessages(messages=chat), **kw)
 
 
 async def tokenize_rpc(stub: Any, req: pb.TokenizeRequest) -> pb.TokenizeResponse | grpc.aio.AioRpcError:

@@ -29,7 +29,8 @@ def messages(question: str) -> list[dict[str, str]]:
 
 
 def grpc_chat(address: str, question: str) -> tuple[list[int], pb.Usage]:
-    req = pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in messages(question)]))
+    chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages(question)]
+    req = pb.GenerateRequest(chat=pb.ChatMessages(messages=chat))
     req.sampling_params.CopyFrom(pb.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     with grpc.insecure_channel(address) as ch:
         out = list(pb_grpc.GeneratorStub(ch).Generate(req, timeout=60))

@@ -47,6 +47,20 @@ STRING_CASES = [
     (pb.GenerateRequest(prompt="hi", structured=pb.StructuredOutput(grammar='start: "MARK"')), "structured.grammar"),
     (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")]),
                         chat_template_kwargs='{"MARK": 1}'), "chat_template_kwargs"),
+    (pb.GenerateRequest(prompt="hi", sampling_params=pb.SamplingParams(context_overflow="MARK")),
+     "sampling_params.context_overflow"),
+    *[(pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(
+        role="assistant", tool_calls=[pb.ToolCall(id="c", name="f", arguments="{}"),
+                                      pb.ToolCall(**{"id": "c2", "name": "f", "arguments": "{}", key: "xMARK"})])])),
+       f"chat.messages[1].tool_calls[1].{key}") for key in ("id", "name", "arguments")],
+    (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="tool", content="1", tool_call_id="MARK")])),
+     "chat.messages[0].tool_call_id"),
+    (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="tool", content="1", name="MARK")])),
+     "chat.messages[0].name"),
+    *[(pb.GenerateRequest(chat=chat(("user", "hi")).chat,
+                          tools=[pb.Tool(name="f"), pb.Tool(**{"name": "g", key: "MARK"})]), f"tools[1].{key}")
+      for key in ("name", "description", "parameters")],
+    (pb.GenerateRequest(prompt="hi", tool_choice=pb.ToolChoice(function_name="MARK")), "tool_choice.function_name"),
 ]
 
 

@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.stress, pytest.mark.slow]
 
 BATCH = 25
 NUM_BATCHES = 204          # 5,100 requests
-FIELDS = ("request", "request_id", "model", "input", "prompt", "chat", "prompt_token_ids", "sampling_params")
+# What a refusal may name: the request, its input, or any field of the request (tools, structured, ...).
+FIELDS = ("request", "input", *pb.GenerateRequest.DESCRIPTOR.fields_by_name)
 
 CONFIG = config_with(BASE_CONFIG, max_stop_strings=MAX_STOP_STRINGS, server__max_stop_string_chars=MAX_STOP_CHARS)
 

@@ -1,14 +1,19 @@
 """A GenerateRequest read into the engine's arguments: the checks that need no tokenizer (size, request
 id, model name, input; BadRequest naming the proto field), and the proto's SamplingParams and structured
-constraint mapped onto sampling_params.SamplingParams by field name.
+constraint mapped onto sampling_params.SamplingParams by field name. A chat, with its tools, is planned
+as the HTTP API plans one (generate_chat.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
+from nvllm.server.chat.field_error import FieldError
+from nvllm.server.chat.tool_plan import ToolPlan
+from nvllm.server.generate_chat import chat_messages, plan_chat
 from nvllm.v1 import nvllm_pb2 as pb
 
 MAX_REQUEST_ID_CHARS = 128
@@ -25,9 +30,20 @@ class BadRequest(Exception):
         self.field = field
 
 
-def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_message_bytes: int
-                 ) -> tuple[str, Any, SamplingParams]:
-    """Checks that need no tokenizer; returns (input field, prompt or messages, params)."""
+@dataclass
+class GenerateArgs:
+    """A request read: its engine prompt and parameters, and what reading the answer needs."""
+    input_field: str                 # "prompt", "chat" or "prompt_token_ids"
+    prompt: Any                      # text, token ids, or {"messages", "tools", "chat_template_kwargs"}
+    params: SamplingParams
+    tool_plan: ToolPlan | None = None     # a chat with tools: how its calls read back
+    constraint_param: str | None = None   # a chat's: where its constraint came from (structured.<kind>, tools)
+
+
+def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_message_bytes: int,
+                 chat_template: str | None = None) -> GenerateArgs:
+    """Checks that need no tokenizer. chat_template: the model's template text, which tells its tool-call
+    format (server/chat/tool_plan.py)."""
     size = request.ByteSize()
     if size > max_message_bytes:
         field = oversized_field(request)
@@ -40,28 +56,48 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
     which = request.WhichOneof("input")
     if which is None:
         raise BadRequest("input", "input must be set: one of prompt, chat or prompt_token_ids")
-    if request.chat_template_kwargs and which != "chat":
-        raise BadRequest("chat_template_kwargs", f"chat_template_kwargs needs chat input (the template renders "
-                                                 f"only chat), got {which}")
-    if which == "prompt":
-        if not request.prompt:
-            raise BadRequest("prompt", "prompt must not be empty")
-        prompt: Any = request.prompt
-    elif which == "chat":
-        if not request.chat.messages:
-            raise BadRequest("chat.messages", "chat.messages must hold at least one message")
-        prompt = {"messages": [{"role": m.role, "content": m.content} for m in request.chat.messages]}
-        if request.chat_template_kwargs:
-            prompt["chat_template_kwargs"] = template_kwargs(request.chat_template_kwargs)
-    else:
-        if not request.prompt_token_ids.ids:
-            raise BadRequest("prompt_token_ids.ids", "prompt_token_ids.ids must hold at least one id")
-        prompt = [int(t) for t in request.prompt_token_ids.ids]
+    if which != "chat":
+        check_chat_only(request, which)
+    if which == "prompt" and not request.prompt:
+        raise BadRequest("prompt", "prompt must not be empty")
+    if which == "prompt_token_ids" and not request.prompt_token_ids.ids:
+        raise BadRequest("prompt_token_ids.ids", "prompt_token_ids.ids must hold at least one id")
+    if which == "chat" and not request.chat.messages:
+        raise BadRequest("chat.messages", "chat.messages must hold at least one message")
+    kwargs = template_kwargs(request.chat_template_kwargs) if request.chat_template_kwargs else None
     try:
         params = sampling_params_from_proto(request)
     except (TypeError, ValueError) as e:
         raise BadRequest("sampling_params", f"sampling_params: {e}") from None
-    return which, prompt, params
+    if which == "prompt":
+        return GenerateArgs(which, request.prompt, params)
+    if which == "prompt_token_ids":
+        return GenerateArgs(which, [int(t) for t in request.prompt_token_ids.ids], params)
+    try:
+        planned = plan_chat(request, params, kwargs, chat_template)
+    except FieldError as e:
+        raise BadRequest(e.field or "chat", e.message) from None
+    return GenerateArgs(which, planned.prompt, planned.params, planned.tool_plan, planned.constraint_param)
+
+
+def check_chat_only(request: pb.GenerateRequest, which: str) -> None:
+    """What only a chat can use, refused on other input rather than ignored."""
+    given = {"chat_template_kwargs": bool(request.chat_template_kwargs), "tools": bool(request.tools),
+             "tool_choice": request.HasField("tool_choice"),
+             "parallel_tool_calls": request.HasField("parallel_tool_calls"),
+             "sampling_params.context_overflow": request.sampling_params.context_overflow == "drop_oldest"}
+    for name, set_ in given.items():
+        if set_:
+            raise BadRequest(name, f"{name} needs chat input (only a chat is rendered by the template and has "
+                                   f"turns), got {which}")
+
+
+def read_messages(chat: pb.ChatMessages) -> list[dict[str, Any]]:
+    """A chat's messages in OpenAI chat's shape, as Generate reads them (for Tokenize)."""
+    try:
+        return chat_messages(chat)
+    except FieldError as e:
+        raise BadRequest(e.field or "chat", e.message) from None
 
 
 def check_model(model: str, model_name: str) -> None:
@@ -126,7 +162,10 @@ def proto_field(name: str, input_field: str) -> str:
     return name
 
 
-def invalid_message(e: InvalidParameter, input_field: str) -> str:
+def invalid_message(e: InvalidParameter, input_field: str, constraint_param: str | None = None) -> str:
+    if constraint_param == "tools" and e.field.startswith("structured"):
+        # The constraint was built from the tools; its text means nothing to the client, the reason does.
+        return f"tools: a function's parameters schema cannot be used: {e.reason}"
     field = proto_field(e.field, input_field)
     text = str(e)
     return field + text[len(e.field):] if text.startswith(e.field) else f"{field}: {text}"
@@ -144,5 +183,6 @@ def oversized_field(request: pb.GenerateRequest) -> str:
     if request.HasField("structured"):
         sizes["structured"] = request.structured.ByteSize()
     sizes["chat_template_kwargs"] = len(request.chat_template_kwargs.encode())
+    sizes["tools"] = sum(t.ByteSize() for t in request.tools)
     return max(sizes, key=sizes.__getitem__)
 

@@ -5,9 +5,10 @@ Generate: read the proto (INVALID_ARGUMENT naming its field, generate_request.py
 and its SamplingParams in through `DaemonState.submit` (UNAVAILABLE while starting or draining,
 RESOURCE_EXHAUSTED under memory pressure, with a full queue or when the client already holds
 server.max_streams_per_client streams, INVALID_ARGUMENT for what the engine refuses), then stream the
-engine's deltas as responses. A client that cancels or passes its deadline closes the stream, which aborts
-the request in the engine at once. Tokenize: read the proto (tokenize_request.py), then the prompt's ids
-through `DaemonState.tokenize`, off the event loop.
+engine's deltas as responses: a chat's text read by server/chat/answer.py's AnswerStream, as the HTTP API
+reads it, into text, reasoning_text and tool_calls. A client that cancels or passes its deadline closes the
+stream, which aborts the request in the engine at once. Tokenize: read the proto (tokenize_request.py),
+then the prompt's ids through `DaemonState.tokenize`, off the event loop.
 
 Requests are decoded by server/wire.py rather than by the generated handler, so that bytes which do
 not decode (invalid UTF-8 in a string field) are refused with INVALID_ARGUMENT naming the field.
@@ -28,11 +29,12 @@ import grpc
 from nvllm.engine.async_engine import EngineDead
 from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import InvalidParameter
+from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStream
+from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.generate_request import BadRequest, invalid_message, read_request
 from nvllm.server.logs import request_context
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.pooling_request import PoolingArgs, pooling_message, read_embed, read_rerank
-from nvllm.server.reasoning import ReasoningStream, reasoning_stream
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
 from nvllm.server.submission import Submission
 from nvllm.server.tokenize_request import read_tokenize
@@ -48,7 +50,8 @@ from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
 log = logging.getLogger("nvllm.server.service")
 
-_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT,
+           "tool_calls": pb.FINISH_REASON_TOOL_CALLS}
 
 
 def _refusal_code(e: Refused) -> grpc.StatusCode:
@@ -61,11 +64,13 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detai
     raise AssertionError("context.abort returned")
 
 
-def chat_reasoning(parser: str, input_field: str, prompt: Any, thinks: bool) -> ReasoningStream | None:
-    """The answer's thinking reader (server.reasoning_parser): chat only."""
-    if input_field != "chat":
+def chat_answer(parser: str, input_field: str, prompt: Any, thinks: bool,
+                plan: ToolPlan | None = None) -> AnswerStream | None:
+    """A chat answer's reader: its thinking (server.reasoning_parser) and its tool calls (the request's
+    plan). None where the text goes out as it comes: not a chat, or nothing to read apart."""
+    if input_field != "chat" or (not parser and (plan is None or plan.style is None)):
         return None
-    return reasoning_stream(parser, thinks, prompt.get("chat_template_kwargs"))
+    return AnswerStream(plan, parser, thinks, prompt.get("chat_template_kwargs"))
 
 
 def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server) -> None:
@@ -177,28 +182,38 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or uuid.uuid4().hex
         with request_context(rid):
+            engine = st.engine      # the template tells the model's tool-call format (tool_plan.py)
             try:
-                input_field, prompt, params = read_request(request, rid, st.model_name, st.max_message_bytes)
+                if engine is None:      # starting: no template to read a chat by yet
+                    st.check_serving()
+            except Refused as e:
+                st.metrics.request("grpc", t0).refused("unavailable")
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+            try:
+                args = read_request(request, rid, st.model_name, st.max_message_bytes,
+                                    engine.chat_template if engine is not None else None)
             except BadRequest as e:
                 log.info("refused: %s", e)
                 st.metrics.request("grpc", t0).refused("invalid")
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             try:
-                sub = await st.submit("grpc", client_key(context.peer()), rid, [(prompt, params)], request.priority, t0)
+                sub = await st.submit("grpc", client_key(context.peer()), rid, [(args.prompt, args.params)],
+                                      request.priority, t0)
             except Refused as e:
                 await _abort(context, _refusal_code(e), str(e))
             except InvalidParameter as e:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, input_field))
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                             invalid_message(e, args.input_field, args.constraint_param))
             except EngineDead as e:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
             async with sub:
-                reasoning = chat_reasoning(st.reasoning_parser, input_field, prompt, sub.thinks)
-                async with contextlib.aclosing(self._responses(sub, context, rid, t0, reasoning)) as responses:
+                answer = chat_answer(st.reasoning_parser, args.input_field, args.prompt, sub.thinks, args.tool_plan)
+                async with contextlib.aclosing(self._responses(sub, context, rid, t0, answer)) as responses:
                     async for response in responses:
                         yield response
 
     async def _responses(self, sub: Submission, context: grpc.aio.ServicerContext, rid: str, t0: float,
-                         reasoning: ReasoningStream | None) -> AsyncGenerator[pb.GenerateResponse, None]:
+                         answer: AnswerStream | None) -> AsyncGenerator[pb.GenerateResponse, None]:
         first_token_time = None
         try:
             async with contextlib.aclosing(aiter(sub)) as outputs:
@@ -208,10 +223,11 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                         await _abort(context, grpc.StatusCode.INTERNAL, f"generation failed: {out.error}")
                     if first_token_time is None and out.token_ids:
                         first_token_time = time.monotonic()
-                    yield self._response(rid, out, t0, first_token_time, reasoning)
+                    yield self._response(rid, out, t0, first_token_time, answer)
                     if out.finished:
                         log.info("finished: %s, %d prompt + %d output tokens (%d cached)%s",
-                                 out.finish_reason, out.prompt_tokens, out.completion_tokens, out.cached_tokens,
+                                 answer.finish_reason(out.finish_reason) if answer is not None else out.finish_reason,
+                                 out.prompt_tokens, out.completion_tokens, out.cached_tokens,
                                  "" if first_token_time is None
                                  else f", first token after {1000 * (first_token_time - t0):.0f} ms")
         except asyncio.CancelledError:
@@ -221,17 +237,29 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def _response(self, rid: str, out: RequestOutput, t0: float, first_token_time: float | None,
-                  reasoning: ReasoningStream | None = None) -> pb.GenerateResponse:
-        text, thought = out.text, ""
-        if reasoning is not None:
-            thought, text = reasoning.feed(text, final=out.finished)
-        r = pb.GenerateResponse(request_id=rid, text=text, token_ids=out.token_ids, reasoning_text=thought)
+                  answer: AnswerStream | None = None) -> pb.GenerateResponse:
+        r = pb.GenerateResponse(request_id=rid, token_ids=out.token_ids)
+        if answer is None:
+            r.text = out.text
+        else:
+            for d in answer.feed(out.text, final=out.finished):
+                if d.kind == TEXT:
+                    r.text += d.text
+                elif d.kind == REASONING:
+                    r.reasoning_text += d.text
+                elif d.kind == CALL:
+                    r.tool_calls.add(index=d.index, id=d.call_id, name=d.name)
+                elif d.kind == ARGUMENTS:    # onto its call's delta in this message, else a delta of its own
+                    last = r.tool_calls[-1] if r.tool_calls and r.tool_calls[-1].index == d.index else \
+                        r.tool_calls.add(index=d.index)
+                    last.arguments += d.text
         for lp in out.logprobs or ():
             r.logprobs.add(token_id=lp.token_id, logprob=lp.logprob,
                            top=[pb.TopLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token) for t in lp.top])
         if out.finished:
-            r.finish_reason = _FINISH.get(out.finish_reason or "abort", pb.FINISH_REASON_ABORT)
-            if out.finish_reason == "stop" and out.stop_reason is not None:
+            reason = answer.finish_reason(out.finish_reason) if answer is not None else out.finish_reason
+            r.finish_reason = _FINISH.get(reason or "abort", pb.FINISH_REASON_ABORT)
+            if reason == "stop" and out.stop_reason is not None:
                 if isinstance(out.stop_reason, str):
                     r.stop_str = out.stop_reason
                 else:
@@ -239,6 +267,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             r.usage.prompt_tokens = out.prompt_tokens
             r.usage.completion_tokens = out.completion_tokens
             r.usage.cached_tokens = out.cached_tokens
+            r.usage.dropped_prompt_tokens = out.dropped_prompt_tokens
             if first_token_time is not None:
                 r.time_to_first_token_ms = 1000.0 * (first_token_time - t0)
         return r

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nvllm.engine.prompt import Prompt
-from nvllm.server.generate_request import BadRequest, check_model, template_kwargs
+from nvllm.server.generate_request import BadRequest, check_model, read_messages, template_kwargs
 from nvllm.v1 import nvllm_pb2 as pb
 
 
@@ -38,7 +38,7 @@ def read_tokenize(request: pb.TokenizeRequest, model_name: str, max_message_byte
     else:
         if not request.chat.messages:
             raise BadRequest("chat.messages", "chat.messages must hold at least one message")
-        messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        messages = read_messages(request.chat)     # as Generate reads them, tool calls included
         prompt = {"messages": messages}
         if request.chat_template_kwargs:
             prompt = {"messages": messages, "chat_template_kwargs": template_kwargs(request.chat_template_kwargs)}
