@@ -11,6 +11,9 @@ the engine's constraint (SamplingParams.structured).
   structured_outputs {"choice": ["a", "b"]}                 exactly one of the strings
   structured_outputs {"grammar": "..."}                     a Lark (llguidance) or GBNF grammar
 
+The Responses API's text.format {"type": "json_schema", "name", "schema", ...} is the same json_schema object
+(json_schema_constraint), read by server/http/responses_request.py.
+
 Shapes are checked here (400 naming the field); whether a schema, regex or grammar compiles is the
 engine's check, and its refusal comes back as 400 naming the field it came in (`Constraint.param`).
 """
@@ -71,22 +74,25 @@ def _response_format(rf: Any) -> Constraint | None:
     if not isinstance(js, dict):
         raise bad_field("response_format.json_schema", "response_format.json_schema must be an object "
                                                          "with a name and a schema")
-    extra = sorted(set(js) - {"name", "schema", "strict", "description"})
+    return json_schema_constraint(js, "response_format.json_schema")
+
+
+def json_schema_constraint(js: dict[str, Any], at: str, more_keys: frozenset[str] = frozenset()) -> Constraint:
+    """A json_schema object ({"name", "schema", "strict", "description"}) as a constraint. `at` is where it
+    sits in the request (chat's response_format.json_schema, the Responses API's text.format, which holds
+    its "type" too: `more_keys`); refusals name the field under it."""
+    extra = sorted(set(js) - {"name", "schema", "strict", "description"} - more_keys)
     if extra:
-        raise bad_field(f"response_format.json_schema.{extra[0]}"[:80],
-                          f"response_format.json_schema.{extra[0][:64]} is not supported")
+        raise bad_field(f"{at}.{extra[0]}"[:80], f"{at}.{extra[0][:64]} is not supported")
     name = js.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise bad_field("response_format.json_schema.name", "response_format.json_schema.name must be 1 to "
-                                                              f"64 letters, digits, '_' or '-', got {_show(name)}")
+        raise bad_field(f"{at}.name", f"{at}.name must be 1 to 64 letters, digits, '_' or '-', got {_show(name)}")
     if js.get("strict") is not None and not isinstance(js["strict"], bool):
-        raise bad_field("response_format.json_schema.strict", "response_format.json_schema.strict must be "
-                                                                "true or false")
+        raise bad_field(f"{at}.strict", f"{at}.strict must be true or false")
     if js.get("description") is not None and not isinstance(js["description"], str):
-        raise bad_field("response_format.json_schema.description",
-                          "response_format.json_schema.description must be a string")
+        raise bad_field(f"{at}.description", f"{at}.description must be a string")
     schema = js.get("schema")
-    param = "response_format.json_schema.schema"
+    param = f"{at}.schema"
     if schema is None:
         return Constraint(StructuredSpec("json_object"), param)   # no schema: any JSON object
     if not isinstance(schema, dict):

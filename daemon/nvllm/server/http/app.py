@@ -3,6 +3,9 @@
 POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, and vLLM's
 POST /tokenize and POST /detokenize (the prompt's token ids as a generation request would get them); for
 an embedding model POST /v1/embeddings, for a reranker POST /v1/rerank and /rerank (server/pooling.py).
+OpenAI's Responses API, stateless: POST /v1/responses (responses_request.py, responses_response.py).
+Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens (anthropic_request.py,
+anthropic_response.py), its errors in Anthropic's shape.
 
 A generation request is read here, then goes in as the gRPC API's do, through `DaemonState.submit`: the
 key (401), the body's size (413), its JSON and parameters (400 naming the parameter), then starting or
@@ -34,6 +37,8 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
+from nvllm.server.http.anthropic_request import anthropic_invalid, read_count_tokens
+from nvllm.server.http.anthropic_response import MESSAGES, anthropic_refused
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.dialect import Answering, Dialect, Event
 from nvllm.server.http.errors import ApiError, bad_request
@@ -41,6 +46,8 @@ from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_co
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_request import parse_embeddings, parse_rerank, pooling_refusal
 from nvllm.server.http.pooling_response import embeddings_response, rerank_response
+from nvllm.server.http.responses_request import read_responses
+from nvllm.server.http.responses_response import ResponsesAnswer
 from nvllm.server.http.tokenize_request import parse_detokenize, parse_tokenize
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
@@ -78,6 +85,9 @@ class OpenAIApi:
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
@@ -214,6 +224,29 @@ class OpenAIApi:
         return await self.generate(request, self._openai(
             lambda body, st: parse_completion(body, st.model_name, st.max_num_seqs)))
 
+    async def messages(self, request: Request) -> Response:
+        return await self.generate(request, MESSAGES)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's count_tokens: the prompt a /v1/messages request would have, tokenized as it would be."""
+        st = self.state
+        try:
+            self.check_key(request)
+            prompt, origins = read_count_tokens(parse_json(await self._read_body(request)), st)
+            try:
+                done = await st.tokenize(prompt)
+            except InvalidParameter as e:
+                raise anthropic_invalid(e, origins) from None
+            except Refused as e:
+                raise refusal(e) from None
+        except ApiError as e:
+            return anthropic_refused(e)
+        return JSONResponse({"input_tokens": len(done.ids)})
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API, stateless: the whole conversation comes as input items every time."""
+        return await self.generate(request, Dialect(read_responses, ResponsesAnswer.start))
+
     async def generate(self, request: Request, dialect: Dialect) -> Response:
         """A generation request in any of the API's dialects: its body read, handed in through
         DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape."""
@@ -231,7 +264,12 @@ class OpenAIApi:
         with request_context(rid):
             try:
                 self.check_key(request)
+                if st.engine is None:   # starting: reading a chat needs the model's template, so 503 first
+                    st.check_serving()
                 asked = dialect.read(parse_json(await self._read_body(request)), st)
+            except Refused as e:
+                st.metrics.request("http", arrival=t0).refused("unavailable")
+                raise refusal(e) from None
             except ApiError as e:
                 st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
                 raise
