@@ -310,9 +310,11 @@ def test_truncation_auto_drops_the_oldest_turns(engine: LLMEngine) -> None:
                               "temperature": 0}
 
     async def body(client: Client, state: DaemonState) -> list[httpx.Response]:
-        return [await client.post("/v1/responses", json={**common, "truncation": t}) for t in ("disabled", "auto")]
-    refused, answered = serve(engine, body)
+        return [await client.post("/v1/responses", json={**common, "truncation": t}) for t in ("disabled", "auto")] \
+            + [await client.post("/v1/responses", json={**common, "truncate_prompt_tokens": 40})]
+    refused, answered, cut = serve(engine, body)
     assert error_of(refused, 400)["param"] == "input"
+    assert cut.status_code == 200 and cut.json()["usage"]["input_tokens"] == 40     # vLLM's: its last 40 tokens
     assert answered.status_code == 200, answered.text
     usage = answered.json()["usage"]
     assert usage["dropped_prompt_tokens"] > 0 and usage["input_tokens"] + 8 <= 256

@@ -29,7 +29,8 @@ from nvllm.server.state import DaemonState
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
           "max_output_tokens", "temperature", "top_p", "reasoning", "stream", "user", "metadata", "truncation",
-          "store", "previous_response_id", "include", "background", "service_tier", "priority"}
+          "store", "previous_response_id", "include", "background", "service_tier", "priority",
+          "truncate_prompt_tokens"}     # the last two nvllm's (vLLM's)
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = ("auto", "concise", "detailed")
@@ -90,6 +91,8 @@ def parse_responses(body: dict[str, Any], model_name: str, chat_template: str | 
             setattr(params, name, need(name, body[name], "a number"))
     if body.get("max_output_tokens") is not None:
         params.max_tokens = need("max_output_tokens", body["max_output_tokens"], "an integer")
+    if body.get("truncate_prompt_tokens") is not None:
+        params.truncate_prompt_tokens = need("truncate_prompt_tokens", body["truncate_prompt_tokens"], "an integer")
     truncation = body.get("truncation")
     if truncation not in (None, "disabled", "auto"):
         raise bad_request("truncation", f"truncation must be 'disabled' or 'auto', got {_show(truncation)}")
