@@ -1,24 +1,34 @@
 """Every setting in one place: dataclasses with defaults, read from a TOML file, overridden by flags.
 
 deploy/nvllm.toml documents each field; the section names there are the dataclass names here.
-Each field's annotation is its type and its metadata (at_least, above, between, one_of, NON_EMPTY) its
-allowed values: load_settings checks every value against both, so a new field is checked as soon as it
-is declared. validate() adds the checks that span fields.
+Each field's annotation is its type and its metadata (at_least, above, between, one_of, NON_EMPTY, from
+config_values.py) its allowed values: load_settings checks every value against both, so a new field is
+checked as soon as it is declared. validate() adds the checks that span fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
-import math
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
+
+from nvllm.config_values import (
+    DURATION,
+    DURATION_OR_EMPTY,
+    NON_EMPTY,
+    ConfigError,
+    above,
+    at_least,
+    between,
+    checked,
+    one_of,
+    show,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,65 +39,6 @@ log = logging.getLogger("nvllm.config")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"          # the registry's name (`nvllm models pull`)
 DEFAULT_MODEL_FILE = DEFAULT_MODEL + ".gguf"      # what is served by default: the pulled GGUF, as shipped
-RANGE = "range"          # the metadata key of a field's allowed values
-
-
-class ConfigError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a setting allows beyond its type: bounds (inclusive unless lo_open), or choices."""
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    choices: tuple[Any, ...] = ()
-    non_empty: bool = False
-    text: str = ""           # the wording for the message, where the generated one would be unclear
-
-    def admits(self, value: Any) -> bool:
-        if self.choices:
-            return value in self.choices
-        if self.non_empty and len(value) == 0:
-            return False
-        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
-            return False
-        return self.hi is None or value <= self.hi
-
-    def describe(self, type_text: str) -> str:
-        if self.text:
-            return self.text
-        if self.choices:
-            return "one of " + _or_list([_show(c) for c in self.choices])
-        if self.non_empty:
-            type_text = "a non-empty " + type_text.split(" ", 1)[-1]
-        if self.hi is None:
-            if self.lo is None:
-                return type_text
-            return f"{type_text} {'>' if self.lo_open else '>='} {_number(self.lo)}"
-        if self.lo is None:
-            return f"{type_text} <= {_number(self.hi)}"
-        return f"{type_text} in {'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}]"
-
-
-def at_least(lo: float) -> dict[str, Range]:
-    return {RANGE: Range(lo=lo)}
-
-
-def above(lo: float) -> dict[str, Range]:
-    return {RANGE: Range(lo=lo, lo_open=True)}
-
-
-def between(lo: float, hi: float, lo_open: bool = False, text: str = "") -> dict[str, Range]:
-    return {RANGE: Range(lo=lo, hi=hi, lo_open=lo_open, text=text)}
-
-
-def one_of(*choices: Any) -> dict[str, Range]:
-    return {RANGE: Range(choices=choices)}
-
-
-NON_EMPTY = {RANGE: Range(non_empty=True)}
 
 # Settings that were renamed: the old dotted key -> the field's name now. A file or flag that uses the
 # old name still works, with a warning; giving both names is refused.
@@ -124,6 +75,29 @@ class ModelSettings:
     # What the model serves: "auto" reads it from its files (an encoder with a classifier head reranks,
     # one without embeds, a decoder generates); another value must agree with them.
     task: str = field(default="auto", metadata=one_of("auto", "generate", "embed", "rerank"))
+    # How long a model stays loaded after its last request (Ollama's keep_alive): "5m", "30s", "1h", a
+    # number of seconds, 0 (unloaded right after) or -1 (never); every model's default ([[models]] and
+    # each request may set their own). A pinned model is loaded at start and never unloaded.
+    keep_alive: str = field(default="5m", metadata=DURATION)
+    pinned: bool = False
+    # Serve every .gguf file and model folder in this folder besides the models named (`serve
+    # --models-dir DIR`), each under its file's name without .gguf or its folder's name.
+    serve_dir: str = ""
+
+
+@dataclass
+class ModelEntry:
+    """One [[models]] table: a model served by name. Settings left out are the [model], [cache] and
+    [scheduler] ones."""
+    path: str = field(default="", metadata=NON_EMPTY)
+    # What requests call it (empty: the file's name without .gguf, or the folder's).
+    name: str = ""
+    task: str = field(default="", metadata=one_of("", "auto", "generate", "embed", "rerank"))
+    keep_alive: str = field(default="", metadata=DURATION_OR_EMPTY)
+    pinned: bool = False
+    max_model_len: int | None = field(default=None, metadata=at_least(2))
+    kv_cache_dtype: str = field(default="", metadata=one_of("", "auto", "f32", "f16", "bf16", "q8_0"))
+    threads: int | None = field(default=None, metadata=at_least(0))
 
 
 @dataclass
@@ -137,6 +111,9 @@ class CacheSettings:
     reserve_mb: int = field(default=1024, metadata=at_least(0))
     # Upper bound on the pool, whatever memory is available; 0 means none.
     max_pool_mb: int = field(default=2048, metadata=at_least(0))
+    # The memory every served model's weights and page pool share (`serve --memory-gb N`); 0: fixed at
+    # start from the memory available, less reserve_mb, times memory_fraction.
+    budget_gb: float = field(default=0.0, metadata=at_least(0.0))
     enable_prefix_caching: bool = True
     # A model of sliding-window and global layers (Gemma 3) gets a group of pages per kind of layer, and
     # the sliding ones give back the pages behind their window (vLLM's hybrid KV cache manager); false:
@@ -158,7 +135,11 @@ class CacheSettings:
 
 @dataclass
 class SchedulerSettings:
-    max_num_seqs: int = field(default=32, metadata=at_least(1))
+    # Sequences running at once, and what a model's page pool is planned for (this many of max_model_len,
+    # within its share of the memory budget). 4, as llama-server's slots: a board serves a handful of
+    # on-board clients (a voice assistant, a planner, a logger), and each model's pool is then a few hundred
+    # MiB, not gigabytes; a daemon that batches many streams raises it (`nvllm bench` sets its own).
+    max_num_seqs: int = field(default=4, metadata=at_least(1))
     # At least cache.block_size (checked in validate).
     max_num_batched_tokens: int = field(default=512, metadata=at_least(1))
     # Context length a sequence may reach; the model's own limit when None.
@@ -216,6 +197,9 @@ class ServerSettings:
     # turns from the oldest on, keeping the system messages and the last turn. A request's own
     # context_overflow field wins.
     context_overflow: str = field(default="error", metadata=one_of("error", "drop_oldest"))
+    # The model a request without a model field gets; empty: the first named (--model, then [[models]]),
+    # else the first of model.serve_dir in sorted order.
+    default_model: str = ""
 
 
 @dataclass
@@ -247,6 +231,21 @@ class WatchdogSettings:
 
 
 @dataclass
+class PowerSettings:
+    # The board's heat (server/heat.py): its CPU zones' temperatures and clock ceilings, read under
+    # sysfs_root every interval_s. Throttled at throttle_c degrees Celsius or with a CPU's clock capped,
+    # clear below resume_c and uncapped; meanwhile the matmul threads and the step's token budget are cut
+    # to these fractions (at least 1 thread and cache.block_size tokens; priority < 0 keeps the budget).
+    enabled: bool = True
+    sysfs_root: str = field(default="/sys", metadata=NON_EMPTY)
+    interval_s: float = field(default=5.0, metadata=above(0.0))
+    throttle_c: float = field(default=85.0, metadata=between(0.0, 150.0, lo_open=True))
+    resume_c: float = field(default=75.0, metadata=between(0.0, 150.0, lo_open=True))
+    throttled_threads: float = field(default=0.5, metadata=between(0.0, 1.0, lo_open=True))
+    throttled_budget: float = field(default=0.5, metadata=between(0.0, 1.0, lo_open=True))
+
+
+@dataclass
 class Settings:
     model: ModelSettings = field(default_factory=ModelSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
@@ -256,6 +255,9 @@ class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    power: PowerSettings = field(default_factory=PowerSettings)
+    # The models served by name ([[models]] tables); none: model.path alone (docs/configuration.md).
+    models: list[ModelEntry] = field(default_factory=list)
     log_level: str = field(default="info", metadata=one_of("debug", "info", "warning", "error"))
 
     def model_path(self) -> Path:
@@ -265,88 +267,6 @@ class Settings:
             return p
         return Path(self.model.models_dir) / p
 
-
-# -- checking one value against its field ----------------------------------------------------------
-_NO = object()           # "not of that type"; None itself is a value an optional field accepts
-_UNION_TYPES = (Union, types.UnionType)
-SHOW_MAX = 80            # a long value is cut in the message, which stays one short line
-
-
-def _number(x: float) -> str:
-    return str(x) if isinstance(x, int) else f"{x:g}"
-
-
-def _or_list(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-
-
-def _show(value: Any) -> str:
-    """The value as TOML would spell it (true, "text", [1, 2]), on one line."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-    elif isinstance(value, dict):
-        text = "{" + ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) + "}"
-    elif isinstance(value, (list, tuple)):
-        text = "[" + ", ".join(_show(v) for v in value) + "]"
-    else:
-        text = " ".join(str(value).split())
-    return text if len(text) <= SHOW_MAX else text[:SHOW_MAX - 3] + "..."
-
-
-def _coerce(hint: Any, value: Any) -> Any:
-    """value as the annotation wants it (an int for a float field becomes a float), or _NO."""
-    origin = typing.get_origin(hint)
-    if origin in _UNION_TYPES:
-        for arg in typing.get_args(hint):
-            got = _coerce(arg, value)
-            if got is not _NO:
-                return got
-        return _NO
-    if hint is type(None):
-        return value if value is None else _NO
-    if origin is list:   # list[str]: a TOML array, each item of the item type
-        if not isinstance(value, list):
-            return _NO
-        items = [_coerce(typing.get_args(hint)[0], v) for v in value]
-        return _NO if any(v is _NO for v in items) else items
-    if hint is bool:
-        return value if isinstance(value, bool) else _NO
-    if hint is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
-    if hint is float:   # TOML writes inf and nan; neither is a usable setting
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return float(value) if ok else _NO
-    if isinstance(hint, type):
-        return value if isinstance(value, hint) else _NO
-    return value if origin is not None and isinstance(value, origin) else _NO
-
-
-def _describe_type(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in _UNION_TYPES:
-        return _or_list([_describe_type(a) for a in typing.get_args(hint) if a is not type(None)])
-    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
-    if typing.get_origin(hint) is list:
-        return f"a list of {_describe_type(typing.get_args(hint)[0]).split(' ', 1)[-1]}s"
-    return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
-
-
-def _expected(hint: Any, f: dataclasses.Field) -> str:
-    rng = f.metadata.get(RANGE)
-    text = _describe_type(hint) if rng is None else rng.describe(_describe_type(hint))
-    optional = typing.get_origin(hint) in _UNION_TYPES and type(None) in typing.get_args(hint)
-    return text + " (or left out)" if optional else text
-
-
-def _checked(name: str, value: Any, hint: Any, f: dataclasses.Field, source: str) -> Any:
-    """value, coerced to the field's type, or ConfigError naming the key, the value and what it needs."""
-    got = _coerce(hint, value)
-    rng = f.metadata.get(RANGE)
-    if got is _NO or (got is not None and rng is not None and not rng.admits(got)):
-        raise ConfigError(f"{source}{name} must be {_expected(hint, f)}, got {_show(value)}")
-    return got
 
 
 @functools.cache
@@ -369,18 +289,31 @@ def _apply(obj: Any, values: dict[str, Any], source: str, prefix: str = "") -> N
             if key in values:
                 raise ConfigError(f"{source}{name} is the old name of {prefix}{key}: give {prefix}{key} alone")
             log.warning("%s%s is deprecated: it is now %s%s (the value %s is used)", source, name, prefix, key,
-                        _show(value))
-            setattr(obj, key, _checked(name, value, hints[key], fields[key], source))
+                        show(value))
+            setattr(obj, key, checked(name, value, hints[key], fields[key], source))
             continue
         if key not in fields:
             where = f"in [{prefix[:-1]}]" if prefix else "at the top level"
             raise ConfigError(f"{source}unknown setting {name} (known {where}: {', '.join(sorted(fields))})")
         if _is_section(hints[key]):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}{name} must be a table ([{name}]), got {_show(value)}")
+                raise ConfigError(f"{source}{name} must be a table ([{name}]), got {show(value)}")
             _apply(getattr(obj, key), value, source, name + ".")
+        elif _entry_type(hints[key]) is not None:    # [[models]]: a list of tables
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise ConfigError(f"{source}{name} must be tables ([[{name}]]), got {show(value)}")
+            entries = [_entry_type(hints[key])() for _ in value]
+            for i, (entry, v) in enumerate(zip(entries, value)):
+                _apply(entry, v, source, f"{name}[{i}].")
+            setattr(obj, key, entries)
         else:
-            setattr(obj, key, _checked(name, value, hints[key], fields[key], source))
+            setattr(obj, key, checked(name, value, hints[key], fields[key], source))
+
+
+def _entry_type(hint: Any) -> Any:
+    """The table type of a list-of-tables field (list[ModelEntry]), else None."""
+    args = typing.get_args(hint) if typing.get_origin(hint) is list else ()
+    return args[0] if args and _is_section(args[0]) else None
 
 
 def _check_all(obj: Any, prefix: str = "") -> None:
@@ -389,8 +322,11 @@ def _check_all(obj: Any, prefix: str = "") -> None:
         value = getattr(obj, f.name)
         if _is_section(hints[f.name]):
             _check_all(value, prefix + f.name + ".")
+        elif _entry_type(hints[f.name]) is not None:
+            for i, entry in enumerate(value):
+                _check_all(entry, f"{prefix}{f.name}[{i}].")
         else:
-            _checked(prefix + f.name, value, hints[f.name], f, "")
+            checked(prefix + f.name, value, hints[f.name], f, "")
 
 
 # -- loading -----------------------------------------------------------------------------------------
@@ -445,3 +381,7 @@ def validate(s: Settings) -> None:
          "the target's tokenizer")
     need(s.watchdog.low_mb <= s.watchdog.high_mb,
          f"watchdog.low_mb ({s.watchdog.low_mb}) must be <= watchdog.high_mb ({s.watchdog.high_mb})")
+    names = [m.name for m in s.models if m.name]
+    need(len(names) == len(set(names)), f"models: two [[models]] share a name: {sorted(names)}")
+    need(s.power.resume_c <= s.power.throttle_c,
+         f"power.resume_c ({s.power.resume_c:g}) must be <= power.throttle_c ({s.power.throttle_c:g})")

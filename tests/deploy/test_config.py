@@ -17,7 +17,8 @@ from typing import Any, Union
 import pytest
 
 from helpers.paths import ROOT
-from nvllm.config import RANGE, ConfigError, Settings, load_settings, validate
+from nvllm.config import ConfigError, Settings, load_settings, validate
+from nvllm.config_values import RANGE
 
 
 def leaf_fields() -> list[tuple[str, str, Any, dataclasses.Field]]:
@@ -242,6 +243,9 @@ def test_cross_field_checks_hold_across_file_and_flags(tmp_path: Path) -> None:
     assert refused(tmp_path, "[cache]\nblock_size = 64\n[scheduler]\nmax_num_batched_tokens = 32\n") == \
         "scheduler.max_num_batched_tokens must be >= cache.block_size (64), got 32"
     assert load_text(tmp_path, "[watchdog]\nlow_mb = 512\nhigh_mb = 512\n").watchdog.low_mb == 512
+    assert refused(tmp_path, "[power]\nthrottle_c = 80\nresume_c = 82.5\n") == \
+        "power.resume_c (82.5) must be <= power.throttle_c (80)"
+    assert load_text(tmp_path, "[power]\nthrottle_c = 70\nresume_c = 70\n").power.resume_c == 70.0
     path = tmp_path / "ok.toml"
     path.write_text("[cache]\nblock_size = 128\n")
     with pytest.raises(ConfigError, match="max_num_batched_tokens must be >= cache.block_size"):

@@ -81,4 +81,4 @@ def test_serve_s_max_num_seqs_flag_sizes_the_default_pool():
 
     args = cli.build_parser().parse_args(["serve", "--max-num-seqs", "4"])
     assert settings_from_args(args).scheduler.max_num_seqs == 4
-    assert settings_from_args(cli.build_parser().parse_args(["serve"])).scheduler.max_num_seqs == 32
+    assert settings_from_args(cli.build_parser().parse_args(["serve"])).scheduler.max_num_seqs == 4

@@ -19,6 +19,7 @@ from helpers.engines import backed_engine
 from helpers.pooling_golden import golden_cases
 from nvllm.config import load_settings
 from nvllm.engine.build.factory import EngineBuildError, build_engine, plan_for_board
+from nvllm.engine.build.pooling_model import POOLING_SEQS
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.pooling_request import judge_prompt
 from nvllm.engine.prompt import Prompt
@@ -98,9 +99,12 @@ def test_the_factory_reads_the_task_and_refuses_what_an_encoder_cannot_do(tiny_e
             build_engine(load_settings(overrides=overrides))
     assert build_engine(load_settings(overrides={"model": {"path": bert, "task": "embed"}})).task == "embed"
     info, plan = plan_for_board(load_settings(overrides={"model": {"path": bert},
-                                                         "scheduler": {"max_num_seqs": 4}}), 1.0)
+                                                         "scheduler": {"max_num_seqs": 40}}), 1.0)
     assert info.bytes_per_token == 0 and plan.sizing.bytes_per_block == 0 and plan.max_model_len == 128
-    assert plan.sizing.num_blocks == 4 * 8 and plan.sizing.bound == "demand"   # four sequences of 128 tokens
+    assert plan.sizing.num_blocks == 40 * 8 and plan.sizing.bound == "demand"   # forty sequences of 128 tokens
+    _, few = plan_for_board(load_settings(overrides={"model": {"path": bert}, "scheduler": {"max_num_seqs": 4}}),
+                            1.0)
+    assert few.sizing.num_blocks == POOLING_SEQS * 8    # a board's 4 streams are not an embedding request's texts
 
 
 def st_folder(src: Path, dst: Path, pooling: str) -> Path:

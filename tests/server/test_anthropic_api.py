@@ -10,13 +10,13 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import anthropic
 import httpx2 as httpx
 import jsonschema
 import pytest
-from grpc_health.v1._async import HealthServicer
 
 from helpers.http_app import Client, serve
 from helpers.thinking_template import EMPTY_THINK, make_thinking_qwen3
@@ -26,7 +26,7 @@ from nvllm.engine.llm_engine import LLMEngine
 from nvllm.server.http.anthropic_request import read_messages
 from nvllm.server.http.anthropic_response import MessageBuilder
 from nvllm.server.http.errors import ApiError
-from nvllm.server.state import DaemonState
+from nvllm.server.state import DaemonState, Served
 
 if TYPE_CHECKING:
     from anthropic.types import MessageParam, ThinkingConfigDisabledParam, ToolChoiceToolParam, ToolParam
@@ -339,8 +339,9 @@ def test_refusals_before_and_during_a_stream_keep_anthropics_shape(engine: LLMEn
     starting = serve(engine, body, ready=False)
     assert starting.status_code == 503 and starting.response.headers["retry-after"] == "1"
     assert isinstance(starting.body, dict) and starting.body["error"]["type"] == "overloaded_error"
-    builder = MessageBuilder(read_messages({"messages": USER, "max_tokens": 2}, DaemonState(
-        MODEL, HealthServicer(), 1, 1, 1 << 20)), "r1", MODEL)
+    served = cast(Served, SimpleNamespace(model_name=MODEL, engine=SimpleNamespace(chat_template=None),
+                                          max_num_seqs=1, reasoning_parser=""))
+    builder = MessageBuilder(read_messages({"messages": USER, "max_tokens": 2}, served), "r1", MODEL)
     event = builder.failed(ApiError(500, "generation failed: boom"))
     assert event["event"] == "error" and json.loads(event["data"]) == {
         "type": "error", "error": {"type": "api_error", "message": "generation failed: boom"}}

@@ -159,7 +159,6 @@ BAD_REQUESTS = {
     "top_p above 1": (request(top_p=1.5), "sampling_params.top_p"),
     "logprobs above 20": (request(logprobs=21), "sampling_params.logprobs"),
     "too many stop strings": (request(stop=["a", "b", "c", "d", "e"]), "sampling_params.stop"),
-    "unknown model": (pb.GenerateRequest(model="gpt-9", prompt="hi"), "model"),
     "prompt over max_model_len": (request("hello " * 300, max_tokens=4), "prompt"),
     "message over the size limit": (request("x" * (MAX_MESSAGE_BYTES + 100)), "prompt"),
     "token id out of the vocabulary": (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, -5])),
@@ -196,6 +195,13 @@ class TestRefusals:
             want = offline_result(offline, "keep going", **p)
             assert joined(responses) == (want.text, want.token_ids)
             assert responses[-1].finish_reason == pb.FINISH_REASON_LENGTH
+
+    def test_an_unknown_model_is_not_found_naming_the_choices(self, daemon: DaemonProcess) -> None:
+        with grpc.insecure_channel(daemon.address) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                list(pb_grpc.GeneratorStub(ch).Generate(pb.GenerateRequest(model="gpt-9", prompt="hi"), timeout=10))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert e.value.details() == "the model 'gpt-9' does not exist; this daemon serves 'tiny-llama'"
 
     def test_messages_say_what_is_allowed(self, daemon: DaemonProcess) -> None:
         with grpc.insecure_channel(daemon.address) as ch:

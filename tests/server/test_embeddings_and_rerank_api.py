@@ -184,10 +184,12 @@ def test_grpc_refusals_are_invalid_argument_naming_the_field(embedder: LLM, rera
 
     want = [("inputs", "at least one"), ("inputs[1]", "text or token_ids"),
             ("inputs[1].text", "at most the model's 128 tokens"), ("dimensions", "not supported"),
-            ("model", "must be empty or 'tiny-bert'"), ("model", "gives embeddings"),
+            ("model", "the model 'other' does not exist; this daemon serves 'tiny-bert'"),
+            ("model", "gives embeddings"),
             ("documents", "at least one"), ("documents[1]", "at most the model's 128"), ("model", "scores documents")]
     errors = serve_both(embedder.engine, on_embedder, "tiny-bert") + \
         serve_both(reranker.engine, on_reranker, "tiny-bert-reranker")
     for e, (field, words) in zip(errors, want):
-        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.details() and words in e.details(), \
-            (field, e.details())
+        code = grpc.StatusCode.NOT_FOUND if "does not exist" in words else grpc.StatusCode.INVALID_ARGUMENT
+        assert e.code() == code and (field in e.details() or code == grpc.StatusCode.NOT_FOUND) and \
+            words in e.details(), (field, e.details())

@@ -128,7 +128,7 @@ def test_grpc_refusals_are_invalid_argument_naming_the_field(llm: LLM) -> None:
         (pb.TokenizeRequest(), "input must be set"),
         (pb.TokenizeRequest(prompt=TEXT, add_generation_prompt=False), "add_generation_prompt applies to chat"),
         (grpc_chat(add_special_tokens=True), "add_special_tokens applies to prompt"),
-        (pb.TokenizeRequest(prompt=TEXT, model="gpt-4"), "model must be empty or 'tiny-llama'"),
+        (pb.TokenizeRequest(prompt=TEXT, model="gpt-4"), "the model 'gpt-4' does not exist"),
         (pb.TokenizeRequest(chat=pb.ChatMessages()), "chat.messages must hold at least one message"),
         (grpc_chat(chat_template_kwargs="[1]"), "chat_template_kwargs must be a JSON object"),
         (grpc_chat(chat_template_kwargs='{"messages": 1}'), "chat_template_kwargs"),
@@ -139,7 +139,8 @@ def test_grpc_refusals_are_invalid_argument_naming_the_field(llm: LLM) -> None:
 
     for got, (req, words) in zip(run(llm, body), cases):
         assert isinstance(got, grpc.aio.AioRpcError), req
-        assert got.code() == grpc.StatusCode.INVALID_ARGUMENT and words in got.details(), got.details()
+        code = grpc.StatusCode.NOT_FOUND if req.model else grpc.StatusCode.INVALID_ARGUMENT   # an unknown model
+        assert got.code() == code and words in got.details(), got.details()
 
 
 def test_while_the_model_loads_both_are_unavailable(llm: LLM) -> None:

@@ -49,6 +49,7 @@ STRING_CASES = [
                         chat_template_kwargs='{"MARK": 1}'), "chat_template_kwargs"),
     (pb.GenerateRequest(prompt="hi", sampling_params=pb.SamplingParams(context_overflow="MARK")),
      "sampling_params.context_overflow"),
+    (pb.GenerateRequest(prompt="hi", keep_alive="MARK"), "keep_alive"),
     *[(pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi"), pb.ChatMessage(
         role="assistant", tool_calls=[pb.ToolCall(id="c", name="f", arguments="{}"),
                                       pb.ToolCall(**{"id": "c2", "name": "f", "arguments": "{}", key: "xMARK"})])])),

@@ -18,7 +18,8 @@ import pytest
 from helpers.paths import ROOT
 
 PACKAGE = ROOT / "daemon" / "nvllm"
-SHARED = {"nvllm", "nvllm.config", "nvllm.sampling_params", "nvllm.pooling_params", "nvllm.v1", "nvllm.cgroup"}
+SHARED = {"nvllm", "nvllm.config", "nvllm.config_values", "nvllm.sampling_params", "nvllm.pooling_params",
+          "nvllm.v1", "nvllm.cgroup"}
 TEXT = "nvllm.text"
 
 # layer or room of the package root -> the nvllm packages (by prefix) it may import besides itself and the
@@ -68,7 +69,8 @@ ENGINE_ROOMS = {
     "packing": {E + "scheduler", E + "sampling_rows"},           # a step's tokens -> the model's batch
     "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "structured", "speculation",
                                             "warm", "pooling_request")},   # the step
-    "async_engine": _BOOKS | {E + "llm_engine"},                 # the engine thread, and its asyncio side
+    "turns": set(),                                              # one engine's step at a time
+    "async_engine": _BOOKS | {E + "llm_engine", E + "turns"},    # the engine thread, and its asyncio side
     "build": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
                               "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
                               "pooling_request")},

@@ -249,5 +249,18 @@ def cmd_health(args: argparse.Namespace) -> int:
               f"values), {h.pages_free} free, {h.pages_cached} cached; "
               f"{h.running} running, {h.waiting} waiting; {h.tokens_per_s:.1f} tokens/s")
         print(f"  memory available {h.available_memory_bytes // mib} MiB "
-              f"(watchdog low {h.watchdog_low_bytes // mib} MiB, high {h.watchdog_high_bytes // mib} MiB)")
+              f"(watchdog low {h.watchdog_low_bytes // mib} MiB, high {h.watchdog_high_bytes // mib} MiB); "
+              f"models hold {h.memory_held_bytes // mib} of a {h.memory_budget_bytes // mib} MiB budget")
+        for m in h.models:
+            model_state = pb.ModelHealth.State.Name(m.state).removeprefix("STATE_").lower()
+            keep = "pinned" if m.pinned else "kept for good" if m.keep_alive_s < 0 else \
+                f"keep_alive {m.keep_alive_s:g} s"
+            pages = f", {m.running} running, {m.waiting} waiting, {m.pages_free}/{m.pages_total} pages free" \
+                if m.state == pb.ModelHealth.STATE_LOADED else ""
+            print(f"  {'*' if m.default else ' '} {m.name}: {model_state}, {m.bytes // mib} MiB{pages}; "
+                  f"{m.requests} requests, {m.loads} loads; {keep}")
+        if h.thermal_throttled or h.HasField("cpu_temperature_celsius"):   # neither with [power] off
+            temp = f"CPU at {h.cpu_temperature_celsius:.1f} C" if h.HasField("cpu_temperature_celsius") else \
+                "no CPU thermal zone"
+            print(f"  heat: {temp}, " + (f"THROTTLED: {h.throttle_reason}" if h.thermal_throttled else "not throttled"))
     return 0 if h.state == pb.HealthResponse.STATE_SERVING else 1

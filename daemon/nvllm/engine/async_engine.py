@@ -25,6 +25,7 @@ from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt, Tokenized, detokenize, tokenize
 from nvllm.engine.sequence import Sequence
+from nvllm.engine.turns import STEPS
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 
@@ -43,7 +44,7 @@ class _Stream:
 
 @dataclass
 class _Command:
-    kind: str                    # "add", "abort", "stop"
+    kind: str                    # "add", "abort", "throttle", "stop"
     arg: Any = None
 
 
@@ -182,6 +183,8 @@ class AsyncEngine:
             log.error("engine thread did not stop within %s s", timeout)
             self._stuck = True   # it may still touch the engine: save_cache leaves it alone
         self._thread = None
+        if self.engine.backing is not None:     # the pool's rest is of no use to an engine that stopped
+            self.engine.backing.stop(timeout)
 
     def save_cache(self) -> None:
         """After stop_thread (the engine is no one's then): write the prefix cache to cache.persist_dir,
@@ -203,6 +206,10 @@ class AsyncEngine:
     def chat_template(self) -> str | None:
         """The model's chat template source, which never changes (see LLMEngine.chat_template)."""
         return self.engine.chat_template
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
 
     @property
     def num_streams(self) -> int:
@@ -259,6 +266,11 @@ class AsyncEngine:
         with self.add(request) as stream:
             async for out in stream:
                 yield out
+
+    def set_throttle(self, on: bool, threads_fraction: float = 1.0, budget_fraction: float = 1.0) -> None:
+        """The board is hot (on) or no longer: applied on the engine thread between steps
+        (LLMEngine.throttle); any thread may call it."""
+        self._send(_Command("throttle", (on, threads_fraction, budget_fraction)))
 
     def _abandon(self, rid: str, stream: _Stream) -> None:
         if self._streams.get(rid) is stream:
@@ -334,6 +346,8 @@ class AsyncEngine:
                     self._add(cmd.arg)
                 elif cmd.kind == "abort":
                     self.engine.abort_request(cmd.arg)
+                elif cmd.kind == "throttle":
+                    self.engine.throttle(*cmd.arg)
                 elif cmd.kind == "stop":
                     return True
         finally:
@@ -348,7 +362,9 @@ class AsyncEngine:
 
     def _step(self) -> None:
         timed = self.engine.num_timed_steps
-        outputs = self.engine.step()
+        with STEPS:          # one engine of the process steps at a time (engine/turns.py)
+            self.engine.use_threads()
+            outputs = self.engine.step()
         self._refresh()
         # Before the outputs go out, so a client that got its tokens finds the step counted (microseconds).
         if self.on_step is not None and self.engine.num_timed_steps != timed:

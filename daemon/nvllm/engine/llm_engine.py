@@ -47,6 +47,8 @@ class Backing(Protocol):
     @property
     def error(self) -> str | None: ...  # why the backing stopped short, once it has
 
+    def stop(self, timeout: float | None = 30.0) -> None: ...  # no more backing: the engine stops
+
 
 class LLMEngine:
     """Built by engine/build/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
@@ -67,6 +69,7 @@ class LLMEngine:
         self.settings = settings
         self.max_model_len = max_model_len
         self.threads = threads.configure(settings.model.threads)   # BLAS's and the in-place kernels'
+        self.step_threads = self.threads    # what its steps run with: fewer while the board is hot
         matmul.pin_threads(settings.model.pin_threads)
         self.activations = matmul.set_activations(settings.model.activations)   # the kernels' variant
         self.backing = backing   # the thread backing the rest of kv_cache's blocks (None: all are resident)
@@ -106,6 +109,22 @@ class LLMEngine:
         """The model's chat template source (None without one): the server reads a model's tool-call
         format from it as plain text, never touching the tokenizer."""
         return self.tokenizer.chat_template
+
+    def throttle(self, on: bool, threads_fraction: float = 1.0, budget_fraction: float = 1.0) -> None:
+        """The board is hot (on) or no longer: fewer matmul threads and a smaller step budget, or both back. A
+        pooling model keeps its budget: it admits a request only whole, in one step."""
+        self.step_threads = max(1, int(self.threads * threads_fraction)) if on else self.threads
+        n = threads.configure(self.step_threads)
+        full, page = self.scheduler.max_num_batched_tokens, self.kv_cache.block_size
+        low = max(min(page, full), int(full * budget_fraction)) if on and self.task == "generate" else None
+        self.scheduler.throttled_budget = low
+        log.info("heat: %d of %d matmul threads, a step's token budget %d of %d", n, self.threads, low or full, full)
+
+    def use_threads(self) -> None:
+        """Before a step: the process's kernel threads set to this engine's (several models' engines share
+        one count, each with its own model.threads)."""
+        if threads.count != self.step_threads:
+            threads.configure(self.step_threads)
 
     # -- requests -----------------------------------------------------------------------------
     def make_params(self, params: SamplingParams | None) -> SamplingParams:

@@ -12,6 +12,9 @@ pages are freed and it goes back to the queue. A waiting request that outranks t
 takes its seat and pages the same way when the batch or the pool is full.
 A request waiting does not starve: its priority class ranks one level higher for every `aging_steps`
 steps its oldest member has waited (0: strict priority), so it ends up first whatever keeps arriving.
+While the board is hot the engine sets `throttled_budget`, a smaller step budget; it never preempts or
+reorders anything, and any sequence of priority < 0 running or waiting brings the full budget back, so the
+urgent request is not slowed by the throttle.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Scheduler:
         self.on_release = on_release   # told of each sequence whose pages are freed (the draft's too)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.throttled_budget: int | None = None   # the step budget while the board is hot; None: the full one
         self.aging_steps = aging_steps
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []    # by (rank, admission): the last is preempted first
@@ -119,9 +123,16 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: (s.rank, s.admission))
 
+    def step_budget(self) -> int:
+        """This step's token budget: the throttled one, unless a sequence of priority < 0 runs or waits."""
+        full, low = self.max_num_batched_tokens, self.throttled_budget
+        if low is None or low >= full or any(s.priority < 0 for s in (*self.running, *self.waiting)):
+            return full
+        return low
+
     def schedule(self) -> ScheduledBatch:
         self.steps += 1
-        budget = self.max_num_batched_tokens
+        budget = self.step_budget()
         bm = self.block_manager
         scheduled: list[Sequence] = []
         counts: list[int] = []

@@ -42,15 +42,19 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from nvllm.cgroup import usable_cpus
-from nvllm.config import ConfigError, Settings, load_settings
+from nvllm.config import ConfigError, ModelEntry, Settings, load_settings, validate
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.build import factory
 from nvllm.engine.build.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
+from nvllm.server.heat_monitor import HeatMonitor
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind
 from nvllm.server.logs import announce, setup_logging, stream_is_journal
 from nvllm.server.metrics_listener import MetricsListener
+from nvllm.server.model_loader import ModelLoader
+from nvllm.server.model_set import ModelSet, NoRoom
+from nvllm.server.served_models import memory_budget, model_specs
 from nvllm.server.service import GeneratorService, add_generator_to_server
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
 from nvllm.server.systemd import Notifier, WatchdogPinger
@@ -64,6 +68,7 @@ STATUS_EVERY_S = 5.0
 # Past the transport cap gRPC itself refuses a message (RESOURCE_EXHAUSTED); between
 # server.max_message_bytes and the cap the servicer refuses it with INVALID_ARGUMENT naming the field.
 TRANSPORT_CAP_FACTOR = 2
+REAP_EVERY_S = 1.0     # how often models idle past their keep_alive are unloaded
 STOP_GRACE_S = 5.0     # for handlers to write their last message once the engine has stopped
 
 
@@ -166,8 +171,12 @@ class Daemon:
                                  s.server.max_streams_per_client)
         self.state.reasoning_parser = s.server.reasoning_parser
         self.state.context_overflow = s.server.context_overflow
-        self.engine: AsyncEngine | None = None
+        self.specs, self.default_model = model_specs(settings)     # ConfigError for a bad list of models
+        self.models: ModelSet | None = None
+        self._seen_progress: dict[int, int] = {}
+        self._beats = 0
         self.watchdog: MemoryWatchdog | None = None
+        self.heat: HeatMonitor | None = None
         self.pinger: WatchdogPinger | None = None
         self.metrics_listener: MetricsListener | None = None
         self.stop_requested: asyncio.Event | None = None
@@ -214,10 +223,27 @@ class Daemon:
         assert self.stop_requested is not None
         self.stop_requested.set()
 
+    @property
+    def engine(self) -> AsyncEngine | None:
+        """The default model's engine, while it is loaded."""
+        return self.state.engine
+
+    def progress(self) -> int:
+        """The systemd watchdog's counter: it moves once every loaded engine's loop has moved since its last
+        move (with none loaded, at every call: the event loop itself is what answers then)."""
+        engines = self.models.engines() if self.models is not None else []
+        now = {id(e): e.progress for e in engines}
+        if all(now[k] != self._seen_progress.get(k) for k in now):
+            self._seen_progress = now
+            self._beats += 1
+        return self._beats
+
     def status_line(self) -> str:
         st = self.state
+        loaded = self.models.loaded() if self.models is not None else []
+        others = f"; {len(loaded)} of {len(self.specs)} models loaded" if len(self.specs) > 1 else ""
         if self.engine is None:
-            return f"{self.model_name}: {st.phase.value}"
+            return f"{self.model_name}: {st.phase.value if st.phase is not Phase.SERVING else 'unloaded'}{others}"
         s = self.engine.stats()
         free = s["pages_free"] + s["pages_cached"]
         admit = st.not_admitting_reason()
@@ -225,7 +251,7 @@ class Daemon:
                f"not admitting: {admit}" if admit else "admitting")
         backed = f" ({s['pages_backed']} backed)" if s["pages_backed"] < s["pages_total"] else ""
         return (f"{self.model_name}: {s['running']} running, {s['waiting']} waiting, "
-                f"{free}/{s['pages_total']}{backed} pages free, {s['tokens_per_s']:.1f} tokens/s, {how}")
+                f"{free}/{s['pages_total']}{backed} pages free, {s['tokens_per_s']:.1f} tokens/s, {how}{others}")
 
     async def _status_loop(self) -> None:
         while True:
@@ -257,8 +283,8 @@ class Daemon:
             await server.stop(0)
             if self.http is not None:
                 await self.http.stop(0.5)
-            if self.engine is not None:
-                self.engine.stop_thread(5.0)
+            for engine in self.models.engines() if self.models is not None else []:
+                engine.stop_thread(5.0)
             raise
 
     async def _serve(self, server: grpc.aio.Server, address: str) -> int:
@@ -270,29 +296,30 @@ class Daemon:
             await self.http.start()
             log.info("HTTP API (OpenAI-compatible) on %s", self.http.address)
 
-        log.info("loading %s from %s", self.model_name, s.model_path())
-        loaded = await loop.run_in_executor(None, factory.load_model, s)
-        log.info("model loaded in %.2f s: %s, weights %s as %s", loaded.load_s, loaded.info.architecture,
-                 format_bytes(loaded.info.weight_bytes), loaded.info.weight_format)
-        plan = factory.plan_pool(s, loaded.info, self.memory_reader())
-        log.info("%s", plan.sizing.log_line())
-        engine = await loop.run_in_executor(None, factory.create_engine, s, loaded, plan)
+        interval = self.notifier.watchdog_interval()
+        loader = ModelLoader(self.memory_reader, heartbeat_s=min(1.0, interval / 4) if interval else 1.0,
+                             on_step=self.state.metrics.observe_step)
+        budget = memory_budget(s, self.memory_reader())
+        self.models = ModelSet(self.specs, self.default_model, budget, loader.load, loader.unload, loader.least,
+                               loader.reclaim)
+        log.info("serving %s; memory budget %s (%s)", ", ".join(spec.name for spec in self.specs),
+                 format_bytes(budget), "cache.budget_gb" if s.cache.budget_gb else
+                 f"{s.cache.memory_fraction:g} of the memory available less cache.reserve_mb")
+        await start_models(self.models)
+        threads = self.engine.engine.threads if self.engine is not None else s.model.threads
         why = (f"model.threads = {s.model.threads}" if s.model.threads else
                f"model.threads = 0: {usable_cpus().source}, less one")
-        log.info("compute: %s, %d matmul thread%s (%s)", factory.compute_description(), engine.threads,
-                 "" if engine.threads == 1 else "s", why)
-
-        interval = self.notifier.watchdog_interval()
-        async_engine = AsyncEngine(engine, heartbeat_s=min(1.0, interval / 4) if interval else 1.0,
-                                   on_step=self.state.metrics.observe_step)
-        self.engine = async_engine
-        async_engine.start(loop)
-        self.pinger = WatchdogPinger.from_env(self.notifier, lambda: async_engine.progress)
+        log.info("compute: %s, %d matmul thread%s (%s)", factory.compute_description(), threads,
+                 "" if threads == 1 else "s", why)
+        self.pinger = WatchdogPinger.from_env(self.notifier, self.progress)
         self.watchdog = MemoryWatchdog(
             self.memory_reader, s.watchdog.low_mb * MiB, s.watchdog.high_mb * MiB, s.watchdog.interval_s,
             on_change=lambda ok, why: loop.call_soon_threadsafe(self.state.on_admission_change, ok, why))
         self.watchdog.start()
-        await self.state.set_ready(self.engine, self.watchdog)
+        if s.power.enabled:   # the board's heat, sent to every engine loaded (server/heat_monitor.py)
+            self.heat = self.state.heat = HeatMonitor(s.power, self.models.engines)
+            self.heat.start()
+        await self.state.set_ready(self.models, self.watchdog)
 
         log.info("ready in %.2f s since process start", self.state.startup_s)
         self.notifier.ready(self.status_line())
@@ -302,30 +329,38 @@ class Daemon:
         if self.pinger is not None:
             self.pinger.start()
         status_task = asyncio.create_task(self._status_loop())
+        reap_task = asyncio.create_task(reap_models(self.models))
 
         assert self.stop_requested is not None     # run() made it
         await self.stop_requested.wait()
+        reap_task.cancel()
         await self.drain(server)
         status_task.cancel()
         return EXIT_OK
 
     async def drain(self, server: grpc.aio.Server) -> None:
-        assert self.engine is not None
+        assert self.models is not None
         await self.state.begin_drain()
-        n = self.engine.num_streams
+        engines = self.models.engines()
+        n = sum(e.num_streams for e in engines)
         grace = self.settings.server.drain_grace_s
         self.notifier.stopping(f"{self.model_name}: draining {n} requests (grace {grace:g} s)")
         log.info("draining: %d requests in flight, grace %.1f s", n, grace)
         deadline = time.monotonic() + grace
-        while self.engine.num_streams and time.monotonic() < deadline:
+        while sum(e.num_streams for e in engines) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = self.engine.num_streams
+        left = sum(e.num_streams for e in engines)
         if left:
             log.warning("drain grace %.1f s elapsed: aborting %d requests", grace, left)
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop_thread)
-        self.engine.abort_leftovers()
-        # cache.persist_dir: the pinned and hottest pages for the next start, once nothing runs.
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.save_cache)
+        for e in engines:
+            await asyncio.get_running_loop().run_in_executor(None, e.stop_thread)
+            e.abort_leftovers()
+        if self.heat is not None:
+            await self.heat.stop()
+        # cache.persist_dir: the pinned and hottest pages for the next start, once nothing runs (the
+        # default model's: served_models.py keeps the persisted cache to it).
+        if self.engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.save_cache)
         await server.stop(STOP_GRACE_S)
         if self.http is not None:
             await self.http.stop(STOP_GRACE_S)
@@ -339,19 +374,50 @@ class Daemon:
         self.notifier.close()
 
 
+async def start_models(models: ModelSet) -> None:
+    """Load the default model and every pinned one before the daemon is ready."""
+    for slot in models.slots.values():
+        if slot.name == models.default or slot.spec.pinned:
+            try:
+                lease = await models.lease(slot.name, request=False)
+            except NoRoom as e:
+                raise factory.EngineBuildError(f"cannot start: {e}") from None
+            lease.release()
+
+
+async def reap_models(models: ModelSet, every_s: float = REAP_EVERY_S) -> None:
+    """Unload the models idle past their keep_alive, every second (a failure is logged, never fatal)."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await models.reap()
+        except Exception:
+            log.exception("unloading an idle model failed")
+
+
 # -- entry point ----------------------------------------------------------------------------
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides = {
-        "model": {"path": args.model, "quantization": getattr(args, "quantization", None),
+    """The settings file with the flags over it. Several --model flags are models served by name, ahead of
+    the file's [[models]]; one is model.path, as ever."""
+    models = [args.model] if isinstance(args.model, str) else list(args.model or [])
+    dry_run = getattr(args, "dry_run", False)
+    overrides: dict[str, Any] = {
+        "model": {"path": models[0] if models else None, "quantization": getattr(args, "quantization", None),
                   "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None),
-                  "task": getattr(args, "task", None)},
+                  "task": getattr(args, "task", None), "serve_dir": getattr(args, "models_dir", None),
+                  "keep_alive": getattr(args, "keep_alive", None)},
         "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None),
                    "context_overflow": getattr(args, "context_overflow", None)},
         "http": {"listen": getattr(args, "http_listen", None)},
-        "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None)},
+        "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None),
+                  "budget_gb": None if dry_run else getattr(args, "memory_gb", None)},
         "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},
     }
-    return load_settings(args.config, overrides)
+    settings = load_settings(args.config, overrides)
+    if len(models) > 1 or (models and settings.models):
+        settings.models[:0] = [ModelEntry(path=p) for p in models]
+        validate(settings)
+    return settings
 
 
 def main(args: argparse.Namespace, **injected: Any) -> int:
@@ -364,13 +430,16 @@ def main(args: argparse.Namespace, **injected: Any) -> int:
         return EXIT_CONFIG
     setup_logging(settings.log_level)
     memory_gb = getattr(args, "memory_gb", None)
-    if memory_gb is not None and (not args.dry_run or memory_gb <= 0):
-        print("nvllm serve: --memory-gb N plans for N GiB of available memory: give it with --dry-run, N > 0",
-              file=sys.stderr)
+    if memory_gb is not None and memory_gb <= 0:
+        print("nvllm serve: --memory-gb N needs N > 0 (GiB)", file=sys.stderr)
         return EXIT_CONFIG
     if args.dry_run:
         return dry_run(settings, memory_gb)
-    daemon = Daemon(settings, **injected)
+    try:
+        daemon = Daemon(settings, **injected)
+    except ConfigError as e:
+        print(f"nvllm serve: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         return asyncio.run(daemon.run())
     except (factory.EngineBuildError, ListenError) as e:

@@ -14,6 +14,7 @@ from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSp
 from nvllm.server.chat.field_error import FieldError
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.generate_chat import chat_messages, plan_chat
+from nvllm.server.keep_alive import keep_alive_seconds
 from nvllm.v1 import nvllm_pb2 as pb
 
 MAX_REQUEST_ID_CHARS = 128
@@ -98,6 +99,16 @@ def read_messages(chat: pb.ChatMessages) -> list[dict[str, Any]]:
         return chat_messages(chat)
     except FieldError as e:
         raise BadRequest(e.field or "chat", e.message) from None
+
+
+def read_keep_alive(text: str) -> float | None:
+    """A request's keep_alive in seconds (None: empty, the model's own); BadRequest naming keep_alive."""
+    if not text:
+        return None
+    try:
+        return keep_alive_seconds(text)
+    except FieldError as e:
+        raise BadRequest("keep_alive", e.message) from None
 
 
 def check_model(model: str, model_name: str) -> None:

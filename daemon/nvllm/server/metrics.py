@@ -5,7 +5,8 @@ default, so a process may hold several daemons' metrics, as the tests do). Every
 label model_name, as vLLM's do. Three sources feed it:
 
 - The engine's stats snapshot (`AsyncEngine.stats()`: running, waiting, pages, prefix-cache tokens,
-  preemptions) and the daemon's state (admission, the memory watchdog's last reading) are read at
+  preemptions) and the daemon's state (admission, the memory watchdog's last reading, the board's heat:
+  server/heat_monitor.py) are read at
   scrape time by a collector: nothing is copied on the engine thread, and a scrape never waits for it.
 - Each engine step: the daemon builds `AsyncEngine(..., on_step=metrics.observe_step)`, called on the
   engine thread with the step's wall time and tokens.
@@ -37,7 +38,7 @@ dashboard queries. Every Prometheus reads 0.0.4, which keeps the names as they a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -60,6 +61,7 @@ REFUSALS = ("invalid", "busy", "unavailable")
 FINISH_REASONS = ("stop", "length", "abort")
 # What admission is doing, one series each (1 for the current state): a Prometheus "enum".
 ADMISSION_STATES = ("starting", "serving", "memory_pressure", "engine_stopped", "draining")
+MODEL_STATES = ("unloaded", "loading", "loaded", "unloading")    # server/model_set.py's
 LABEL = "model_name"
 
 # Buckets for a CPU on a small board: a step takes milliseconds to a second, a long prompt's first
@@ -73,8 +75,9 @@ TOKEN_BUCKETS = tuple(float(m * 10 ** e) for e in range(6) for m in (1, 2, 5))  
 
 
 class Metrics:
-    """The daemon's metrics. `state` is the DaemonState (its engine, phase and watchdog are read at
-    scrape time); None serves the per-request and per-step metrics alone."""
+    """The daemon's metrics. `state` is the DaemonState (its models, phase and watchdog are read at
+    scrape time); None serves the per-request and per-step metrics alone. The request and step metrics
+    are kept per model (`for_model`), labelled model_name as vLLM's are."""
 
     def __init__(self, model_name: str, state: Any = None) -> None:
         self.model_name = model_name
@@ -88,59 +91,67 @@ class Metrics:
             return Counter(name, doc, m + list(labels), registry=reg)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, m, buckets=buckets, registry=reg).labels(model_name)
+            return Histogram(name, doc, m, buckets=buckets, registry=reg)
 
-        self.ttft = histogram("vllm:time_to_first_token_seconds",
-                              "Time from a request's arrival to its first token, in seconds.", TTFT_BUCKETS)
-        # the time to first token's parts: waiting in the engine's queue, then prefill (what the prefix
-        # cache did not hold) to the first token; then the first decode step's token
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time a request waited in the "
-                                    "engine's queue before its first step, in seconds.", TTFT_BUCKETS)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "Time from a request's first "
-                                      "step to its first token (its prefill), in seconds.", TTFT_BUCKETS)
-        self.first_decode = histogram("nvllm:request_first_decode_seconds", "Time from a request's first "
-                                      "token to its second (its first decode step), in seconds.", ITL_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds",
-                             "Time between a request's successive tokens, in seconds.", ITL_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds",
-                             "Time from a request's arrival to its end, in seconds.", E2E_BUCKETS)
-        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
-                                               "Prompt tokens of each finished request.", TOKEN_BUCKETS)
-        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
-                                                   "Generated tokens of each finished request.", TOKEN_BUCKETS)
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of the requests that got a "
-                                     "first token (cached ones included).").labels(model_name)
-        self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Tokens generated and handed to clients.").labels(model_name)
-        success = counter("vllm:request_success", "Requests finished, by finish reason.", ("finished_reason",))
-        self.success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
-        requests = counter("nvllm:requests", "Requests handed to the engine, by front door.", ("api",))
-        self.requests = {a: requests.labels(model_name, a) for a in APIS}
-        refused = counter("nvllm:requests_refused", "Requests refused before the engine, by front door and "
-                          "reason: invalid (400, INVALID_ARGUMENT), busy (429, RESOURCE_EXHAUSTED: load, "
-                          "memory pressure, the per-client cap), unavailable (503, UNAVAILABLE: starting, "
-                          "draining).", ("api", "reason"))
-        self.refused = {(a, r): refused.labels(model_name, a, r) for a in APIS for r in REFUSALS}
-        self.step_seconds = histogram("nvllm:engine_step_seconds",
-                                      "Wall time of each engine step that ran a batch, in seconds.", STEP_BUCKETS)
-        self.step_tokens = histogram("vllm:iteration_tokens_total",
+        self.families: dict[str, Counter | Histogram] = {
+            "ttft": histogram("vllm:time_to_first_token_seconds",
+                              "Time from a request's arrival to its first token, in seconds.", TTFT_BUCKETS),
+            # the time to first token's parts: waiting in the engine's queue, then prefill (what the prefix
+            # cache did not hold) to the first token; then the first decode step's token
+            "queue_time": histogram("vllm:request_queue_time_seconds", "Time a request waited in the engine's "
+                                    "queue before its first step, in seconds.", TTFT_BUCKETS),
+            "prefill_time": histogram("vllm:request_prefill_time_seconds", "Time from a request's first step to "
+                                      "its first token (its prefill), in seconds.", TTFT_BUCKETS),
+            "first_decode": histogram("nvllm:request_first_decode_seconds", "Time from a request's first token "
+                                      "to its second (its first decode step), in seconds.", ITL_BUCKETS),
+            "itl": histogram("vllm:inter_token_latency_seconds",
+                             "Time between a request's successive tokens, in seconds.", ITL_BUCKETS),
+            "e2e": histogram("vllm:e2e_request_latency_seconds",
+                             "Time from a request's arrival to its end, in seconds.", E2E_BUCKETS),
+            "request_prompt_tokens": histogram("vllm:request_prompt_tokens",
+                                               "Prompt tokens of each finished request.", TOKEN_BUCKETS),
+            "request_generation_tokens": histogram("vllm:request_generation_tokens",
+                                                   "Generated tokens of each finished request.", TOKEN_BUCKETS),
+            "prompt_tokens": counter("vllm:prompt_tokens", "Prompt tokens of the requests that got a first "
+                                     "token (cached ones included)."),
+            "generation_tokens": counter("vllm:generation_tokens", "Tokens generated and handed to clients."),
+            "success": counter("vllm:request_success", "Requests finished, by finish reason.",
+                               ("finished_reason",)),
+            "requests": counter("nvllm:requests", "Requests handed to the engine, by front door.", ("api",)),
+            "refused": counter("nvllm:requests_refused", "Requests refused before the engine, by front door and "
+                               "reason: invalid (400, INVALID_ARGUMENT, 404 NOT_FOUND), busy (429, "
+                               "RESOURCE_EXHAUSTED: load, memory pressure, the per-client cap, no room for the "
+                               "model), unavailable (503, UNAVAILABLE: starting, draining).", ("api", "reason")),
+            "step_seconds": histogram("nvllm:engine_step_seconds",
+                                      "Wall time of each engine step that ran a batch, in seconds.", STEP_BUCKETS),
+            "step_tokens": histogram("vllm:iteration_tokens_total",
                                      "Tokens (prompt chunks and decodes) computed by each engine step.",
-                                     STEP_TOKEN_BUCKETS)
+                                     STEP_TOKEN_BUCKETS),
+        }
+        self._models: dict[str, ModelMetrics] = {}
+        self.for_model(model_name)
         reg.register(StateCollector(model_name, state))
         ProcessCollector(registry=reg)      # process_resident_memory_bytes, process_cpu_seconds_total, ...
         GCCollector(registry=reg)
         PlatformCollector(registry=reg)
 
-    def request(self, api: str, arrival: float | None = None) -> RequestTracker:
-        """A tracker for one request that arrived (time.monotonic()) at `arrival`, default now."""
+    def for_model(self, name: str | None) -> ModelMetrics:
+        """The request and step metrics of one model (None: the default one)."""
+        name = name or self.model_name
+        if name not in self._models:
+            self._models[name] = ModelMetrics(self.families, name)
+        return self._models[name]
+
+    def request(self, api: str, arrival: float | None = None, model: str | None = None) -> RequestTracker:
+        """A tracker for one request to `model` (None: the default) that arrived (time.monotonic()) at
+        `arrival`, default now."""
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
-        return RequestTracker(self, api, time.monotonic() if arrival is None else arrival)
+        return RequestTracker(self.for_model(model), api, time.monotonic() if arrival is None else arrival)
 
-    def observe_step(self, seconds: float, tokens: int) -> None:
+    def observe_step(self, seconds: float, tokens: int, model: str | None = None) -> None:
         """One engine step (AsyncEngine's on_step; thread-safe)."""
-        self.step_seconds.observe(seconds)
-        self.step_tokens.observe(tokens)
+        self.for_model(model).observe_step(seconds, tokens)
 
     def exposition(self) -> tuple[bytes, str]:
         """The body and content type of a /metrics response: text format 0.0.4 (see the module's
@@ -148,10 +159,32 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
+class ModelMetrics:
+    """One model's children of the request and step families."""
+
+    def __init__(self, families: dict[str, Any], name: str) -> None:
+        f = families
+        self.ttft, self.queue_time, self.prefill_time = (f[k].labels(name) for k in ("ttft", "queue_time",
+                                                                                     "prefill_time"))
+        self.first_decode, self.itl, self.e2e = (f[k].labels(name) for k in ("first_decode", "itl", "e2e"))
+        self.request_prompt_tokens = f["request_prompt_tokens"].labels(name)
+        self.request_generation_tokens = f["request_generation_tokens"].labels(name)
+        self.prompt_tokens = f["prompt_tokens"].labels(name)
+        self.generation_tokens = f["generation_tokens"].labels(name)
+        self.success = {r: f["success"].labels(name, r) for r in FINISH_REASONS}
+        self.requests = {a: f["requests"].labels(name, a) for a in APIS}
+        self.refused = {(a, r): f["refused"].labels(name, a, r) for a in APIS for r in REFUSALS}
+        self.step_seconds, self.step_tokens = f["step_seconds"].labels(name), f["step_tokens"].labels(name)
+
+    def observe_step(self, seconds: float, tokens: int) -> None:
+        self.step_seconds.observe(seconds)
+        self.step_tokens.observe(tokens)
+
+
 class RequestTracker:
     """One request's metrics, fed by its front door on the event loop (see the module's docstring)."""
 
-    def __init__(self, metrics: Metrics, api: str, arrival: float) -> None:
+    def __init__(self, metrics: ModelMetrics, api: str, arrival: float) -> None:
         self.metrics = metrics
         self.api = api
         self.arrival = arrival
@@ -225,7 +258,7 @@ class RequestTracker:
 
 
 class StateCollector(Collector):
-    """At scrape time: the engine's stats snapshot, admission and the memory watchdog's reading."""
+    """At scrape time: the engine's stats snapshot, admission, the memory watchdog's reading, the heat."""
 
     def __init__(self, model_name: str, state: Any) -> None:
         self.model_name = model_name
@@ -238,48 +271,67 @@ class StateCollector(Collector):
         st = self.state
         if st is None:
             return
-        engine, watchdog = st.engine, st.watchdog
+        watchdog = st.watchdog
         families = _state_families()
         name = [self.model_name]
 
-        def put(key: str, value: float, labels: tuple[str, ...] = ()) -> None:
-            families[key].add_metric(name + list(labels), value)
+        def put(key: str, value: float, labels: tuple[str, ...] = (), model: str | None = None) -> None:
+            families[key].add_metric(([model] if model is not None else name) + list(labels), value)
 
         state = admission_state(st)
         put("nvllm:admission_open", 1.0 if state == "serving" else 0.0)
         for s in ADMISSION_STATES:
             put("nvllm:admission_state", 1.0 if s == state else 0.0, (s,))
-        if engine is not None:
-            s = engine.stats()
-            put("vllm:num_requests_running", s["running"])
-            put("vllm:num_requests_waiting", s["waiting"])
-            put("vllm:kv_cache_usage_perc", s["pages_used"] / max(1, s["pages_total"]))
-            put("nvllm:kv_cache_pool_pages", s["pages_total"], ("total",))
-            put("nvllm:kv_cache_pool_pages", s["pages_backed"], ("backed",))
-            put("nvllm:kv_cache_pages", s["pages_free"], ("free",))
-            put("nvllm:kv_cache_pages", s["pages_cached"], ("cached",))
-            put("nvllm:kv_cache_pages", s["pages_used"], ("used",))
-            put("nvllm:kv_cache_page_bytes", s["page_bytes"])
-            put("vllm:cache_config_info", 1.0, (str(s["block_size"]), s["kv_cache_dtype"], str(s["pages_total"])))
-            put("vllm:prefix_cache_queries", s["prefix_cache_query_tokens"])
-            put("vllm:prefix_cache_hits", s["prefix_cache_hit_tokens"])
-            put("nvllm:prefix_cache_hit_rate", s["prefix_cache_hit_rate"])
-            put("vllm:num_preemptions", s["preemptions"])
-            put("nvllm:generation_tokens_per_second", s["tokens_per_s"])
-            if s.get("spec_num_tokens"):   # speculating: vLLM's counters, and the rate by method
-                put("vllm:spec_decode_num_drafts", s["spec_drafts"])
-                put("vllm:spec_decode_num_draft_tokens", s["spec_draft_tokens"])
-                put("vllm:spec_decode_num_accepted_tokens", s["spec_accepted_tokens"])
-                for pos, n in enumerate(s["spec_accepted_per_position"]):
-                    put("vllm:spec_decode_num_accepted_tokens_per_pos", n, (str(pos),))
-                put("nvllm:spec_decode_acceptance_rate", s["spec_acceptance_rate"], (s["spec_method"],))
+        for m in st.model_status():
+            model = m["name"]
+            put("nvllm:model_loaded", 1.0 if m["state"] == "loaded" else 0.0, model=model)
+            for phase in MODEL_STATES:
+                put("nvllm:model_state", 1.0 if m["state"] == phase else 0.0, (phase,), model=model)
+            put("nvllm:model_memory_bytes", m["bytes"], model=model)
+            put("nvllm:model_loads", m["loads"], model=model)
+            if m["stats"] is not None:
+                _engine_stats(m["stats"], lambda key, v, labels=(), model=model: put(key, v, labels, model))
+        if st.models is not None:
+            put("nvllm:memory_budget_bytes", st.models.budget_bytes)
+            put("nvllm:memory_held_bytes", st.models.used_bytes())
         if watchdog is not None:
             put("nvllm:memory_low_watermark_bytes", watchdog.low_bytes)
             put("nvllm:memory_high_watermark_bytes", watchdog.high_bytes)
             reading = watchdog.last_reading
             if reading is not None:
                 put("nvllm:memory_available_bytes", reading.available_bytes)
+        heat = getattr(st, "heat", None)   # None: power.enabled is off
+        if heat is not None:
+            put("nvllm:thermal_throttled", 1.0 if heat.throttled else 0.0)
+            if heat.cpu_celsius is not None:
+                put("nvllm:cpu_temperature_celsius", heat.cpu_celsius)
         yield from (f for f in families.values() if f.samples)
+
+
+def _engine_stats(s: dict[str, Any], put: Callable[..., None]) -> None:
+    """One loaded model's engine stats snapshot as its gauges and counters."""
+    put("vllm:num_requests_running", s["running"])
+    put("vllm:num_requests_waiting", s["waiting"])
+    put("vllm:kv_cache_usage_perc", s["pages_used"] / max(1, s["pages_total"]))
+    put("nvllm:kv_cache_pool_pages", s["pages_total"], ("total",))
+    put("nvllm:kv_cache_pool_pages", s["pages_backed"], ("backed",))
+    put("nvllm:kv_cache_pages", s["pages_free"], ("free",))
+    put("nvllm:kv_cache_pages", s["pages_cached"], ("cached",))
+    put("nvllm:kv_cache_pages", s["pages_used"], ("used",))
+    put("nvllm:kv_cache_page_bytes", s["page_bytes"])
+    put("vllm:cache_config_info", 1.0, (str(s["block_size"]), s["kv_cache_dtype"], str(s["pages_total"])))
+    put("vllm:prefix_cache_queries", s["prefix_cache_query_tokens"])
+    put("vllm:prefix_cache_hits", s["prefix_cache_hit_tokens"])
+    put("nvllm:prefix_cache_hit_rate", s["prefix_cache_hit_rate"])
+    put("vllm:num_preemptions", s["preemptions"])
+    put("nvllm:generation_tokens_per_second", s["tokens_per_s"])
+    if s.get("spec_num_tokens"):   # speculating: vLLM's counters, and the rate by method
+        put("vllm:spec_decode_num_drafts", s["spec_drafts"])
+        put("vllm:spec_decode_num_draft_tokens", s["spec_draft_tokens"])
+        put("vllm:spec_decode_num_accepted_tokens", s["spec_accepted_tokens"])
+        for pos, n in enumerate(s["spec_accepted_per_position"]):
+            put("vllm:spec_decode_num_accepted_tokens_per_pos", n, (str(pos),))
+        put("nvllm:spec_decode_acceptance_rate", s["spec_acceptance_rate"], (s["spec_method"],))
 
 
 def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
@@ -318,6 +370,15 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "nvllm:memory_available_bytes", "Available memory at the watchdog's last reading.", m),
         (g, "nvllm:memory_low_watermark_bytes", "Below this available memory, admission stops.", m),
         (g, "nvllm:memory_high_watermark_bytes", "Above this available memory, admission resumes.", m),
+        (g, "nvllm:model_loaded", "1 while the model is loaded (its weights and page pool in memory), else 0.", m),
+        (g, "nvllm:model_state", "1 for the model's state: unloaded, loading, loaded or unloading.", m + ["state"]),
+        (g, "nvllm:model_memory_bytes", "What the model holds of the memory budget: weights and page pool.", m),
+        (c, "nvllm:model_loads", "Times the model was loaded since start.", m),
+        (g, "nvllm:memory_budget_bytes", "The memory budget every model's weights and page pool share.", m),
+        (g, "nvllm:memory_held_bytes", "What the loaded models hold of the memory budget.", m),
+        (g, "nvllm:thermal_throttled", "1 while the board is hot and the daemon holds back (fewer matmul "
+                                       "threads, a smaller step budget), else 0.", m),
+        (g, "nvllm:cpu_temperature_celsius", "The hottest CPU thermal zone at the last reading.", m),
     ]
     return {name: cls(name, doc, labels=labels) for cls, name, doc, labels in specs}
 
@@ -327,7 +388,7 @@ def admission_state(state: Any) -> str:
     phase = state.phase.value
     if phase in ("starting", "draining"):
         return phase
-    if state.engine is not None and not state.engine.is_running:
+    if state.not_admitting_reason().startswith("the engine loop"):
         return "engine_stopped"
     if state.watchdog is not None and not state.watchdog.admitting:
         return "memory_pressure"

@@ -32,10 +32,12 @@ class PoolingFailed(Exception):
 
 async def run_pooling(state: DaemonState, api: str, client: str, request_id: str,
                       choices: Sequence[tuple[Prompt, PoolingParams]], priority: int,
-                      arrival: float) -> list[RequestOutput]:
+                      arrival: float, model: str | None = None, keep_alive_s: float | None = None
+                      ) -> list[RequestOutput]:
     """Every choice's final output, in order. Raises what submit raises (Refused, InvalidParameter,
-    EngineDead) and PoolingFailed."""
-    sub = await state.submit(api, client, request_id, choices, priority, arrival)
+    UnknownModel, EngineDead) and PoolingFailed."""
+    sub = await state.submit(api, client, request_id, choices, priority, arrival, model=model,
+                             keep_alive_s=keep_alive_s)
     done: list[RequestOutput | None] = [None] * len(choices)
     async with sub, contextlib.aclosing(aiter(sub)) as outputs:
         async for index, out in outputs:

@@ -31,8 +31,9 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStream
 from nvllm.server.chat.tool_plan import ToolPlan
-from nvllm.server.generate_request import BadRequest, invalid_message, read_request
+from nvllm.server.generate_request import BadRequest, invalid_message, read_keep_alive, read_request
 from nvllm.server.logs import request_context
+from nvllm.server.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.pooling_request import PoolingArgs, pooling_message, read_embed, read_rerank
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
@@ -111,20 +112,27 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         st = self.state
         if isinstance(request, UndecodableRequest):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        name = await self._model(request.model, context)
         try:
-            args = read_tokenize(request, st.model_name, st.max_message_bytes)
+            args = read_tokenize(request, name, st.max_message_bytes)
+            keep_alive = read_keep_alive(request.keep_alive)
         except BadRequest as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            done = await st.tokenize(args.prompt, args.add_special_tokens, args.add_generation_prompt,
-                                     request.return_token_strs)
+            done, max_len = await st.tokenize(args.prompt, args.add_special_tokens, args.add_generation_prompt,
+                                              request.return_token_strs, model=name, keep_alive_s=keep_alive)
         except Refused as e:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+            await _abort(context, _refusal_code(e), str(e))
         except InvalidParameter as e:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, invalid_message(e, args.input_field))
-        assert st.engine is not None     # tokenize refuses before the engine is made
-        return pb.TokenizeResponse(token_ids=done.ids, token_strs=done.strs or [],
-                                   max_model_len=st.engine.engine.max_model_len)
+        return pb.TokenizeResponse(token_ids=done.ids, token_strs=done.strs or [], max_model_len=max_len)
+
+    async def _model(self, model: str, context: grpc.aio.ServicerContext) -> str:
+        """The served model a request names (empty: the default); NOT_FOUND naming the choices otherwise."""
+        try:
+            return self.state.resolve(model)
+        except UnknownModel as e:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(e))
 
     # -- Embed, Rerank -------------------------------------------------------------------------
     async def Embed(self, request: pb.EmbedRequest | UndecodableRequest,
@@ -153,14 +161,17 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             try:
                 if isinstance(request, UndecodableRequest):
                     raise BadRequest(request.field, request.message)
-                args = read(request, st.model_name, st.max_message_bytes)
-            except BadRequest as e:
+                name = st.resolve(request.model)
+                args = read(request, name, st.max_message_bytes)
+                keep_alive = read_keep_alive(request.keep_alive)
+            except (BadRequest, UnknownModel) as e:
                 log.info("refused: %s", e)
                 st.metrics.request("grpc", t0).refused("invalid")
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, BadRequest)
+                             else grpc.StatusCode.NOT_FOUND, str(e))
             try:
                 return rid, await run_pooling(st, "grpc", client_key(context.peer()), rid, args.choices,
-                                              request.priority, t0)
+                                              request.priority, t0, name, keep_alive)
             except Refused as e:
                 await _abort(context, _refusal_code(e), str(e))
             except InvalidParameter as e:
@@ -182,23 +193,28 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or uuid.uuid4().hex
         with request_context(rid):
-            engine = st.engine      # the template tells the model's tool-call format (tool_plan.py)
+            # The model first (loaded where it is not): a chat is read by its template.
             try:
-                if engine is None:      # starting: no template to read a chat by yet
-                    st.check_serving()
+                lease = await st.lease(request.model)
             except Refused as e:
-                st.metrics.request("grpc", t0).refused("unavailable")
-                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+                log.info("refused: %s", e)
+                st.metrics.request("grpc", t0).refused("busy" if e.busy else "unavailable")
+                await _abort(context, _refusal_code(e), str(e))
+            except UnknownModel as e:
+                log.info("refused: %s", e)
+                st.metrics.request("grpc", t0).refused("invalid")
+                await _abort(context, grpc.StatusCode.NOT_FOUND, str(e))
             try:
-                args = read_request(request, rid, st.model_name, st.max_message_bytes,
-                                    engine.chat_template if engine is not None else None)
+                args = read_request(request, rid, lease.name, st.max_message_bytes, lease.engine.chat_template)
+                keep_alive = read_keep_alive(request.keep_alive)
             except BadRequest as e:
+                lease.release()
                 log.info("refused: %s", e)
                 st.metrics.request("grpc", t0).refused("invalid")
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             try:
                 sub = await st.submit("grpc", client_key(context.peer()), rid, [(args.prompt, args.params)],
-                                      request.priority, t0)
+                                      request.priority, t0, lease=lease, keep_alive_s=keep_alive)
             except Refused as e:
                 await _abort(context, _refusal_code(e), str(e))
             except InvalidParameter as e:

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -27,10 +28,13 @@ from grpc_health.v1._async import HealthServicer
 
 from nvllm import __version__
 from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, RequestStream
+from nvllm.engine.build.factory import EngineBuildError
 from nvllm.engine.prompt import Prompt, Tokenized
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
+from nvllm.server.heat_monitor import HeatMonitor
 from nvllm.server.metrics import Metrics
+from nvllm.server.model_set import Lease, ModelSet, NoRoom, UnknownModel
 from nvllm.server.submission import Submission
 from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.v1 import nvllm_pb2 as pb
@@ -53,11 +57,13 @@ class Phase(enum.Enum):
 
 class Refused(Exception):
     """A request the daemon's state turns away: `busy` for load, memory pressure or the per-client cap
-    (gRPC RESOURCE_EXHAUSTED, HTTP 429), else starting or draining (UNAVAILABLE, HTTP 503)."""
+    (gRPC RESOURCE_EXHAUSTED, HTTP 429), else starting or draining (UNAVAILABLE, HTTP 503); `no_room` a
+    model the memory budget cannot hold beside those in use (RESOURCE_EXHAUSTED, HTTP 503)."""
 
-    def __init__(self, message: str, busy: bool) -> None:
+    def __init__(self, message: str, busy: bool, no_room: bool = False) -> None:
         super().__init__(message)
-        self.busy = busy
+        self.busy = busy or no_room
+        self.no_room = no_room
 
 
 def process_start_time() -> float:
@@ -80,6 +86,16 @@ def process_start_time() -> float:
         return time.time()
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a front door reads one request by: the model it leased (its name, engine and seats) and the
+    daemon's chat settings."""
+    model_name: str
+    engine: AsyncEngine
+    max_num_seqs: int
+    reasoning_parser: str = ""
+
+
 class DaemonState:
     """What Health reports and what admission checks read; lives on the event loop's thread.
 
@@ -99,7 +115,8 @@ class DaemonState:
         self.context_overflow = "error"  # server.context_overflow: a chat's, where the request sets none
         self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
         self.phase = Phase.STARTING
-        self.engine: AsyncEngine | None = None
+        self.heat: HeatMonitor | None = None    # the board's heat ([power]); None when power.enabled is off
+        self.models: ModelSet | None = None     # every model served, by name (model_set.py), once started
         self.watchdog: MemoryWatchdog | None = None
         self.started_at = process_start_time()
         self._tasks: set[asyncio.Task] = set()
@@ -109,8 +126,11 @@ class DaemonState:
                                                                    thread_name_prefix="nvllm-tokenize")
 
     # -- transitions (event loop thread) ----------------------------------------------------
-    async def set_ready(self, engine: AsyncEngine, watchdog: MemoryWatchdog | None) -> None:
-        self.engine, self.watchdog = engine, watchdog
+    async def set_ready(self, engine: AsyncEngine | ModelSet, watchdog: MemoryWatchdog | None) -> None:
+        """engine: the models served, or one engine serving the model of this state's name."""
+        self.models = engine if isinstance(engine, ModelSet) else ModelSet.serving(self.model_name, engine,
+                                                                                  self.max_num_seqs)
+        self.watchdog = watchdog
         self.phase = Phase.SERVING
         self.startup_s = max(0.0, time.time() - self.started_at)
         await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
@@ -143,16 +163,47 @@ class DaemonState:
         return pb.HealthResponse.STATE_SERVING
 
     def not_admitting_reason(self) -> str:
-        if self.engine is not None and not self.engine.is_running:
-            return "the engine loop is not running"
+        stopped = [s.name for s in self.models.loaded() if not s.engine or not s.engine.is_running] \
+            if self.models is not None and self.phase is Phase.SERVING else []
+        if stopped:
+            return f"the engine loop of {', '.join(stopped)} is not running"
         if self.watchdog is not None and not self.watchdog.admitting:
             return self.watchdog.reason
         return ""
 
     # -- admission, shared by every front door (gRPC, HTTP) ------------------------------------
+    @property
+    def engine(self) -> AsyncEngine | None:
+        """The default model's engine, while it is loaded."""
+        return self.models.slots[self.models.default].engine if self.models is not None else None
+
+    def resolve(self, model: str | None) -> str:
+        """The served model a request's model field names (empty: the default); UnknownModel otherwise."""
+        if self.models is None:
+            if model and model != self.model_name:
+                raise UnknownModel(model, [self.model_name])
+            return self.model_name
+        return self.models.resolve(model).name
+
+    async def lease(self, model: str | None) -> Lease:
+        """The named model, loaded (loading it first where it is not): UnknownModel for a name this daemon
+        does not serve; Refused while starting or draining, when the memory budget cannot hold it beside the
+        models in use (no_room), or when it cannot be loaded."""
+        self.check_serving()
+        assert self.models is not None      # serving: the models were set
+        try:
+            return await self.models.lease(model)
+        except NoRoom as e:
+            raise Refused(f"not enough memory to load the model: {e}", busy=True, no_room=True) from None
+        except EngineBuildError as e:
+            raise Refused(f"the model {model or self.model_name!r} could not be loaded: {e}", busy=False) from None
+
+    def served(self, lease: Lease) -> Served:
+        return Served(lease.name, lease.engine, lease.max_num_seqs, self.reasoning_parser)
+
     def check_serving(self) -> None:
         """Refused unless new requests are taken at all (not while starting or draining)."""
-        if self.phase is not Phase.SERVING or self.engine is None:
+        if self.phase is not Phase.SERVING or self.models is None:
             raise Refused("draining: the daemon is shutting down" if self.phase is Phase.DRAINING
                           else "starting: the model is still loading", busy=False)
 
@@ -172,82 +223,111 @@ class DaemonState:
         else:
             self.streams_by_client.pop(client, None)
 
-    def check_admission(self) -> None:
-        """Refused for draining, memory pressure, a dead engine or a full queue. Call it with no await
-        between it and AsyncEngine.add, so that concurrent calls cannot both pass a full queue."""
-        if self.phase is not Phase.SERVING or self.engine is None:
+    def check_admission(self, lease: Lease) -> None:
+        """Refused for draining, memory pressure, a dead engine or a full queue of the model. Call it with no
+        await between it and AsyncEngine.add, so that concurrent calls cannot both pass a full queue."""
+        if self.phase is not Phase.SERVING:
             raise Refused("draining: the daemon is shutting down", busy=False)
         reason = self.not_admitting_reason()
         if reason:
             raise Refused(f"not admitting new requests: {reason}", busy=True)
-        queued = self.queue_length(self.engine.stats())
+        if not lease.engine.is_running:
+            raise Refused(f"not admitting new requests: the engine loop of {lease.name} is not running", busy=True)
+        queued = queue_length(lease.engine.stats(), lease.max_num_seqs)
         if queued >= self.max_waiting:
             raise Refused(f"queue full: {queued} waiting, limit {self.max_waiting}", busy=True)
 
-    def queue_length(self, stats: dict[str, Any]) -> int:
-        """Requests that would wait for a seat: those queued beyond the free seats."""
-        free_seats = max(0, self.max_num_seqs - stats.get("running", 0))
-        return max(0, stats.get("waiting", 0) - free_seats)
-
     # -- the one way in ------------------------------------------------------------------------
     async def submit(self, api: str, client: str, request_id: str, choices: Sequence[tuple[Prompt, Params]],
-                     priority: int = 0, arrival: float | None = None, note: str = "") -> Submission:
+                     priority: int = 0, arrival: float | None = None, note: str = "", model: str | None = None,
+                     lease: Lease | None = None, keep_alive_s: float | None = None) -> Submission:
         """Hand a front door's request to the engine: one engine request per (prompt, params) choice, ids
-        request_id or request_id-<i>. In order: the serving check, the client's stream count, rendering,
-        tokenizing and compiling any constraint (off the event loop), admission, and the hand-over with no
-        await after admission. Raises Refused, InvalidParameter (the engine's checks; the front door names
-        its own field) or EngineDead, each refusal counted in the metrics and logged here (what a front door
-        refuses itself, its wire format, it counts itself). `note` ends the admission's log line."""
+        request_id or request_id-<i>. In order: the serving check, the client's stream count, the model
+        (`lease`, taken here on the named `model` unless the front door took it to read the request by its
+        template; either way the submission owns it and gives it back, with keep_alive_s as the model's
+        keep_alive from then on), rendering, tokenizing and compiling any constraint (off the event loop),
+        admission, and the hand-over with no await after admission. Raises Refused, InvalidParameter (the
+        engine's checks; the front door names its own field), UnknownModel or EngineDead, each refusal
+        counted in the metrics and logged here (what a front door refuses itself, its wire format, it counts
+        itself). `note` ends the admission's log line."""
         arrival = time.monotonic() if arrival is None else arrival
         opened = False
         try:
             self.check_serving()
             self.open_stream(client)
             opened = True
-            assert self.engine is not None     # check_serving passed, and the engine is never unset
+            lease = lease or await self.lease(model)
             ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
             _default_overflow(choices, self.context_overflow)
             pending = await asyncio.get_running_loop().run_in_executor(
-                self.tokenize_pool, _prepare, self.engine, ids, choices, priority)
-            self.check_admission()
-            streams = _hand_over(self.engine, pending)
-        except (Refused, InvalidParameter, EngineDead) as e:
+                self.tokenize_pool, _prepare, lease.engine, ids, choices, priority)
+            self.check_admission(lease)
+            streams = _hand_over(lease.engine, pending)
+        except (Refused, InvalidParameter, EngineDead, UnknownModel) as e:
             if opened:
                 self.close_stream(client)
+            if lease is not None:
+                lease.release()
             log.info("refused: %s", e)
             busy = isinstance(e, Refused) and e.busy
             self.metrics.request(api, arrival).refused(
-                "busy" if busy else "invalid" if isinstance(e, InvalidParameter) else "unavailable")
+                "busy" if busy else "invalid" if isinstance(e, (InvalidParameter, UnknownModel)) else "unavailable")
             raise
         except BaseException:      # cancelled while tokenizing: nothing reached the engine
             if opened:
                 self.close_stream(client)
+            if lease is not None:
+                lease.release()
             raise
-        trackers = [self.metrics.request(api, arrival) for _ in pending]
+        trackers = [self.metrics.request(api, arrival, lease.name) for _ in pending]
         for t, p in zip(trackers, pending):
             t.admitted(p.prompt_tokens)
         what = f"max_tokens {pending[0].max_tokens}" if pending[0].max_tokens else "pooled"
         log.info("admitted over %s: %d choice%s, %d prompt tokens, %s%s", API_NAMES.get(api, api),
                  len(pending), "" if len(pending) == 1 else "s", pending[0].prompt_tokens, what, note)
+        held = lease
+
+        def release() -> None:
+            self.close_stream(client)
+            held.release(keep_alive_s)
         return Submission(request_id, streams, trackers, [p.prompt_tokens for p in pending],
-                          [p.max_tokens for p in pending], pending[0].thinks, lambda: self.close_stream(client))
+                          [p.max_tokens for p in pending], pending[0].thinks, release)
 
     async def tokenize(self, prompt: Prompt, add_special_tokens: bool = True, add_generation_prompt: bool = True,
-                       return_token_strs: bool = False) -> Tokenized:
-        """A prompt's token ids as a generation request would get them, off the event loop; Refused while the
-        model loads or the daemon drains, InvalidParameter naming the field."""
-        self.check_serving()
-        engine = self.engine
-        assert engine is not None     # check_serving passed, and the engine is never unset
-        return await asyncio.get_running_loop().run_in_executor(
-            self.tokenize_pool, engine.tokenize, prompt, add_special_tokens, add_generation_prompt, return_token_strs)
+                       return_token_strs: bool = False, model: str | None = None,
+                       keep_alive_s: float | None = None) -> tuple[Tokenized, int]:
+        """A prompt's token ids as a generation request to the model would get them, off the event loop, and
+        the model's max_model_len; Refused while starting or draining (or as lease refuses), InvalidParameter
+        naming the field."""
+        lease = await self.lease(model)
+        try:
+            done = await asyncio.get_running_loop().run_in_executor(
+                self.tokenize_pool, lease.engine.tokenize, prompt, add_special_tokens, add_generation_prompt,
+                return_token_strs)
+            return done, lease.engine.max_model_len
+        finally:
+            lease.release(keep_alive_s)
 
-    async def detokenize(self, ids: list[Any]) -> str:
+    async def detokenize(self, ids: list[Any], model: str | None = None, keep_alive_s: float | None = None) -> str:
         """Token ids as text (InvalidParameter for an id outside the vocabulary), off the event loop."""
-        self.check_serving()
-        engine = self.engine
-        assert engine is not None
-        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, engine.detokenize, ids)
+        lease = await self.lease(model)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, lease.engine.detokenize, ids)
+        finally:
+            lease.release(keep_alive_s)
+
+    def model_status(self) -> list[dict[str, Any]]:
+        """Every model served (model_set.ModelSet.status), with its max_model_len: its engine's, or its
+        settings' while unloaded (None: the model's own limit, known once loaded)."""
+        if self.models is None:
+            return [{"name": self.model_name, "state": "loading", "max_model_len": None, "stats": None,
+                     "pinned": False, "keep_alive_s": 0.0, "bytes": 0, "requests": 0, "loads": 0, "default": True}]
+        out = self.models.status()
+        for m in out:
+            slot = self.models.slots[m["name"]]
+            m["max_model_len"] = slot.engine.max_model_len if slot.engine is not None else \
+                slot.spec.settings.scheduler.max_model_len
+        return out
 
     def health_response(self) -> pb.HealthResponse:
         state = self.state()
@@ -262,12 +342,36 @@ class DaemonState:
             r.kv_cache_dtype, r.page_bytes = s["kv_cache_dtype"], s["page_bytes"]
             r.running, r.waiting = s["running"], s["waiting"]
             r.tokens_per_s = float(s["tokens_per_s"])
+        for m in self.model_status():
+            h = r.models.add(name=m["name"], state=_MODEL_STATES[m["state"]], pinned=m["pinned"],
+                             keep_alive_s=m["keep_alive_s"], bytes=m["bytes"], requests=m["requests"],
+                             loads=m["loads"], max_model_len=m["max_model_len"] or 0, default=m["default"])
+            if m["stats"] is not None:
+                s = m["stats"]
+                h.running, h.waiting = s["running"], s["waiting"]
+                h.pages_total, h.pages_free, h.pages_cached = s["pages_total"], s["pages_free"], s["pages_cached"]
+        if self.models is not None:
+            r.memory_budget_bytes, r.memory_held_bytes = self.models.budget_bytes, self.models.used_bytes()
         if self.watchdog is not None:
             r.watchdog_low_bytes, r.watchdog_high_bytes = self.watchdog.low_bytes, self.watchdog.high_bytes
             reading = self.watchdog.last_reading
             if reading is not None:
                 r.available_memory_bytes = max(0, int(reading.available_bytes))
+        if self.heat is not None:
+            r.thermal_throttled, r.throttle_reason = self.heat.throttled, self.heat.reason
+            if self.heat.cpu_celsius is not None:
+                r.cpu_temperature_celsius = self.heat.cpu_celsius
         return r
+
+
+_MODEL_STATES = {"unloaded": pb.ModelHealth.STATE_UNLOADED, "loading": pb.ModelHealth.STATE_LOADING,
+                 "loaded": pb.ModelHealth.STATE_LOADED, "unloading": pb.ModelHealth.STATE_UNLOADING}
+
+
+def queue_length(stats: dict[str, Any], max_num_seqs: int) -> int:
+    """Requests that would wait for a seat: those queued beyond the free seats."""
+    free_seats = max(0, max_num_seqs - stats.get("running", 0))
+    return max(0, stats.get("waiting", 0) - free_seats)
 
 
 def _default_overflow(choices: Sequence[tuple[Prompt, Params]], default: str) -> None:

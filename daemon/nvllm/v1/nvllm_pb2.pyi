@@ -21,7 +21,7 @@ FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling_params", "structured", "priority", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls")
+    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling_params", "structured", "priority", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class GenerateRequest(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -46,7 +47,8 @@ class GenerateRequest(_message.Message):
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
     parallel_tool_calls: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., structured: _Optional[_Union[StructuredOutput, _Mapping]] = ..., priority: _Optional[int] = ..., chat_template_kwargs: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., structured: _Optional[_Union[StructuredOutput, _Mapping]] = ..., priority: _Optional[int] = ..., chat_template_kwargs: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters")
@@ -256,7 +258,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., dropped_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("model", "prompt", "chat", "add_special_tokens", "add_generation_prompt", "return_token_strs", "chat_template_kwargs")
+    __slots__ = ("model", "prompt", "chat", "add_special_tokens", "add_generation_prompt", "return_token_strs", "chat_template_kwargs", "keep_alive")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +266,7 @@ class TokenizeRequest(_message.Message):
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     chat: ChatMessages
@@ -271,7 +274,8 @@ class TokenizeRequest(_message.Message):
     add_generation_prompt: bool
     return_token_strs: bool
     chat_template_kwargs: str
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ..., add_generation_prompt: _Optional[bool] = ..., return_token_strs: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ...) -> None: ...
+    keep_alive: str
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ..., add_generation_prompt: _Optional[bool] = ..., return_token_strs: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("token_ids", "token_strs", "max_model_len")
@@ -288,7 +292,7 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("state", "not_admitting_reason", "model", "uptime_s", "pages_total", "pages_free", "pages_cached", "running", "waiting", "available_memory_bytes", "watchdog_low_bytes", "watchdog_high_bytes", "tokens_per_s", "version", "startup_s", "kv_cache_dtype", "page_bytes", "pages_backed")
+    __slots__ = ("state", "not_admitting_reason", "model", "uptime_s", "pages_total", "pages_free", "pages_cached", "running", "waiting", "available_memory_bytes", "watchdog_low_bytes", "watchdog_high_bytes", "tokens_per_s", "version", "startup_s", "kv_cache_dtype", "page_bytes", "pages_backed", "models", "memory_budget_bytes", "memory_held_bytes", "thermal_throttled", "cpu_temperature_celsius", "throttle_reason")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[HealthResponse.State]
@@ -319,6 +323,12 @@ class HealthResponse(_message.Message):
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGES_BACKED_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THERMAL_THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    CPU_TEMPERATURE_CELSIUS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_REASON_FIELD_NUMBER: _ClassVar[int]
     state: HealthResponse.State
     not_admitting_reason: str
     model: str
@@ -337,7 +347,57 @@ class HealthResponse(_message.Message):
     kv_cache_dtype: str
     page_bytes: int
     pages_backed: int
-    def __init__(self, state: _Optional[_Union[HealthResponse.State, str]] = ..., not_admitting_reason: _Optional[str] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., available_memory_bytes: _Optional[int] = ..., watchdog_low_bytes: _Optional[int] = ..., watchdog_high_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., version: _Optional[str] = ..., startup_s: _Optional[float] = ..., kv_cache_dtype: _Optional[str] = ..., page_bytes: _Optional[int] = ..., pages_backed: _Optional[int] = ...) -> None: ...
+    models: _containers.RepeatedCompositeFieldContainer[ModelHealth]
+    memory_budget_bytes: int
+    memory_held_bytes: int
+    thermal_throttled: bool
+    cpu_temperature_celsius: float
+    throttle_reason: str
+    def __init__(self, state: _Optional[_Union[HealthResponse.State, str]] = ..., not_admitting_reason: _Optional[str] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., available_memory_bytes: _Optional[int] = ..., watchdog_low_bytes: _Optional[int] = ..., watchdog_high_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., version: _Optional[str] = ..., startup_s: _Optional[float] = ..., kv_cache_dtype: _Optional[str] = ..., page_bytes: _Optional[int] = ..., pages_backed: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelHealth, _Mapping]]] = ..., memory_budget_bytes: _Optional[int] = ..., memory_held_bytes: _Optional[int] = ..., thermal_throttled: _Optional[bool] = ..., cpu_temperature_celsius: _Optional[float] = ..., throttle_reason: _Optional[str] = ...) -> None: ...
+
+class ModelHealth(_message.Message):
+    __slots__ = ("name", "state", "pinned", "keep_alive_s", "bytes", "requests", "loads", "running", "waiting", "pages_total", "pages_free", "pages_cached", "max_model_len", "default")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[ModelHealth.State]
+        STATE_UNLOADED: _ClassVar[ModelHealth.State]
+        STATE_LOADING: _ClassVar[ModelHealth.State]
+        STATE_LOADED: _ClassVar[ModelHealth.State]
+        STATE_UNLOADING: _ClassVar[ModelHealth.State]
+    STATE_UNSPECIFIED: ModelHealth.State
+    STATE_UNLOADED: ModelHealth.State
+    STATE_LOADING: ModelHealth.State
+    STATE_LOADED: ModelHealth.State
+    STATE_UNLOADING: ModelHealth.State
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
+    PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: ModelHealth.State
+    pinned: bool
+    keep_alive_s: float
+    bytes: int
+    requests: int
+    loads: int
+    running: int
+    waiting: int
+    pages_total: int
+    pages_free: int
+    pages_cached: int
+    max_model_len: int
+    default: bool
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ModelHealth.State, str]] = ..., pinned: _Optional[bool] = ..., keep_alive_s: _Optional[float] = ..., bytes: _Optional[int] = ..., requests: _Optional[int] = ..., loads: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., max_model_len: _Optional[int] = ..., default: _Optional[bool] = ...) -> None: ...
 
 class EmbedInput(_message.Message):
     __slots__ = ("text", "token_ids")
@@ -348,20 +408,22 @@ class EmbedInput(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "inputs", "dimensions", "truncate_prompt_tokens", "priority")
+    __slots__ = ("request_id", "model", "inputs", "dimensions", "truncate_prompt_tokens", "priority", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
     dimensions: int
     truncate_prompt_tokens: int
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., dimensions: _Optional[int] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., dimensions: _Optional[int] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values", "prompt_tokens")
@@ -382,7 +444,7 @@ class EmbedResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("request_id", "model", "query", "documents", "top_n", "truncate_prompt_tokens", "priority")
+    __slots__ = ("request_id", "model", "query", "documents", "top_n", "truncate_prompt_tokens", "priority", "keep_alive")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +452,7 @@ class RerankRequest(_message.Message):
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     query: str
@@ -397,7 +460,8 @@ class RerankRequest(_message.Message):
     top_n: int
     truncate_prompt_tokens: int
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    keep_alive: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., truncate_prompt_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., keep_alive: _Optional[str] = ...) -> None: ...
 
 class RerankResult(_message.Message):
     __slots__ = ("index", "relevance_score")

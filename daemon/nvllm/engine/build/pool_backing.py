@@ -41,6 +41,7 @@ class PoolBacking:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         if backed == total:
             self._done.set()
 
@@ -60,6 +61,12 @@ class PoolBacking:
             self._thread.start()
         return self
 
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop after the chunk under way (the engine is being unloaded: nothing will use the rest)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until backing ended (all backed, or stopped short); False on timeout."""
         return self._done.wait(timeout)
@@ -74,6 +81,8 @@ class PoolBacking:
             pass
         try:
             for start in range(first, self.total, self.chunk_blocks):
+                if self._stop.is_set():
+                    break
                 stop = min(start + self.chunk_blocks, self.total)
                 self._back(start, stop)
                 with self._lock:
@@ -84,7 +93,9 @@ class PoolBacking:
             log.exception("backing the page pool failed")
             self.error = f"{type(e).__name__}: {e}"
         self.seconds = time.monotonic() - t0
-        if self.error is None:
+        if self._stop.is_set() and self.error is None:
+            log.info("page pool: backing stopped at block %d of %d (the engine stopped)", self.backed, self.total)
+        elif self.error is None:
             log.info("page pool backed in the background: blocks %d..%d in %.2f s", first, self.total,
                      self.seconds)
         else:

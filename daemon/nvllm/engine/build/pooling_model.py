@@ -69,16 +69,22 @@ def check_settings(settings: Settings, info: ModelInfo) -> None:
             raise ValueError(f"{name} is for models that generate text; {info.architecture} is {what}")
 
 
+POOLING_SEQS = 32    # inputs a pooling model computes in one step at least (the token budget allowing)
+
+
 def settings_for(settings: Settings, info: ModelInfo) -> Settings:
     """The settings a pooling model runs with: a sequence is computed whole in one step, so max_model_len
-    is cut to the token budget, and no page is worth caching (it holds nothing)."""
+    is cut to the token budget, and no page is worth caching (it holds nothing). A request's inputs are
+    each a sequence, short and gone the same step, so a pooling model seats at least POOLING_SEQS of them:
+    scheduler.max_num_seqs counts a board's streams, not the texts of one embedding request."""
     if info.task == "generate":
         return settings
     budget = settings.scheduler.max_num_batched_tokens
     longest = min(settings.scheduler.max_model_len or info.max_position_embeddings, budget)
+    seats = max(settings.scheduler.max_num_seqs, POOLING_SEQS)
     return dataclasses.replace(
         settings, cache=dataclasses.replace(settings.cache, enable_prefix_caching=False),
-        scheduler=dataclasses.replace(settings.scheduler, max_model_len=longest))
+        scheduler=dataclasses.replace(settings.scheduler, max_model_len=longest, max_num_seqs=seats))
 
 
 def counting_pool(settings: Settings, reading: MemoryReading, per_seq: int) -> PoolSizing:

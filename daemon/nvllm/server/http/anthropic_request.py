@@ -32,7 +32,7 @@ from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.anthropic_messages import read_conversation
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import check_model, need
-from nvllm.server.state import DaemonState
+from nvllm.server.state import Served
 
 _INT, _REAL, _BOOL = "an integer", "a number", "true or false"
 SAMPLING_FIELDS = {"temperature": _REAL, "top_p": _REAL, "top_k": _INT, "truncate_prompt_tokens": _INT}
@@ -116,7 +116,7 @@ def anthropic_invalid(e: InvalidParameter, origins: list[str], constraint_param:
     return bad_request(name, text)
 
 
-def read_messages(body: dict[str, Any], st: DaemonState) -> AnthropicRequest:
+def read_messages(body: dict[str, Any], st: Served) -> AnthropicRequest:
     """A /v1/messages body (ApiError 400 naming the field, 404 for another model)."""
     check_keys(body, MESSAGE_FIELDS)
     if body.get("max_tokens") is None:
@@ -153,7 +153,7 @@ def read_messages(body: dict[str, Any], st: DaemonState) -> AnthropicRequest:
     return req
 
 
-def read_count_tokens(body: dict[str, Any], st: DaemonState) -> tuple[Prompt, list[str]]:
+def read_count_tokens(body: dict[str, Any], st: Served) -> tuple[Prompt, list[str]]:
     """A /v1/messages/count_tokens body: the prompt a /v1/messages request of it would have, and the origins
     of its messages (for the engine's refusals)."""
     check_keys(body, PROMPT_FIELDS)
@@ -175,11 +175,11 @@ def check_keys(body: dict[str, Any], allowed: set[str]) -> None:
         raise bad_request(key[:64], f"{key[:64]}: unknown field", code="unknown_parameter")
 
 
-def _template(st: DaemonState) -> str | None:
-    return st.engine.chat_template if st.engine is not None else None   # tells the tool-call format
+def _template(st: Served) -> str | None:
+    return st.engine.chat_template   # tells the tool-call format
 
 
-def _chat(body: dict[str, Any], st: DaemonState, params: SamplingParams,
+def _chat(body: dict[str, Any], st: Served, params: SamplingParams,
           for_answer: bool) -> tuple[ChatRequest, list[str], bool]:
     """The shared ChatRequest of a body, the origins of its messages, and whether thinking is shown.
     for_answer false (count_tokens): how calls would be read does not matter, only the prompt."""

@@ -25,7 +25,7 @@ from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStr
 from nvllm.server.http.anthropic_request import AnthropicRequest, read_messages
 from nvllm.server.http.dialect import Dialect, Event
 from nvllm.server.http.errors import ApiError
-from nvllm.server.state import DaemonState
+from nvllm.server.state import Served
 
 _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -192,7 +192,7 @@ class MessageBuilder:
         return self.prompt_tokens, self.output_tokens
 
 
-def _answering(req: AnthropicRequest, request_id: str, st: DaemonState, thinks: bool) -> MessageBuilder:
+def _answering(req: AnthropicRequest, request_id: str, st: Served, thinks: bool) -> MessageBuilder:
     return MessageBuilder(req, request_id, st.model_name, st.reasoning_parser, thinks)
 
 

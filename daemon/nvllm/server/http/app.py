@@ -17,15 +17,12 @@ requests: their pages come back at once.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -37,10 +34,12 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
+from nvllm.server.chat.field_error import FieldError
 from nvllm.server.http.anthropic_request import anthropic_invalid, read_count_tokens
 from nvllm.server.http.anthropic_response import MESSAGES, anthropic_refused
 from nvllm.server.http.auth import check_key
-from nvllm.server.http.dialect import Answering, Dialect, Event
+from nvllm.server.http.delivery import event_stream, whole
+from nvllm.server.http.dialect import Dialect
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion, parse_json
 from nvllm.server.http.openai_response import ResponseBuilder
@@ -49,15 +48,15 @@ from nvllm.server.http.pooling_response import embeddings_response, rerank_respo
 from nvllm.server.http.responses_request import read_responses
 from nvllm.server.http.responses_response import ResponsesAnswer
 from nvllm.server.http.tokenize_request import parse_detokenize, parse_tokenize
+from nvllm.server.keep_alive import keep_alive_seconds
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
+from nvllm.server.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
-from nvllm.server.state import DaemonState, Phase, Refused, host_key
-from nvllm.server.submission import Submission
+from nvllm.server.state import DaemonState, Phase, Refused, Served, host_key
 
 log = logging.getLogger("nvllm.server.http")
 
-PING_S = 15.0           # an SSE comment line this often keeps proxies from closing a quiet stream
 # A refusal's status -> the metrics' reason (server/metrics.py's REFUSALS).
 _REFUSAL_REASON = {429: "busy", 503: "unavailable"}
 
@@ -69,7 +68,27 @@ def http_client_key(request: Request) -> str:
 
 
 def refusal(e: Refused) -> ApiError:
+    if e.no_room:
+        return ApiError(503, str(e), code="insufficient_memory")
     return ApiError(429 if e.busy else 503, str(e), code="overloaded" if e.busy else "unavailable")
+
+
+def not_found(e: UnknownModel) -> ApiError:
+    return ApiError(404, str(e), "model", "model_not_found")
+
+
+def request_model(body: dict[str, Any]) -> tuple[str | None, float | None]:
+    """The body's model (None: the default) and its keep_alive (taken out of the body: every endpoint
+    takes it, and no reader need know it); 400 for either of the wrong type."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model", "model must be a string")
+    if "keep_alive" not in body:
+        return model, None
+    try:
+        return model, keep_alive_seconds(body.pop("keep_alive"))
+    except FieldError as e:
+        raise bad_request(e.field, e.message) from None
 
 
 class OpenAIApi:
@@ -105,11 +124,13 @@ class OpenAIApi:
 
     # -- small endpoints ------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
+        """Every model served, loaded or not (Ollama's and llama-server's router list them all)."""
         self.check_key(request)
         st = self.state
         return JSONResponse({"object": "list", "data": [
-            {"id": st.model_name, "object": "model", "created": int(st.started_at), "owned_by": "nvllm",
-             "max_model_len": st.engine.engine.max_model_len if st.engine is not None else None}]})
+            {"id": m["name"], "object": "model", "created": int(st.started_at), "owned_by": "nvllm",
+             "loaded": m["state"] == "loaded", "state": m["state"], "max_model_len": m["max_model_len"]}
+            for m in st.model_status()]})
 
     async def health(self, request: Request) -> Response:
         """200 only when new requests are admitted; 503 with the state and the reason otherwise."""
@@ -128,29 +149,41 @@ class OpenAIApi:
             body.update(running=h.running, waiting=h.waiting, pages_total=h.pages_total,
                         pages_backed=h.pages_backed, pages_free=h.pages_free, pages_cached=h.pages_cached,
                         kv_cache_dtype=h.kv_cache_dtype, page_bytes=h.page_bytes)
+        body.update(thermal_throttled=h.thermal_throttled, throttle_reason=h.throttle_reason,
+                    cpu_temperature_celsius=h.cpu_temperature_celsius if h.HasField("cpu_temperature_celsius")
+                    else None)
         return JSONResponse(body, status_code=200 if state == "serving" else 503)
 
-    async def tokenize(self, request: Request) -> Response:
+    async def _model_body(self, request: Request) -> tuple[dict[str, Any], str, float | None]:
+        """The body, the served model it names (404 otherwise) and its keep_alive."""
         self.check_key(request)
-        st = self.state
-        req = parse_tokenize(parse_json(await self._read_body(request)), st.model_name)
+        body = parse_json(await self._read_body(request))
+        model, keep_alive = request_model(body)
         try:
-            done = await st.tokenize(req.prompt, req.add_special_tokens, req.add_generation_prompt,
-                                     req.return_token_strs)
+            return body, self.state.resolve(model), keep_alive
+        except UnknownModel as e:
+            raise not_found(e) from None
+
+    async def tokenize(self, request: Request) -> Response:
+        st = self.state
+        body, name, keep_alive = await self._model_body(request)
+        req = parse_tokenize(body, name)
+        try:
+            done, max_len = await st.tokenize(req.prompt, req.add_special_tokens, req.add_generation_prompt,
+                                              req.return_token_strs, model=name, keep_alive_s=keep_alive)
         except InvalidParameter as e:
             raise bad_request(e.field, str(e)) from None
         except Refused as e:
             raise refusal(e) from None
-        assert st.engine is not None     # tokenize refuses before the engine is made
-        return JSONResponse({"count": len(done.ids), "max_model_len": st.engine.engine.max_model_len,
-                             "tokens": done.ids, "token_strs": done.strs})
+        return JSONResponse({"count": len(done.ids), "max_model_len": max_len, "tokens": done.ids,
+                             "token_strs": done.strs})
 
     async def detokenize(self, request: Request) -> Response:
-        self.check_key(request)
         st = self.state
-        ids = parse_detokenize(parse_json(await self._read_body(request)), st.model_name)
+        body, name, keep_alive = await self._model_body(request)
+        ids = parse_detokenize(body, name)
         try:
-            text = await st.detokenize(ids)
+            text = await st.detokenize(ids, model=name, keep_alive_s=keep_alive)
         except InvalidParameter as e:
             raise bad_request("tokens", str(e).replace("prompt_token_ids", "tokens", 1)) from None
         except Refused as e:
@@ -160,38 +193,39 @@ class OpenAIApi:
     # -- pooling --------------------------------------------------------------------------------
     async def embeddings(self, request: Request) -> Response:
         """OpenAI's embeddings: each input one engine request, batched by the scheduler."""
-        t0, rid, st = time.monotonic(), uuid.uuid4().hex, self.state
+        t0, rid = time.monotonic(), uuid.uuid4().hex
         with request_context(rid):
-            body = await self._pooling_body(request, t0)
-            req = parse_embeddings(body, st.model_name)
-            outs = await self._pool(request, rid, [(p, req.params) for p in req.inputs], req.priority, t0, "input")
-            return JSONResponse(embeddings_response(outs, st.model_name, req.encoding_format),
+            body, name, keep_alive = await self._pooling_body(request, t0)
+            req = parse_embeddings(body, name)
+            outs = await self._pool(request, rid, [(p, req.params) for p in req.inputs], req.priority, t0, "input",
+                                    name, keep_alive)
+            return JSONResponse(embeddings_response(outs, name, req.encoding_format),
                                 headers={"X-Request-Id": rid})
 
     async def rerank(self, request: Request) -> Response:
         """A query against documents: each pair one engine request to the cross-encoder, results best first."""
-        t0, rid, st = time.monotonic(), uuid.uuid4().hex, self.state
+        t0, rid = time.monotonic(), uuid.uuid4().hex
         with request_context(rid):
-            body = await self._pooling_body(request, t0)
-            req = parse_rerank(body, st.model_name)
+            body, name, keep_alive = await self._pooling_body(request, t0)
+            req = parse_rerank(body, name)
             pairs: list[tuple[Prompt, PoolingParams]] = [({"query": req.query, "document": d}, req.params)
                                                          for d in req.documents]
-            outs = await self._pool(request, rid, pairs, req.priority, t0, "documents")
-            return JSONResponse(rerank_response(rid, ranked(outs, req.top_n), req.documents, outs, st.model_name,
+            outs = await self._pool(request, rid, pairs, req.priority, t0, "documents", name, keep_alive)
+            return JSONResponse(rerank_response(rid, ranked(outs, req.top_n), req.documents, outs, name,
                                                 req.return_documents), headers={"X-Request-Id": rid})
 
-    async def _pooling_body(self, request: Request, t0: float) -> dict[str, Any]:
+    async def _pooling_body(self, request: Request, t0: float) -> tuple[dict[str, Any], str, float | None]:
         try:
-            self.check_key(request)
-            return parse_json(await self._read_body(request))
+            return await self._model_body(request)
         except ApiError as e:
             self.state.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
             raise
 
     async def _pool(self, request: Request, rid: str, choices: list[tuple[Prompt, PoolingParams]], priority: int,
-                    t0: float, items: str) -> list[RequestOutput]:
+                    t0: float, items: str, model: str, keep_alive: float | None) -> list[RequestOutput]:
         try:
-            return await run_pooling(self.state, "http", http_client_key(request), rid, choices, priority, t0)
+            return await run_pooling(self.state, "http", http_client_key(request), rid, choices, priority, t0,
+                                     model, keep_alive)
         except Refused as e:
             raise refusal(e) from None
         except InvalidParameter as e:
@@ -209,13 +243,13 @@ class OpenAIApi:
         return Response(body, headers={"Content-Type": content_type})
 
     # -- generation -----------------------------------------------------------------------------
-    def _read_chat(self, body: dict[str, Any], st: DaemonState) -> ParsedRequest:
-        engine = st.engine      # the template tells the model's tool-call format (tool_plan.py)
-        return parse_chat(body, st.model_name, st.max_num_seqs, engine.chat_template if engine is not None else None)
+    def _read_chat(self, body: dict[str, Any], st: Served) -> ParsedRequest:
+        # the template tells the model's tool-call format (tool_plan.py)
+        return parse_chat(body, st.model_name, st.max_num_seqs, st.engine.chat_template)
 
-    def _openai(self, read: Callable[[dict[str, Any], DaemonState], ParsedRequest]) -> Dialect:
-        return Dialect(read, lambda req, rid, st, thinks: ResponseBuilder(req, rid, st.model_name,
-                                                                         st.reasoning_parser, thinks))
+    def _openai(self, read: Callable[[dict[str, Any], Served], ParsedRequest]) -> Dialect:
+        return Dialect(read, lambda req, rid, served, thinks: ResponseBuilder(req, rid, served.model_name,
+                                                                             served.reasoning_parser, thinks))
 
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, self._openai(self._read_chat))
@@ -230,17 +264,21 @@ class OpenAIApi:
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's count_tokens: the prompt a /v1/messages request would have, tokenized as it would be."""
         st = self.state
+        lease = None
         try:
-            self.check_key(request)
-            prompt, origins = read_count_tokens(parse_json(await self._read_body(request)), st)
-            try:
-                done = await st.tokenize(prompt)
-            except InvalidParameter as e:
-                raise anthropic_invalid(e, origins) from None
-            except Refused as e:
-                raise refusal(e) from None
+            body, name, keep_alive = await self._model_body(request)
+            lease = await st.lease(name)       # the template renders the prompt and the tools
+            prompt, origins = read_count_tokens(body, st.served(lease))
+            done, _ = await st.tokenize(prompt, model=name, keep_alive_s=keep_alive)
+        except InvalidParameter as e:
+            return anthropic_refused(anthropic_invalid(e, origins))
+        except Refused as e:
+            return anthropic_refused(refusal(e))
         except ApiError as e:
             return anthropic_refused(e)
+        finally:
+            if lease is not None:
+                lease.release()
         return JSONResponse({"input_tokens": len(done.ids)})
 
     async def responses(self, request: Request) -> Response:
@@ -262,32 +300,37 @@ class OpenAIApi:
         rid = uuid.uuid4().hex
         st = self.state
         with request_context(rid):
+            lease = None
             try:
+                # The model first (loaded if it is not): a chat is read by its template, and starting is a 503.
                 self.check_key(request)
-                if st.engine is None:   # starting: reading a chat needs the model's template, so 503 first
-                    st.check_serving()
-                asked = dialect.read(parse_json(await self._read_body(request)), st)
-            except Refused as e:
-                st.metrics.request("http", arrival=t0).refused("unavailable")
-                raise refusal(e) from None
-            except ApiError as e:
-                st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(e.status, "invalid"))
-                raise
+                st.check_serving()
+                body = parse_json(await self._read_body(request))
+                model, keep_alive = request_model(body)
+                lease = await st.lease(model)
+                served = st.served(lease)
+                asked = dialect.read(body, served)
+            except (ApiError, Refused, UnknownModel) as e:
+                if lease is not None:
+                    lease.release()
+                err = refusal(e) if isinstance(e, Refused) else not_found(e) if isinstance(e, UnknownModel) else e
+                st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(err.status, "invalid"))
+                raise err from None
             try:
                 sub = await st.submit("http", http_client_key(request), rid, asked.choices(), asked.priority, t0,
-                                      f", user {asked.user!r}" if asked.user else "")
+                                      f", user {asked.user!r}" if asked.user else "", lease=lease,
+                                      keep_alive_s=keep_alive)
             except Refused as e:
                 raise refusal(e) from None
             except InvalidParameter as e:
                 raise asked.refusal(e) from None
             except EngineDead as e:
                 raise ApiError(503, str(e), code="unavailable") from None
-            answering = dialect.answering(asked, rid, st, sub.thinks)
-            if asked.stream:    # the event stream gives back what the request holds when it ends
-                return _EventStream(self._events(sub, answering, rid, t0), sub, ping=PING_S, sep="\n",
-                                    headers={"X-Request-Id": rid})
+            answering = dialect.answering(asked, rid, served, sub.thinks)
+            if asked.stream:
+                return event_stream(sub, answering, rid, t0)
             async with sub:
-                return await self._whole(request, sub, answering, rid)
+                return await whole(request, sub, answering, rid)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
@@ -308,89 +351,6 @@ class OpenAIApi:
             log.info("the client went away before sending the whole body")
             raise ApiError(400, "the client closed the connection before sending the whole body") from None
         return b"".join(chunks)
-
-    async def _whole(self, request: Request, sub: Submission, answering: Answering, rid: str) -> Response:
-        """Collect every choice; a client that disconnects meanwhile aborts them."""
-        collect = asyncio.ensure_future(_collect(sub, answering))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not collect.done():
-                collect.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await collect
-                sub.close()
-        if collect.cancelled():
-            log.info("cancelled (the client went away); request aborted")
-            return Response(status_code=499)    # nobody reads it
-        collect.result()           # raises the engine's failure as ApiError
-        log.info("finished over HTTP: %d prompt + %d output tokens", *answering.token_counts())
-        return JSONResponse(answering.response(), headers={"X-Request-Id": rid})
-
-    async def _events(self, sub: Submission, answering: Answering, rid: str, t0: float) -> AsyncIterator[Event]:
-        """The SSE events as the engine makes the outputs, then the closing ones. Leaving early (the client
-        disconnected, the server stops) aborts whatever is unfinished."""
-        extra = {"request_id": rid}
-        first: float | None = None
-        try:
-            async with contextlib.aclosing(aiter(sub)) as outputs:
-                async for index, out in outputs:
-                    try:
-                        _raise_failure(out)
-                    except ApiError as e:
-                        yield answering.failed(e)
-                        return
-                    if first is None and out.token_ids:
-                        first = time.monotonic()
-                    for event in answering.events(index, out):
-                        yield event
-            for event in answering.closing():
-                yield event
-            log.info("finished over HTTP: %d prompt + %d output tokens%s", *answering.token_counts(),
-                     "" if first is None else f", first token after {1000 * (first - t0):.0f} ms", extra=extra)
-        except (asyncio.CancelledError, GeneratorExit):
-            log.info("cancelled (the client went away); request aborted", extra=extra)
-            raise
-        finally:
-            sub.close()
-
-
-class _EventStream(EventSourceResponse):
-    """Server-sent events that close their Submission however they end: a disconnect may cancel the response
-    before its generator ever started, when the generator's own cleanup would never run."""
-
-    def __init__(self, content: AsyncIterator[dict[str, str]], sub: Submission, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self.sub = sub
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.sub.close()
-
-
-async def _collect(sub: Submission, answering: Answering) -> None:
-    async with contextlib.aclosing(aiter(sub)) as outputs:
-        async for index, out in outputs:
-            _raise_failure(out)
-            answering.add(index, out)
-
-
-def _raise_failure(out: RequestOutput) -> None:
-    if out.error is not None:
-        log.error("failed in the engine: %s", out.error)
-        raise ApiError(500, f"generation failed: {out.error}", code="engine_error")
-    if out.finished and out.finish_reason == "abort":
-        raise ApiError(503, "the request was aborted: the daemon is shutting down", code="unavailable")
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has closed the connection (the body was read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

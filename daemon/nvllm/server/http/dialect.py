@@ -15,7 +15,7 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.http.errors import ApiError
-from nvllm.server.state import DaemonState
+from nvllm.server.state import Served
 
 Event = dict[str, str]      # one server-sent event: "data" and, where the API names its events, "event"
 
@@ -57,8 +57,9 @@ class Answering(Protocol):
 
 @dataclass(frozen=True)
 class Dialect:
-    """read(body, state) -> Asked (ApiError 400 naming the field); answering(asked, request id, state,
-    thinks) -> Answering; refused(error) -> the error response in this API's shape."""
-    read: Callable[[dict[str, Any], DaemonState], Asked]
-    answering: Callable[[Any, str, DaemonState, bool], Answering]
+    """read(body, served) -> Asked (ApiError 400 naming the field; served: the model the request leased);
+    answering(asked, request id, served, thinks) -> Answering; refused(error) -> the error response in this
+    API's shape."""
+    read: Callable[[dict[str, Any], Served], Asked]
+    answering: Callable[[Any, str, Served, bool], Answering]
     refused: Callable[[ApiError], Response] = ApiError.response

@@ -167,11 +167,12 @@ def check_keys(body: dict[str, Any], allowed: set[str]) -> None:
 
 
 def check_model(body: dict[str, Any], model_name: str) -> None:
-    """A body's `model`, where given, must be the one this daemon serves (404 otherwise)."""
+    """A body's `model`, where given, must be the served model it was read for (empty: the default; 404
+    otherwise)."""
     model = body.get("model")
     if model is not None:
         need("model", model, "a string")
-        if model != model_name:
+        if model and model != model_name:
             raise ApiError(404, f"the model {model[:64]!r} does not exist; this daemon serves {model_name!r}",
                            "model", "model_not_found")
 

@@ -25,7 +25,7 @@ from nvllm.server.chat.response_format import Constraint, json_schema_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import check_model, need
-from nvllm.server.state import DaemonState
+from nvllm.server.state import Served
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
           "max_output_tokens", "temperature", "top_p", "reasoning", "stream", "user", "metadata", "truncation",
@@ -73,9 +73,9 @@ class ResponsesRequest:
         return bad_request(name, text)
 
 
-def read_responses(body: dict[str, Any], state: DaemonState) -> ResponsesRequest:
-    engine = state.engine      # the template tells the model's tool-call format (tool_plan.py)
-    return parse_responses(body, state.model_name, engine.chat_template if engine is not None else None)
+def read_responses(body: dict[str, Any], state: Served) -> ResponsesRequest:
+    # the template tells the model's tool-call format (tool_plan.py)
+    return parse_responses(body, state.model_name, state.engine.chat_template)
 
 
 def parse_responses(body: dict[str, Any], model_name: str, chat_template: str | None = None) -> ResponsesRequest:

@@ -22,7 +22,7 @@ from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStr
 from nvllm.server.http.dialect import Event
 from nvllm.server.http.errors import ApiError
 from nvllm.server.http.responses_request import ResponsesRequest
-from nvllm.server.state import DaemonState
+from nvllm.server.state import Served
 
 MESSAGE, FUNCTION_CALL = "message", "function_call"
 
@@ -84,7 +84,7 @@ class ResponsesAnswer:
         self.started = False
 
     @classmethod
-    def start(cls, req: ResponsesRequest, request_id: str, state: DaemonState, thinks: bool) -> ResponsesAnswer:
+    def start(cls, req: ResponsesRequest, request_id: str, state: Served, thinks: bool) -> ResponsesAnswer:
         return cls(req, request_id, state.model_name, state.reasoning_parser, thinks)
 
     # -- the response object ---------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""Which models a daemon serves, from its settings: every `--model`, every [[models]] table, every .gguf
+file and model folder in model.serve_dir (sorted), or, with none of those, model.path alone. Each gets its
+own Settings (model.path and the per-model settings of its table over the [model], [cache] and
+[scheduler] defaults), its name, keep_alive and pin. The default model is server.default_model, else the
+first named. And the memory budget they share.
+
+What only one model can have stays with the default one: speculation (its draft model shares its
+tokenizer) and the persisted prefix cache (one file per daemon).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from nvllm.config import ConfigError, ModelEntry, Settings
+from nvllm.config_values import duration_seconds
+from nvllm.engine.build.memory import GiB, MemoryReading, MiB
+from nvllm.server.model_set import ModelSpec
+
+
+def name_of(path: Path) -> str:
+    """A model's name from its path: a GGUF file's without .gguf, a folder's own."""
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def model_entries(settings: Settings) -> list[ModelEntry]:
+    """The models named, in order, then model.serve_dir's; model.path alone when there are none."""
+    entries = list(settings.models)
+    folder = settings.model.serve_dir
+    if folder:
+        root = Path(folder)
+        if not root.is_dir():
+            raise ConfigError(f"model.serve_dir (--models-dir) {folder}: not a folder")
+        found = [p for p in sorted(root.iterdir()) if (p.suffix.lower() == ".gguf" and p.is_file())
+                 or (p / "config.json").is_file()]
+        if not found and not entries:
+            raise ConfigError(f"model.serve_dir (--models-dir) {folder}: no .gguf file or model folder in it")
+        entries += [ModelEntry(path=str(p)) for p in found]
+    if not entries:
+        m = settings.model
+        entries = [ModelEntry(path=m.path, name=m.served_name, pinned=m.pinned)]
+    return entries
+
+
+def model_specs(settings: Settings) -> tuple[list[ModelSpec], str]:
+    """(every model served, the default one's name); ConfigError for two models of one name or a default
+    that is none of them."""
+    specs: list[ModelSpec] = []
+    for entry in model_entries(settings):
+        s = _settings_of(settings, entry)
+        name = entry.name or (settings.model.served_name if entry.path == settings.model.path else "") or \
+            name_of(s.model_path())
+        keep = duration_seconds(entry.keep_alive or settings.model.keep_alive)
+        assert keep is not None       # the settings were checked
+        if any(spec.name == name for spec in specs):
+            raise ConfigError(f"two models are served as {name!r}: give one of them a name ([[models]] name)")
+        # model.path's own settings (its name, its pin) go with it however it is named (--model, [[models]])
+        pinned = entry.pinned or (entry.path == settings.model.path and settings.model.pinned)
+        specs.append(ModelSpec(name, s, keep, pinned))
+    default = settings.server.default_model or specs[0].name
+    if default not in {s.name for s in specs}:
+        raise ConfigError(f"server.default_model {default!r} is not served (served: "
+                          f"{', '.join(s.name for s in specs)})")
+    for i, spec in enumerate(specs):
+        if spec.name != default:    # speculation and the persisted cache: the default model's alone
+            s = spec.settings
+            specs[i] = dataclasses.replace(spec, settings=dataclasses.replace(
+                s, speculative=dataclasses.replace(s.speculative, method="none"),
+                cache=dataclasses.replace(s.cache, persist_dir="")))
+    return specs, default
+
+
+def _settings_of(settings: Settings, entry: ModelEntry) -> Settings:
+    m, c, sch = settings.model, settings.cache, settings.scheduler
+    model = dataclasses.replace(m, path=entry.path, served_name=entry.name, task=entry.task or m.task,
+                                threads=m.threads if entry.threads is None else entry.threads)
+    cache = dataclasses.replace(c, dtype=entry.kv_cache_dtype or c.dtype)
+    scheduler = dataclasses.replace(sch, max_model_len=entry.max_model_len or sch.max_model_len)
+    return dataclasses.replace(settings, model=model, cache=cache, scheduler=scheduler, models=[])
+
+
+def memory_budget(settings: Settings, reading: MemoryReading) -> int:
+    """The bytes every model's weights and page pool share: cache.budget_gb, else the memory available at
+    start less cache.reserve_mb, times cache.memory_fraction."""
+    c = settings.cache
+    if c.budget_gb:
+        return int(c.budget_gb * GiB)
+    return int(max(0, reading.available_bytes - c.reserve_mb * MiB) * c.memory_fraction)
