@@ -85,6 +85,10 @@ def test_each_model_answers_by_name_and_is_listed(daemon: DaemonProcess) -> None
         assert samples[("nvllm:model_loaded", name)] == 1.0 and samples[("vllm:num_requests_running", name)] == 0
         assert samples[("nvllm:model_memory_bytes", name)] == h[name].bytes
     assert finished[SMOL_NAME] == 2 and finished["tiny-llama"] == 1     # each request counted against its model
+    with httpx.Client(base_url=daemon.http_url, timeout=30) as c:
+        listed = {m["name"]: m for m in c.get("/health").json()["models"]}
+    assert listed[SMOL_NAME]["state"] == "loaded" and listed[SMOL_NAME]["requests"] == 2
+    assert listed["tiny-llama"]["default"] and listed[SMOL_NAME]["bytes"] == h[SMOL_NAME].bytes
     assert samples[("nvllm:memory_budget_bytes", "tiny-llama")] == health(daemon.address).memory_budget_bytes
 
 

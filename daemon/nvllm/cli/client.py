@@ -245,9 +245,12 @@ def cmd_health(args: argparse.Namespace) -> int:
         mib = 1 << 20
         print(f"  model {h.model}, nvllm {h.version}, up {h.uptime_s:.0f} s (ready after {h.startup_s:.1f} s)")
         backed = f" ({h.pages_backed} backed so far)" if h.pages_backed < h.pages_total else ""
-        print(f"  pages {h.pages_total} total{backed} of {h.page_bytes // 1024} KiB ({h.kv_cache_dtype} keys and "
-              f"values), {h.pages_free} free, {h.pages_cached} cached; "
-              f"{h.running} running, {h.waiting} waiting; {h.tokens_per_s:.1f} tokens/s")
+        if h.pages_total:
+            print(f"  pages {h.pages_total} total{backed} of {h.page_bytes // 1024} KiB ({h.kv_cache_dtype} keys and "
+                  f"values), {h.pages_free} free, {h.pages_cached} cached; "
+                  f"{h.running} running, {h.waiting} waiting; {h.tokens_per_s:.1f} tokens/s")
+        else:
+            print(f"  the default model {h.model} is not loaded now (its next request loads it)")
         print(f"  memory available {h.available_memory_bytes // mib} MiB "
               f"(watchdog low {h.watchdog_low_bytes // mib} MiB, high {h.watchdog_high_bytes // mib} MiB); "
               f"models hold {h.memory_held_bytes // mib} of a {h.memory_budget_bytes // mib} MiB budget")

@@ -151,7 +151,10 @@ class OpenAIApi:
                         kv_cache_dtype=h.kv_cache_dtype, page_bytes=h.page_bytes)
         body.update(thermal_throttled=h.thermal_throttled, throttle_reason=h.throttle_reason,
                     cpu_temperature_celsius=h.cpu_temperature_celsius if h.HasField("cpu_temperature_celsius")
-                    else None)
+                    else None, memory_budget_bytes=h.memory_budget_bytes, memory_held_bytes=h.memory_held_bytes)
+        body["models"] = [{**{k: v for k, v in m.items() if k != "stats"},
+                           **({k: m["stats"][k] for k in ("running", "waiting", "pages_total", "pages_free")}
+                              if m["stats"] is not None else {})} for m in st.model_status()]
         return JSONResponse(body, status_code=200 if state == "serving" else 503)
 
     async def _model_body(self, request: Request) -> tuple[dict[str, Any], str, float | None]:
