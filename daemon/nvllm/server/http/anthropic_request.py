@@ -31,7 +31,7 @@ from nvllm.server.chat.response_format import Constraint, json_schema_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.anthropic_messages import read_conversation
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_request import check_model, need
+from nvllm.server.http.openai_request import check_keys, check_model, need
 from nvllm.server.state import Served
 
 _INT, _REAL, _BOOL = "an integer", "a number", "true or false"
@@ -118,7 +118,7 @@ def anthropic_invalid(e: InvalidParameter, origins: list[str], constraint_param:
 
 def read_messages(body: dict[str, Any], st: Served) -> AnthropicRequest:
     """A /v1/messages body (ApiError 400 naming the field, 404 for another model)."""
-    check_keys(body, MESSAGE_FIELDS)
+    check_keys(body, MESSAGE_FIELDS, NEUTRAL)
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens", "max_tokens is required: the most tokens the answer may have")
     values: dict[str, Any] = {"max_tokens": need("max_tokens", body["max_tokens"], _INT)}
@@ -156,23 +156,12 @@ def read_messages(body: dict[str, Any], st: Served) -> AnthropicRequest:
 def read_count_tokens(body: dict[str, Any], st: Served) -> tuple[Prompt, list[str]]:
     """A /v1/messages/count_tokens body: the prompt a /v1/messages request of it would have, and the origins
     of its messages (for the engine's refusals)."""
-    check_keys(body, PROMPT_FIELDS)
+    check_keys(body, PROMPT_FIELDS, NEUTRAL)
     try:
         chat, origins, _ = _chat(body, st, SamplingParams(), for_answer=False)
         return chat.plan(_template(st)).prompt, origins
     except FieldError as e:
         raise field_refusal(e) from None
-
-
-def check_keys(body: dict[str, Any], allowed: set[str]) -> None:
-    for key, value in body.items():
-        if key in allowed:
-            continue
-        if key in NEUTRAL:
-            if NEUTRAL[key](value):
-                continue
-            raise bad_request(key, f"{key} {str(value)[:40]!r} is not supported by nvllm", code="unsupported_parameter")
-        raise bad_request(key[:64], f"{key[:64]}: unknown field", code="unknown_parameter")
 
 
 def _template(st: Served) -> str | None:
@@ -226,17 +215,8 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, bool | None]:
     """(OpenAI's tool_choice, parallel_tool_calls) of Anthropic's tool_choice."""
     if choice is None:
         return None, None
-    need("tool_choice", choice, "an object")
-    kind = choice.get("type")
-    keys = {"auto": {"disable_parallel_tool_use"}, "any": {"disable_parallel_tool_use"},
-            "tool": {"name", "disable_parallel_tool_use"}, "none": set()}
-    if kind not in keys:
-        raise bad_request("tool_choice.type", f"tool_choice.type must be 'auto', 'any', 'tool' or 'none', "
-                                              f"got {str(kind)[:40]!r}")
-    unknown = sorted(set(choice) - keys[kind] - {"type"})
-    if unknown:
-        raise bad_request(f"tool_choice.{unknown[0]}"[:80], f"tool_choice.{unknown[0][:64]} is not supported "
-                                                            f"with type {kind!r}", code="unknown_parameter")
+    kind = _kind("tool_choice", choice, {"auto": {"disable_parallel_tool_use"}, "any": {"disable_parallel_tool_use"},
+                                         "tool": {"name", "disable_parallel_tool_use"}, "none": set()})
     serial = choice.get("disable_parallel_tool_use")
     parallel = None if serial is None else not need("tool_choice.disable_parallel_tool_use", serial, _BOOL)
     if kind in ("auto", "none") and not has_tools:
@@ -246,21 +226,27 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, bool | None]:
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
 
+def _kind(field: str, value: Any, keys: dict[str, set[str]]) -> str:
+    """An object's type, one of keys', each type with the other keys it takes; 400 naming the field."""
+    need(field, value, "an object")
+    kind = value.get("type")
+    if kind not in keys:
+        names = ", ".join(repr(k) for k in list(keys)[:-1]) + f" or {list(keys)[-1]!r}"
+        raise bad_request(f"{field}.type", f"{field}.type must be {names}, got {str(kind)[:40]!r}")
+    unknown = sorted(set(value) - keys[kind] - {"type"})
+    if unknown:
+        raise bad_request(f"{field}.{unknown[0]}"[:80], f"{field}.{unknown[0][:64]} is not supported with type "
+                                                         f"{kind!r}", code="unknown_parameter")
+    return str(kind)
+
+
 def _thinking(thinking: Any, max_tokens: int | None) -> tuple[dict[str, Any] | None, bool]:
     """(chat_template_kwargs, thinking shown) of Anthropic's thinking. The template switches thinking on or
     off (Qwen3's enable_thinking); budget_tokens is checked but max_tokens alone bounds the answer."""
     if thinking is None:
         return None, True
-    need("thinking", thinking, "an object")
-    kind = thinking.get("type")
-    keys = {"enabled": {"budget_tokens", "display"}, "adaptive": {"display"}, "disabled": set()}
-    if kind not in keys:
-        raise bad_request("thinking.type", f"thinking.type must be 'enabled', 'adaptive' or 'disabled', "
-                                           f"got {str(kind)[:40]!r}")
-    unknown = sorted(set(thinking) - keys[kind] - {"type"})
-    if unknown:
-        raise bad_request(f"thinking.{unknown[0]}"[:80], f"thinking.{unknown[0][:64]} is not supported with "
-                                                         f"type {kind!r}", code="unknown_parameter")
+    kind = _kind("thinking", thinking, {"enabled": {"budget_tokens", "display"}, "adaptive": {"display"},
+                                        "disabled": set()})
     if kind == "disabled":
         return {"enable_thinking": False}, True
     if kind == "enabled":

@@ -155,15 +155,20 @@ def need(name: str, value: Any, kind: str) -> Any:
     return value
 
 
-def check_keys(body: dict[str, Any], allowed: set[str]) -> None:
+def check_keys(body: dict[str, Any], allowed: set[str],
+               neutral: dict[str, Callable[[Any], bool]] | None = None) -> None:
+    """Every key allowed, or a parameter nvllm does not implement at the value that asks for nothing
+    (neutral: that API's table of them, OpenAI's by default); 400 naming the key otherwise."""
+    neutral = NEUTRAL if neutral is None else neutral
     for key, value in body.items():
         if key in allowed:
             continue
-        if key in NEUTRAL:
-            if NEUTRAL[key](value):
+        if key in neutral:
+            if neutral[key](value):
                 continue
             raise bad_request(key, f"{key} is not supported by nvllm", code="unsupported_parameter")
-        raise bad_request(key, f"unknown parameter {key[:64]!r}", code="unknown_parameter")
+        # the key first: an API whose error has no param field (Anthropic's) names it so
+        raise bad_request(key[:64], f"{key[:64]}: unknown parameter", code="unknown_parameter")
 
 
 def check_model(body: dict[str, Any], model_name: str) -> None:
