@@ -84,6 +84,9 @@ def served_ok(case: Case, out: Outcome) -> str | None:
 
 
 def refused_ok(case: Case, out: Outcome) -> str | None:
+    if case.what == "unknown model":     # a model this daemon does not serve: NOT_FOUND, naming the one it does
+        return None if out.code == grpc.StatusCode.NOT_FOUND and "this daemon serves" in out.details else \
+            f"{out.code.name}: {out.details}"
     if out.code != grpc.StatusCode.INVALID_ARGUMENT:
         return f"{out.code.name}: {out.details}"
     if case.expect == ANY_FIELD:

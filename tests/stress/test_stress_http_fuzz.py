@@ -104,7 +104,7 @@ DEFECTS: dict[str, st.SearchStrategy] = {
     "logit_bias": st.sampled_from([{"5": 101}, {"five": 1}, {str(VOCAB): 1}, [5]]),
     "suffix": st.just("tail"),
     "unknown": st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=3, max_size=12),
-    "model": st.sampled_from(["gpt-4o", "", "tiny-llama-x"]),
+    "model": st.sampled_from(["gpt-4o", "tiny-llama-x", " "]),     # "" is the default model
     "min_tokens": st.just(1000),
     "stop_token_ids": st.sampled_from([[-1], [VOCAB], "1"]),
 }

@@ -45,14 +45,7 @@ def read_request(request: pb.GenerateRequest, rid: str, model_name: str, max_mes
                  chat_template: str | None = None) -> GenerateArgs:
     """Checks that need no tokenizer. chat_template: the model's template text, which tells its tool-call
     format (server/chat/tool_plan.py)."""
-    size = request.ByteSize()
-    if size > max_message_bytes:
-        field = oversized_field(request)
-        raise BadRequest(field, f"{field} makes the request {size} bytes; a request may be at most "
-                                f"{max_message_bytes} bytes (server.max_message_bytes)")
-    if len(rid) > MAX_REQUEST_ID_CHARS:
-        raise BadRequest("request_id", f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
-                                       f"got {len(rid)}")
+    check_envelope(request, rid, max_message_bytes)
     check_model(request.model, model_name)
     which = request.WhichOneof("input")
     if which is None:
@@ -99,6 +92,18 @@ def read_messages(chat: pb.ChatMessages) -> list[dict[str, Any]]:
         return chat_messages(chat)
     except FieldError as e:
         raise BadRequest(e.field or "chat", e.message) from None
+
+
+def check_envelope(request: pb.GenerateRequest, rid: str, max_message_bytes: int) -> None:
+    """What is checked before anything else, the model included: the request's size and its id."""
+    size = request.ByteSize()
+    if size > max_message_bytes:
+        field = oversized_field(request)
+        raise BadRequest(field, f"{field} makes the request {size} bytes; a request may be at most "
+                                f"{max_message_bytes} bytes (server.max_message_bytes)")
+    if len(rid) > MAX_REQUEST_ID_CHARS:
+        raise BadRequest("request_id", f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
+                                       f"got {len(rid)}")
 
 
 def read_keep_alive(text: str) -> float | None:

@@ -31,7 +31,7 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStream
 from nvllm.server.chat.tool_plan import ToolPlan
-from nvllm.server.generate_request import BadRequest, invalid_message, read_keep_alive, read_request
+from nvllm.server.generate_request import BadRequest, check_envelope, invalid_message, read_keep_alive, read_request
 from nvllm.server.logs import request_context
 from nvllm.server.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
@@ -193,7 +193,14 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or uuid.uuid4().hex
         with request_context(rid):
-            # The model first (loaded where it is not): a chat is read by its template.
+            # The model first (loaded where it is not): a chat is read by its template. Only the size and
+            # the id are checked before: an oversized request never loads a model.
+            try:
+                check_envelope(request, rid, st.max_message_bytes)
+            except BadRequest as e:
+                log.info("refused: %s", e)
+                st.metrics.request("grpc", t0).refused("invalid")
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             try:
                 lease = await st.lease(request.model)
             except Refused as e:
