@@ -19,15 +19,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.daemon_util import BASE_CONFIG, DaemonProcess, health, health_when, joined, pages_all_back, wait_for
-from helpers.paths import ROOT
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
-SMOL = ROOT / "models" / "smollm2-135m-instruct.gguf"
 SMOL_NAME = "smollm2-135m-instruct"
 MiB = 1 << 20
-
-pytestmark = pytest.mark.skipif(not SMOL.is_file(), reason="SmolLM2's GGUF is pulled by the test set-up")
 
 
 def chat(model: str, **extra: object) -> dict[str, object]:
@@ -40,9 +36,9 @@ def model_health(address: str) -> dict[str, pb.ModelHealth]:
 
 
 @pytest.fixture(scope="module")
-def daemon(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+def daemon(tiny: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d = DaemonProcess(tmp_path_factory.mktemp("several"), tiny, BASE_CONFIG, http_listen="127.0.0.1:0",
-                      extra_args=("--model", str(SMOL)))
+                      extra_args=("--model", str(smollm2_gguf)))
     yield d
     d.stop()
 
@@ -123,10 +119,10 @@ def budget_gb(daemon: DaemonProcess) -> float:
 
 
 def test_a_small_budget_unloads_the_idle_model_and_refuses_past_a_pinned_one(
-        daemon: DaemonProcess, tiny: Path, tmp_path: Path) -> None:
+        daemon: DaemonProcess, tiny: Path, smollm2_gguf: Path, tmp_path: Path) -> None:
     gb = budget_gb(daemon)
     d = DaemonProcess(tmp_path / "swap", tiny, BASE_CONFIG, http_listen="127.0.0.1:0",
-                      extra_args=("--model", str(SMOL), "--memory-gb", f"{gb:.6f}"))
+                      extra_args=("--model", str(smollm2_gguf), "--memory-gb", f"{gb:.6f}"))
     try:
         with httpx.Client(base_url=d.http_url, timeout=120) as c:
             assert c.post("/v1/chat/completions", json=chat(SMOL_NAME)).status_code == 200
@@ -142,7 +138,7 @@ def test_a_small_budget_unloads_the_idle_model_and_refuses_past_a_pinned_one(
         d.stop()
 
     # --model tiny (the launcher's) pinned by [model], beside the file's [[models]] SmolLM2
-    pinned = BASE_CONFIG + f'\n[model]\npinned = true\n[[models]]\npath = "{SMOL}"\n'
+    pinned = BASE_CONFIG + f'\n[model]\npinned = true\n[[models]]\npath = "{smollm2_gguf}"\n'
     d = DaemonProcess(tmp_path / "pinned", tiny, pinned, http_listen="127.0.0.1:0",
                       extra_args=("--memory-gb", f"{gb:.6f}"))
     try:
