@@ -111,6 +111,9 @@ class StructuredSpec:
 
     kind: str
     value: str | tuple[str, ...] | None = None
+    # A grammar of literal text and JSON only (a forced tool call's tags and call): the JSON Schema whose
+    # numbers' digit budget then holds the whole answer, as it does a json_schema's (engine/structured/).
+    digits_schema: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise the shapes clients naturally send; validate() refuses anything else.
@@ -133,6 +136,8 @@ class StructuredSpec:
         if self.kind not in STRUCTURED_KINDS:
             raise InvalidParameter("structured", self.kind, "one of " + ", ".join(STRUCTURED_KINDS))
         name, v = self.field, self.value
+        if self.digits_schema is not None and (self.kind != "grammar" or not isinstance(self.digits_schema, str)):
+            raise InvalidParameter(name, self.digits_schema, "a grammar's JSON Schema text, for its digit budget")
         if self.kind == "json_object":
             return
         if self.kind == "choice":

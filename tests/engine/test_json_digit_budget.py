@@ -19,6 +19,7 @@ from nvllm.engine.structured.compiler import StructuredCompiler
 from nvllm.engine.structured.digit_budget import DigitBudget, budget_for
 from nvllm.engine.structured.matcher_pair import MatcherPair
 from nvllm.sampling_params import InvalidParameter, StructuredSpec
+from nvllm.server.chat.tool_grammar import Tool, tagged_constraint
 from nvllm.text.tokenizer import Tokenizer
 
 
@@ -143,3 +144,20 @@ class TestMasks:
     def test_any_json_object_is_budgeted_too(self, compiler: StructuredCompiler) -> None:
         assert passes(compiler, StructuredSpec("json_object"), '{"a":1.12345678}', whole=True)
         assert not passes(compiler, StructuredSpec("json_object"), '{"a":1.123456789')
+
+
+@pytest.mark.smollm2
+def test_a_forced_tool_call_holds_its_numbers_to_the_budget(compiler: StructuredCompiler) -> None:
+    """A forced tagged call (Qwen's <tool_call>) is tags and JSON alone: its numbers get the JSON budget, so a
+    weak model cannot write a coordinate's digits until max_tokens; with free text around the calls ("auto")
+    the grammar stands as written."""
+    tools = [Tool("command_drone", DRONE_COMMAND)]
+    forced = tagged_constraint(tools, parallel=False, forced=True)
+    assert forced.digits_schema is not None
+    call = ('<tool_call>\n{"name": "command_drone", "arguments": {"action": "goto", "lat": 54.6872, "lon": 25.2797, '
+            '"alt_m": 40, "speed_mps": 12.5, "reason": "deliver"}}\n</tool_call>')
+    assert passes(compiler, forced, call, whole=True)
+    long_lat = '<tool_call>\n{"name": "command_drone", "arguments": {"action": "goto", "lat": 54.687212345'
+    assert not passes(compiler, forced, long_lat)
+    assert passes(compiler, StructuredSpec("grammar", forced.value), long_lat)     # without the budget it passes
+    assert tagged_constraint(tools, parallel=False, forced=False).digits_schema is None

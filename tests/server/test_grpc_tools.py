@@ -24,13 +24,9 @@ from nvllm.server.state import DaemonState
 from nvllm.v1 import nvllm_pb2 as pb
 
 NAME = "command_drone"
-# The drone's command with whole numbers: a tagged call's grammar (Lark) gets no digit budget, only JSON
-# constraints do (engine/structured/compiler.py), and the random weights would write a number's digits
-# until max_tokens; bounded integers end.
-PARAMS: dict[str, Any] = {**DRONE_COMMAND, "properties": {
-    **DRONE_COMMAND["properties"], **{k: {**DRONE_COMMAND["properties"][k], "type": "integer"}
-                                      for k in ("lat", "lon", "alt_m")},
-    "speed_mps": {"type": "integer", "minimum": 0, "maximum": 30}}}
+# The drone's own command (helpers/drone_command.py): a forced call's numbers are held to the JSON digit
+# budget (engine/structured/digit_budget.py), so the random weights' coordinates end.
+PARAMS: dict[str, Any] = DRONE_COMMAND
 TOOL = {"type": "function", "function": {"name": NAME, "parameters": PARAMS}}
 NAMED = {"type": "function", "function": {"name": NAME}}
 MAX_TOKENS = 400

@@ -78,7 +78,7 @@ class StructuredCompiler:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._lltokenizer: LLTokenizer | None = None
-        self._cache: OrderedDict[tuple[str, object], Future] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, object, str | None], Future] = OrderedDict()
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="nvllm-grammar")
         self._executor: LLExecutor | None = None
 
@@ -95,7 +95,7 @@ class StructuredCompiler:
         grammar does not compile, breaks llguidance's limits or takes over timeout_s to compile."""
         spec.validate()
         self.lltokenizer()   # outside the compile deadline: it is the engine's cost, not the request's
-        key = (spec.kind, spec.value)
+        key = (spec.kind, spec.value, spec.digits_schema)
         with self._lock:
             fut = self._cache.get(key)
             if fut is None:
@@ -132,9 +132,10 @@ class StructuredCompiler:
         m = self._start(grammar)
         if m.is_error():
             return None, _short(m.get_error())
-        if spec.kind not in ("json_schema", "json_object"):
+        if spec.kind not in ("json_schema", "json_object") and spec.digits_schema is None:
             return m, None
-        schema = spec.value if spec.kind == "json_schema" else None
+        # a grammar of tags and JSON (a forced tool call) is held to its JSON Schema's budget
+        schema = spec.value if spec.kind == "json_schema" else spec.digits_schema
         assert schema is None or isinstance(schema, str)
         budget = budget_for(schema)
         digits = None if budget is None else self._start(LLMatcher.grammar_from_regex(budget.regex()))

@@ -74,10 +74,11 @@ def tagged_constraint(tools: list[Tool], parallel: bool, forced: bool) -> Struct
     if forced:
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
         call = f'call: {json.dumps(TAG_OPEN + chr(10))} %json {body} {close}'
-        lines = ["%llguidance {}", start, call]
-    else:
-        start = "start: call* TEXT" if parallel else "start: TEXT | call WS"
-        lines = ["%llguidance {}", start, "TEXT: /(.|\\n)*/", "WS: /\\s*/",
-                 f"call_open[lazy]: TEXT {json.dumps(TAG_OPEN)}",
-                 f'call: call_open "\\n" %json {body} {close}']
+        # tags and JSON alone: the calls' numbers get the digit budget a json_schema answer has
+        return StructuredSpec("grammar", "\n".join(["%llguidance {}", start, call]) + "\n", digits_schema=body)
+    # Free text around the calls: a budget over the whole answer would hold the text's digits too.
+    start = "start: call* TEXT" if parallel else "start: TEXT | call WS"
+    lines = ["%llguidance {}", start, "TEXT: /(.|\\n)*/", "WS: /\\s*/",
+             f"call_open[lazy]: TEXT {json.dumps(TAG_OPEN)}",
+             f'call: call_open "\\n" %json {body} {close}']
     return StructuredSpec("grammar", "\n".join(lines) + "\n")
