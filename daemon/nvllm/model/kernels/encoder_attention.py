@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.kernels.ops import _check, _ptr, lib
+from nvllm.model.kernels.ops import _check, _ptr, lib, run_parts
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -46,13 +46,7 @@ def encoder_attention(qkv: np.ndarray, starts: np.ndarray, lens: np.ndarray, nh:
     job = _EncoderJob(qkv=_ptr(qkv), out=_ptr(out), tasks=_ptr(work), n_tasks=work.shape[0], tile=TILE, nh=nh,
                       hd=hd, scale=scale, failed=0, next=0)
     assert lib is not None  # callers run this only with the library loaded
-    parts = min(int(parts), work.shape[0])
-    if pool_run is None or parts < 2:
-        lib.encoder_attention_part(ctypes.addressof(job), 0)
-    else:
-        pool_run(_PART, ctypes.addressof(job), parts)
-    if job.failed:
-        raise MemoryError("encoder_attention: could not allocate its scratch")
+    run_parts(lib.encoder_attention_part, _PART, job, min(int(parts), work.shape[0]), pool_run, "encoder_attention")
 
 
 _PART: int = (ctypes.cast(lib.encoder_attention_part, ctypes.c_void_p).value or 0) if lib is not None else 0

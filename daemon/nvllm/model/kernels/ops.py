@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -227,6 +228,19 @@ class PagedDecode:
 
 # paged_decode_part's address (a loaded symbol's is never NULL, so `or 0` only types it)
 _PART: int = (ctypes.cast(lib.paged_decode_part, ctypes.c_void_p).value or 0) if lib is not None else 0
+
+
+def run_parts(run_part: Callable[[int, int], Any], part: int, job: ctypes.Structure, parts: int,
+              pool_run: Callable[[int, int, int], None] | None, what: str) -> None:
+    """A C job split into `parts` parts on the matmul pool's threads (pool_run with the part function's
+    address, `part`), or run whole on this thread (run_part(job, 0)); MemoryError naming `what` when a part
+    could not allocate its scratch (the job's `failed`)."""
+    if pool_run is None or parts < 2:
+        run_part(ctypes.addressof(job), 0)
+    else:
+        pool_run(part, ctypes.addressof(job), parts)
+    if job.failed:
+        raise MemoryError(f"{what}: could not allocate its scratch")
 
 
 def softmax_causal_rows(scores: np.ndarray, limits: np.ndarray, starts: np.ndarray | None = None) -> np.ndarray:

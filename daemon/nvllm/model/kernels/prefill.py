@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.kernels.ops import _check, _ptr, check_pool, check_q_out, check_tables, lib
+from nvllm.model.kernels.ops import _check, _ptr, check_pool, check_q_out, check_tables, lib, run_parts
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -90,14 +90,8 @@ class PagedPrefill:
                           block_tables=_ptr(self._tables), table_stride=self._tables.shape[1], tasks=_ptr(tasks),
                           positions=_ptr(self._positions), out=_ptr(out), n_tasks=tasks.shape[0], tile=TILE,
                           nh=nh, nkv=nkv, hd=hd, bs=bs, window=window, fmt=fmt.code, failed=0, next=0)
-        parts = min(int(parts), tasks.shape[0])
         assert lib is not None  # callers run this only with the library loaded
-        if pool_run is None or parts < 2:
-            lib.paged_prefill_part(ctypes.addressof(job), 0)
-        else:
-            pool_run(_PART, ctypes.addressof(job), parts)
-        if job.failed:
-            raise MemoryError("paged_prefill: could not allocate its scratch")
+        run_parts(lib.paged_prefill_part, _PART, job, min(int(parts), tasks.shape[0]), pool_run, "paged_prefill")
 
 
 # paged_prefill_part's address (a loaded symbol's is never NULL, so `or 0` only types it)
