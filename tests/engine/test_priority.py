@@ -1,7 +1,7 @@
 """Request priority through the engine (engine/scheduler.py): admission by priority then arrival, a
 higher-priority request taking a lower one's seat or pages at once, equals never preempting each other,
-aging that bounds how long a low-priority request waits while others keep arriving, and outputs that a
-preemption leaves as they would have been."""
+aging that bounds how long a low-priority request waits while others keep arriving but never lifts
+background work above an urgent request, and outputs that a preemption leaves as they would have been."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -107,8 +107,9 @@ def test_equal_priorities_never_preempt_each_other_even_aged(tiny):
 @pytest.mark.parametrize("aging", [0, 4])
 def test_aging_bounds_how_long_a_low_priority_request_waits(tiny, aging):
     """One seat, each request holding it 2 steps; a priority-0 request arrives every 2 steps, so one is
-    always there to take it; a priority-3 one is waiting. With aging every 4 steps it ranks above the
-    runner after (3 + 1) x 4 steps and takes the seat; with strict priority it never runs."""
+    always there to take it; a priority-3 one is waiting. With aging every 4 steps it ranks level with
+    them after 3 x 4 steps (0: aging goes no further) and, having arrived first, takes the next free
+    seat; with strict priority it never runs."""
     eng = engine(tiny, max_num_seqs=1, aging=aging)
     eng.add_request("low", prompt(99), greedy(2), 3)
     first: dict[str, int] = {}
@@ -139,6 +140,31 @@ def test_thirty_two_low_priority_streams_and_a_priority_request_first_token_with
             break
     else:
         pytest.fail("the priority request had no token within 2 steps")
+
+
+def test_an_urgent_request_is_seated_at_once_beside_background_work_aged_at_the_default_settings(tiny):
+    """Issue 50: at the default seats and aging, 32 background streams (priority 0) of which 28 wait; once
+    they have waited well past 2 x priority_aging_steps, an urgent request (priority -1) still has its
+    first token within 2 steps: aging never lifts the background class above it, neither the waiting
+    ones nor the rank the running ones were admitted at."""
+    aging = load_settings().scheduler.priority_aging_steps
+    assert aging > 0
+    eng = build_engine(load_settings(overrides={"model": {"path": str(tiny)}}))
+    seats = eng.scheduler.max_num_seqs
+    assert seats < 32
+    for i in range(32):
+        eng.add_request(f"bg{i}", prompt(i), greedy(160))
+    for _ in range(2 * aging + 64):
+        eng.step()
+    sched = eng.scheduler
+    assert len(sched.running) == seats and len(sched.waiting) >= 8
+    assert sched.steps - min(s.waiting_since for s in sched.waiting) > 2 * aging
+    eng.add_request("urgent", prompt(50), greedy(8), -1)
+    for _ in (1, 2):
+        if any(o.request_id == "urgent" and o.token_ids for o in eng.step()):
+            break
+    else:
+        pytest.fail("the urgent request had no token within 2 steps")
 
 
 @pytest.mark.parametrize("bad", [True, "1", 1.5, 2**31, -(2**31) - 1])

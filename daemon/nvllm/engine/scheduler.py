@@ -10,8 +10,14 @@ Running sequences are kept by the rank they were admitted at, then admission: wh
 and none is free, the last (lowest priority, most recently admitted) is preempted by recompute: its
 pages are freed and it goes back to the queue. A waiting request that outranks the last running one
 takes its seat and pages the same way when the batch or the pool is full.
-A request waiting does not starve: its priority class ranks one level higher for every `aging_steps`
-steps its oldest member has waited (0: strict priority), so it ends up first whatever keeps arriving.
+A request waiting does not starve: a priority class of priority >= 0 ranks one level higher for every
+`aging_steps` steps its oldest member has waited (0: strict priority), down to rank 0 and no further, so
+it ends up level with the background work that keeps arriving and, being older, first among it. Aging
+never lifts it above an urgent class (priority < 0): those keep strict priority among themselves and
+always rank above every other class, waiting or running (a running sequence keeps the rank it was
+admitted at, which is never below 0 for a background one), so an urgent request is seated within a step
+or two however many requests wait and however long they have waited (and urgent work that never stops
+holds the rest back: urgent is meant to be rare).
 While the board is hot the engine sets `throttled_budget`, a smaller step budget; it never preempts or
 reorders anything, and any sequence of priority < 0 running or waiting brings the full budget back, so the
 urgent request is not slowed by the throttle.
@@ -100,13 +106,16 @@ class Scheduler:
         self._bonus = {}
         if self.aging_steps:
             for p in classes:
+                if p <= 0:
+                    continue   # urgent classes keep strict priority; rank 0 is as high as aging goes
                 waited = self.steps - min(s.waiting_since for s in self.waiting if s.priority == p)
-                self._bonus[p] = waited // self.aging_steps
+                self._bonus[p] = min(p, waited // self.aging_steps)
         if len(classes) > 1:
             self.waiting = deque(sorted(self.waiting, key=lambda s: (self._rank(s), s.arrival)))
 
     def _rank(self, seq: Sequence) -> int:
-        """A waiting sequence's priority less what its class has gained by waiting."""
+        """A waiting sequence's priority less what its class has gained by waiting: never below 0 for a
+        class of priority >= 0, so that aged background work never outranks an urgent class."""
         return seq.priority - self._bonus.get(seq.priority, 0)
 
     def _head_outranks(self, victim: Sequence) -> bool:
