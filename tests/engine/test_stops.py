@@ -155,3 +155,34 @@ def test_cli_generate_takes_sampling_flags_and_streams(tiny_models, tmp_path):
     assert "5 generated" in streamed.stderr and "prefix cache hit rate" in streamed.stderr
     bad = subprocess.run(base + ["--temperature", "-1", "hello"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "temperature" in bad.stderr
+
+
+def test_cli_generate_stops_at_the_default_bound_unless_asked_for_more(tiny_models, tmp_path):
+    """nvllm generate without --max-tokens stops at DEFAULT_MAX_TOKENS (256) and says so on stderr, where
+    the API would run to the end of the context (tiny-qwen2's is 512 tokens); --max-tokens N is honoured
+    past it, 0 runs to the end of the context, and a prompt that leaves less room than the bound gets what
+    it leaves instead of a refusal for a flag it never gave."""
+    from nvllm.cli.flags import DEFAULT_MAX_TOKENS
+
+    assert DEFAULT_MAX_TOKENS == 256   # docs/api.md and the flag's help say 256
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["hello", {"prompt_token_ids": [5] * 400}]))
+    base = [sys.executable, "-m", "nvllm.cli", "generate", "--model", str(tiny_models["tiny-qwen2"]),
+            "--num-blocks", "80", "--ignore-eos", "--json"]
+
+    def run(*args: str) -> tuple[list[dict], str]:
+        res = subprocess.run(base + list(args), capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return [json.loads(ln) for ln in res.stdout.splitlines()], res.stderr
+
+    (short, long), err = run("--prompts-file", str(prompts))
+    assert (short["finish_reason"], short["completion_tokens"]) == ("length", DEFAULT_MAX_TOKENS)
+    assert (long["finish_reason"], long["completion_tokens"]) == ("length", 512 - 400)
+    assert f"stopped at {DEFAULT_MAX_TOKENS} tokens" in err and "--max-tokens 0" in err
+    [more], err = run("--max-tokens", "300", "hello")
+    assert (more["finish_reason"], more["completion_tokens"]) == ("length", 300) and "stopped at" not in err
+    results, err = run("--max-tokens", "0", "--prompts-file", str(prompts))
+    assert [r["prompt_tokens"] + r["completion_tokens"] for r in results] == [512, 512] and "stopped at" not in err
+    refused = subprocess.run(base + ["--prompts-file", str(prompts), "--max-tokens", str(DEFAULT_MAX_TOKENS)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "max_tokens must be at most 112" in refused.stderr   # asked for: held to it

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nvllm.cli.flags import add_sampling_flags, sampling_kwargs
+from nvllm.cli.flags import add_sampling_flags, bound_note, default_bound, sampling_kwargs
 
 if TYPE_CHECKING:
     import grpc
@@ -141,7 +141,9 @@ def _unreachable(cmd: str, target: str, timeout: float) -> int:
     return EXIT_UNREACHABLE
 
 
-def build_request(args: argparse.Namespace) -> nvllm_pb2.GenerateRequest:
+def build_request(args: argparse.Namespace, bounded: bool = True) -> nvllm_pb2.GenerateRequest:
+    """The request the flags ask for; without --max-tokens it carries the default bound (bounded=False:
+    max_tokens unset, up to the end of the context)."""
     from nvllm.v1 import nvllm_pb2 as pb
 
     req = pb.GenerateRequest(request_id=args.request_id or "", model=args.model or "")
@@ -150,6 +152,9 @@ def build_request(args: argparse.Namespace) -> nvllm_pb2.GenerateRequest:
     else:
         req.prompt = args.prompt
     kw = sampling_kwargs(args)
+    bound = default_bound(args)
+    if bounded and bound is not None:
+        kw["max_tokens"] = bound
     sp = req.sampling_params
     for name, value in kw.items():
         if name in ("stop", "stop_token_ids"):
@@ -172,15 +177,17 @@ def cmd_query(args: argparse.Namespace) -> int:
     stub = pb_grpc.GeneratorStub(channel)
     text: list[str] = []
     token_ids: list[int] = []
-    last = None
+    bound = default_bound(args)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
     try:
-        for resp in stub.Generate(build_request(args), timeout=args.timeout):
-            text.append(resp.text)
-            token_ids.extend(resp.token_ids)
-            last = resp
-            if not args.json and resp.text:
-                sys.stdout.write(resp.text)
-                sys.stdout.flush()
+        try:
+            last = _stream(stub, build_request(args), args.json, deadline, text, token_ids)
+        except grpc.RpcError as e:
+            if bound is None or text or not _bound_refused(e):
+                raise
+            # the default bound is more than the prompt leaves of the context: ask for what it leaves
+            bound = None
+            last = _stream(stub, build_request(args, bounded=False), args.json, deadline, text, token_ids)
     except grpc.RpcError as e:
         if not args.json and text:
             sys.stdout.write("\n")
@@ -208,10 +215,36 @@ def cmd_query(args: argparse.Namespace) -> int:
             u = last.usage
             print(f"[{finish}; {u.prompt_tokens} prompt + {u.completion_tokens} output tokens, "
                   f"first token after {last.time_to_first_token_ms:.0f} ms]", file=sys.stderr)
+    if bound is not None and finish == "length" and last is not None and last.usage.completion_tokens >= bound:
+        print(bound_note("query", bound), file=sys.stderr)
     if finish == "abort":
         print("nvllm query: the daemon aborted the request (it is shutting down)", file=sys.stderr)
         return 1
     return 0
+
+
+def _stream(stub: Any, req: nvllm_pb2.GenerateRequest, as_json: bool, deadline: float | None,
+            text: list[str], token_ids: list[int]) -> nvllm_pb2.GenerateResponse | None:
+    """One Generate call: its text and token ids appended (and the text printed unless as_json); the
+    last response, or None when none came."""
+    last = None
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    for resp in stub.Generate(req, timeout=timeout):
+        text.append(resp.text)
+        token_ids.extend(resp.token_ids)
+        last = resp
+        if not as_json and resp.text:
+            sys.stdout.write(resp.text)
+            sys.stdout.flush()
+    return last
+
+
+def _bound_refused(e: grpc.RpcError) -> bool:
+    """The daemon refused the default max_tokens: more than the model's context, or than the prompt leaves."""
+    import grpc
+
+    return e.code() == grpc.StatusCode.INVALID_ARGUMENT and \
+        (e.details() or "").startswith("sampling_params.max_tokens must be ")
 
 
 def cmd_health(args: argparse.Namespace) -> int:

@@ -5,10 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+# What nvllm query and nvllm generate generate at most unless --max-tokens says otherwise. Greedy decoding of
+# a small model can loop until the context is full (4,096 tokens for the default model: minutes on a
+# board); 256 tokens hold a few paragraphs, a whole answer to most questions, in seconds. The HTTP and
+# gRPC APIs keep their convention (unset: up to the end of the context); --max-tokens 0 asks for that.
+DEFAULT_MAX_TOKENS = 256
+
 
 def add_sampling_flags(p: argparse.ArgumentParser, greedy_default: bool) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=None, help="tokens to generate at most")
+    g.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help=f"tokens to generate at most (default {DEFAULT_MAX_TOKENS}, or --min-tokens if more; "
+                        "fewer where the context has less room left; 0: up to the end of the context)")
     g.add_argument("--min-tokens", type=int, default=None)
     g.add_argument("--temperature", type=float, default=0.0 if greedy_default else None,
                    help="0 = greedy" + (" (the default here)" if greedy_default else ""))
@@ -32,7 +40,24 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
     from nvllm.sampling_params import SamplingParams
 
-    return {f.name: getattr(args, f.name) for f in fields(SamplingParams) if getattr(args, f.name, None) is not None}
+    kw = {f.name: getattr(args, f.name) for f in fields(SamplingParams) if getattr(args, f.name, None) is not None}
+    if kw.get("max_tokens") == 0:   # --max-tokens 0: up to the end of the context, the APIs' unset
+        del kw["max_tokens"]
+    return kw
+
+
+def default_bound(args: argparse.Namespace) -> int | None:
+    """The bound a command puts on the answer when --max-tokens is not given (DEFAULT_MAX_TOKENS, or
+    --min-tokens where that is more), to be cut to the room the prompt leaves; None when it is given."""
+    if getattr(args, "max_tokens", None) is not None:
+        return None
+    return max(DEFAULT_MAX_TOKENS, getattr(args, "min_tokens", None) or 0)
+
+
+def bound_note(command: str, bound: int) -> str:
+    """What stderr says when an answer stopped at the default bound (stdout keeps the answer alone)."""
+    return (f"nvllm {command}: stopped at {bound} tokens, the default --max-tokens (finish_reason length); "
+            f"--max-tokens N allows up to N, --max-tokens 0 up to the end of the context")
 
 
 def add_quantization_flag(p: argparse.ArgumentParser) -> None:

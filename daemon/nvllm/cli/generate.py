@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvllm.cli.flags import (
     add_activations_flag,
@@ -15,9 +15,15 @@ from nvllm.cli.flags import (
     add_quantization_flag,
     add_sampling_flags,
     add_threads_flag,
+    bound_note,
+    default_bound,
     sampling_kwargs,
 )
 from nvllm.config import DEFAULT_MODEL_FILE
+
+if TYPE_CHECKING:
+    from nvllm.llm import LLM
+    from nvllm.sampling_params import SamplingParams
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,6 +76,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from nvllm.sampling_params import InvalidParameter, SamplingParams
 
     prompts = _read_prompts(args)
+    bound = default_bound(args)
     try:
         params = SamplingParams(**sampling_kwargs(args))
         llm = LLM(args.model, max_model_len=args.max_model_len, num_blocks=args.num_blocks,
@@ -79,9 +86,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"nvllm generate: {e}", file=sys.stderr)
         return 2
     try:
+        per_prompt = [params] * len(prompts) if bound is None else _bounded(llm, prompts, params, bound)
         started = time.perf_counter()   # the figures of --stats leave out loading the model
         results = [CompletionOutput("") for _ in prompts]
-        for i, out in llm.stream(prompts, params):
+        for i, out in llm.stream(prompts, per_prompt):
             results[i].update(out)
             if args.stream and not args.json:
                 if len(prompts) > 1 and out.text:
@@ -104,6 +112,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(json.dumps(obj, ensure_ascii=False))
         elif not args.stream:
             print(r.text)
+    if bound is not None and any(r.finish_reason == "length" and r.completion_tokens >= bound for r in results):
+        print(bound_note("generate", bound), file=sys.stderr)
     if args.stats:
         st = llm.stats()
         wall = time.perf_counter() - started
@@ -112,3 +122,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"overall; prefix cache hit rate {st['prefix_cache_hit_rate']:.1%}, "
               f"{st['preemptions']} preemptions, {st['steps']} steps]", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
+
+
+def _bounded(llm: LLM, prompts: list[Any], params: SamplingParams, bound: int) -> list[SamplingParams]:
+    """Each prompt's parameters with max_tokens the default bound, or the room its prompt leaves of the
+    context where that is less (an explicit max_tokens past the room is refused; the default gives way)."""
+    import dataclasses
+
+    from nvllm.engine.prompt import generation_ids
+
+    engine = llm.engine
+    out = []
+    for prompt in prompts:
+        probe = dataclasses.replace(params, max_tokens=None)   # unset: generation_ids sets it to the room left
+        generation_ids(engine.tokenizer, engine.model.config.vocab_size, prompt, probe, engine.max_model_len)
+        assert probe.max_tokens is not None
+        out.append(dataclasses.replace(params, max_tokens=min(bound, probe.max_tokens)))
+    return out
