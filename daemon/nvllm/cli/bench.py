@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from nvllm.bench.counts import thread_counts
+from nvllm.bench.quality import Source
 from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag
 from nvllm.config import DEFAULT_MODEL_FILE
 
@@ -33,6 +34,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="an embedding model's sequences/s and tokens/s: --inputs inputs of --prompt-len tokens "
                         "(in-process, 2,048 tokens a step as llama-embedding batches them)")
     b.add_argument("--inputs", type=int, default=64, help="with --embed: inputs embedded at once (default 64)")
+    b.add_argument("--quality", action="store_true",
+                   help="what --model's arithmetic costs against its float path, as llama-perplexity "
+                        "--kl-divergence reports it (perplexity, KL mean/median/p99/max, same top token) and "
+                        "the share of 64 chat prompts whose greedy answer (16 tokens) is the float path's; "
+                        "per activation mode (exact and int8, or --activations)")
+    b.add_argument("--reference", default=None, metavar="PATH",
+                   help="with --quality: the float reference is this model (same vocabulary) in place of --model's "
+                        "own float path")
+    b.add_argument("--formats", default=None, metavar="F[,F...]",
+                   help="with --quality and an F32/F16 --model: each weight format a row of its own, against "
+                        "--model: a GGUF's file types (Q8_0, Q4_K_M, Q5_0, IQ4_NL, ...: written as nvllm models "
+                        "quantize writes them, in a scratch folder) or a folder's model.quantization (q8_0, "
+                        "q4_0, q4_k)")
+    b.add_argument("--text-tokens", type=int, default=0, metavar="N",
+                   help="with --quality: read only the held text's first N tokens (default: all, about 2k)")
     b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
     b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,9 +76,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"nvllm bench: {flag} takes positive whole numbers separated by commas, got {text!r}")
         return values
 
-    if len(args.threads) > 1 and (args.query or args.speculation or args.target or args.embed):
-        print(f"nvllm bench: --threads takes one count with --query, --speculation, --embed or --target, got "
-              f"{','.join(map(str, args.threads))}", file=sys.stderr)
+    if len(args.threads) > 1 and (args.query or args.speculation or args.target or args.embed or args.quality):
+        print(f"nvllm bench: --threads takes one count with --query, --speculation, --embed, --quality or --target, "
+              f"got {','.join(map(str, args.threads))}", file=sys.stderr)
         return 2
     if args.query:
         return _query(args)
@@ -70,6 +86,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _speculation(args)
     if args.embed:
         return _embed(args)
+    if args.quality:
+        return _quality(args)
+    if args.reference or args.formats:
+        print("nvllm bench: --reference and --formats go with --quality", file=sys.stderr)
+        return 2
     if args.draft_model:
         print("nvllm bench: --draft-model goes with --speculation", file=sys.stderr)
         return 2
@@ -141,3 +162,60 @@ def _embed(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(result) if args.json else format_embed(result))
     return 0
+
+
+def _quality(args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+
+    from nvllm.bench.quality import bench_quality, format_quality
+    from nvllm.config import ConfigError
+    from nvllm.engine.build.factory import EngineBuildError
+
+    if args.text_tokens < 0 or args.text_tokens == 1:
+        print(f"nvllm bench: --text-tokens must be 0 (all) or at least 2, got {args.text_tokens}", file=sys.stderr)
+        return 2
+    model = Path(args.model)
+    modes = (args.activations,) if args.activations and args.activations != "float" else ("exact", "int8")
+    with tempfile.TemporaryDirectory(prefix="nvllm-quality-") as scratch:
+        try:
+            sources = _quality_sources(model, args.formats, Path(scratch)) if args.formats else None
+            result = bench_quality(Source(model, args.quantization or ""),
+                                   Source(Path(args.reference)) if args.reference else None, modes, sources,
+                                   args.threads[0], args.text_tokens)
+        except (ConfigError, EngineBuildError, ValueError, OSError) as e:
+            print(f"nvllm bench: {e}", file=sys.stderr)
+            return 2
+    print(json.dumps(result) if args.json else format_quality(result))
+    return 0
+
+
+def _quality_sources(model: Path, formats: str, scratch: Path) -> list[Source]:
+    """--formats: each weight format of an F32/F16 --model as a Source: a GGUF written again in that file
+    type into scratch, or a folder quantized at load."""
+    from nvllm.model_files.listing import describe_gguf
+    from nvllm.model_files.synthetic.mixture import FILE_TYPES
+    from nvllm.model_files.synthetic.requantize import requantize
+
+    names = [f.strip() for f in formats.split(",") if f.strip()]
+    if not model.name.endswith(".gguf"):
+        kinds = ("q8_0", "q4_0", "q4_k", "bf16", "f16")
+        bad = [f for f in names if f not in kinds]
+        if bad or not names:
+            raise ValueError(f"--formats: a folder's are model.quantization's {', '.join(kinds)}, got {formats!r}")
+        return [Source(model, f) for f in names]
+    bad = [f for f in names if f not in FILE_TYPES]
+    if bad or not names:
+        raise ValueError(f"--formats: a GGUF's are the file types {', '.join(FILE_TYPES)}, got {formats!r}")
+    row = describe_gguf(model)
+    if row["error"]:
+        raise ValueError(f"{model}: {row['error']}")
+    stored = set(row["tensor_types"])
+    if not stored <= {"F32", "F16", "BF16"}:
+        raise ValueError(f"--formats: {model} must be an F32 or F16 file (its matrices are "
+                         f"{', '.join(sorted(stored))}); quantizing a quantized file loses quality twice")
+    out = []
+    for f in names:
+        print(f"  writing {model.stem} as {f}", file=sys.stderr)
+        out.append(Source(requantize(model, f, scratch / f"{model.stem}-{f}.gguf")))
+    return out
