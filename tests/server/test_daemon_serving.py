@@ -262,6 +262,13 @@ class TestProbes:
         assert h.uptime_s >= h.startup_s > 0
         assert h.available_memory_bytes == int(PLENTY)
 
+    def test_the_start_up_log_says_how_many_matmul_threads_compute(self, daemon: DaemonProcess) -> None:
+        # the engine's count (it once logged model.threads' 0: the default engine is not the state's yet)
+        from nvllm.model.kernels import threads
+
+        line = daemon.wait_line(" matmul thread")
+        assert f", {threads.default()} matmul thread" in line and "model.threads = 0: " in line
+
     def test_standard_health_service(self, daemon: DaemonProcess) -> None:
         assert check(daemon.address, "") == health_pb2.HealthCheckResponse.SERVING
         assert check(daemon.address, "nvllm.v1.Generator") == health_pb2.HealthCheckResponse.SERVING

@@ -41,7 +41,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from nvllm.cgroup import usable_cpus
 from nvllm.config import ConfigError, ModelEntry, Settings, load_settings, validate
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.build import factory
@@ -306,11 +305,10 @@ class Daemon:
                  format_bytes(budget), "cache.budget_gb" if s.cache.budget_gb else
                  f"{s.cache.memory_fraction:g} of the memory available less cache.reserve_mb")
         await start_models(self.models)
-        threads = self.engine.engine.threads if self.engine is not None else s.model.threads
-        why = (f"model.threads = {s.model.threads}" if s.model.threads else
-               f"model.threads = 0: {usable_cpus().source}, less one")
-        log.info("compute: %s, %d matmul thread%s (%s)", factory.compute_description(), threads,
-                 "" if threads == 1 else "s", why)
+        slot = self.models.slots[self.models.default]   # start_models loaded it (self.engine: once ready)
+        if slot.engine is not None:
+            log.info("compute: %s, %s", factory.compute_description(), factory.threads_description(
+                slot.engine.engine.threads, slot.spec.settings.model.threads))
         self.pinger = WatchdogPinger.from_env(self.notifier, self.progress)
         self.watchdog = MemoryWatchdog(
             self.memory_reader, s.watchdog.low_mb * MiB, s.watchdog.high_mb * MiB, s.watchdog.interval_s,

@@ -153,3 +153,24 @@ def test_blas_threads_sleep_soon_unless_the_environment_says_otherwise():
     out = subprocess.run([sys.executable, "-c", probe], env={**env, "OPENBLAS_THREAD_TIMEOUT": "12"},
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "12"
+
+
+@pytest.mark.parametrize(("cpus", "setting", "n", "line"), [
+    # a 2-core board: one thread computes, the engine's; it once read "0 matmul threads" (model.threads)
+    (CpuCount(2, "affinity 2 cores"), 0, None,
+     "1 matmul thread (the engine's own; model.threads = 0: affinity 2 cores, less one for the event loop)"),
+    (CpuCount(4, "affinity 4 cores"), 0, None,
+     "3 matmul threads (the engine's and 2 more; model.threads = 0: affinity 4 cores, less one for the event loop)"),
+    (CpuCount(1, "affinity 1 core"), 0, None,
+     "1 matmul thread (the engine's own; model.threads = 0: affinity 1 core, none to spare)"),
+    (CpuCount(2, "cgroup v2 /x quota 2.00 CPUs (affinity 8 cores)"), 0, None,
+     "1 matmul thread (the engine's own; model.threads = 0: cgroup v2 /x quota 2.00 CPUs (affinity 8 cores), "
+     "less one for the event loop)"),
+    (CpuCount(2, "affinity 2 cores"), 2, 2, "2 matmul threads (the engine's and 1 more; model.threads = 2)"),
+    (CpuCount(2, "affinity 2 cores"), 100, 100,
+     "64 matmul threads (the engine's and 63 more; model.threads = 100, the C pool's most 64)"),
+])
+def test_the_start_up_line_says_how_many_threads_compute_and_why(cpus, setting, n, line) -> None:
+    from nvllm.model.kernels import threads
+
+    assert threads.describe(threads.default(cpus) if n is None else n, setting, cpus) == line

@@ -57,7 +57,7 @@ from nvllm.engine.warm.warmup import Warmup
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config, read_json
 from nvllm.model.decoder import Model
 from nvllm.model.encoder import Encoder
-from nvllm.model.kernels import ops
+from nvllm.model.kernels import ops, threads
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.kv_layout import KVLayout
 from nvllm.model.quant.kv_format import FORMATS_BY_NAME as KV_FORMATS
@@ -441,3 +441,8 @@ def build_engine(settings: Settings,
 def compute_description() -> str:
     """Which compute path runs: the C kernels, or the NumPy twins and why."""
     return ops.describe()
+
+
+def threads_description(n: int, setting: int) -> str:
+    """How many matmul threads compute (an engine's `threads`, for model.threads = setting) and why."""
+    return threads.describe(n, setting)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from nvllm.cgroup import usable_cpus
+from nvllm.cgroup import CpuCount, usable_cpus
 
 MAX = 64  # the C pool's limit (csrc/matmul.c)
 
 
-def default() -> int:
+def default(cpus: CpuCount | None = None) -> int:
     """model.threads = 0: one per core this process may use (its affinity mask and its cgroup's CPU
     quota, nvllm/cgroup.py), but one, left to the gRPC loop and the board's other work."""
-    return max(1, usable_cpus().count - 1)
+    return max(1, (cpus or usable_cpus()).count - 1)
 
 
 count = min(MAX, default())   # the in-place kernels' threads; configure() keeps it with BLAS's
@@ -26,3 +26,18 @@ def configure(n: int = 0) -> int:
     threadpool_limits(n, user_api="blas")
     count = min(MAX, max(1, int(n)))
     return n
+
+
+def describe(n: int, setting: int, cpus: CpuCount | None = None) -> str:
+    """The start-up log's account of n, the thread count configure() returned for model.threads =
+    setting: how many threads compute (the calling engine thread is one of the team, csrc/pool.c) and
+    why that many; cpus: what default() read (usable_cpus() when not given)."""
+    team = min(MAX, max(1, n))
+    who = "the engine's own" if team == 1 else f"the engine's and {team - 1} more"
+    if setting:
+        why = f"model.threads = {setting}" + (f", the C pool's most {MAX}" if n > MAX else "")
+    else:
+        cpus = cpus or usable_cpus()
+        why = f"model.threads = 0: {cpus.source}, " + ("less one for the event loop" if cpus.count > 1
+                                                       else "none to spare")
+    return f"{team} matmul thread{'' if team == 1 else 's'} ({who}; {why})"
