@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvllm.bench.counts import thread_counts
-from nvllm.bench.quality import Source
 from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag
 from nvllm.config import DEFAULT_MODEL_FILE
+
+if TYPE_CHECKING:
+    from nvllm.bench.quality import Source
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -193,6 +196,7 @@ def _quality(args: argparse.Namespace) -> int:
 def _quality_sources(model: Path, formats: str, scratch: Path) -> list[Source]:
     """--formats: each weight format of an F32/F16 --model as a Source: a GGUF written again in that file
     type into scratch, or a folder quantized at load."""
+    from nvllm.bench.quality import Source
     from nvllm.model_files.listing import describe_gguf
     from nvllm.model_files.synthetic.mixture import FILE_TYPES
     from nvllm.model_files.synthetic.requantize import requantize
