@@ -66,12 +66,13 @@ class ModelSettings:
     # matrices at load as llama.cpp would (a matrix whose rows do not split into the format's blocks
     # falls back: q4_k -> q8_0 -> float32). A GGUF always keeps its formats.
     quantization: str = field(default="", metadata=one_of("", "f32", "q8_0", "q4_0", "q4_k", "bf16", "f16"))
-    # How a quantized weight meets x: "int8" rounds x to 8-bit integers per block of 32, as llama.cpp
-    # does (the default: faster than "exact" in 21 of 24 measured cases, 1.1-1.45x at 16 streams, and
-    # SmolLM2's perplexity within 0.05% of the float path's); "exact" to 16 bits (top-1 tokens as the
-    # float product's); "float" decodes the weights and multiplies in float32 (the reference, slowest).
+    # How a quantized weight meets x: "exact" (the default) rounds x to 16 bits per block of 32, held as two
+    # 8-bit planes (its top-1 tokens and greedy answers are the float product's: 98% of 64 chat prompts'
+    # 16-token answers on SmolLM2, against 56% for int8, `nvllm bench --quality`); "int8" to 8 bits, as
+    # llama.cpp does (faster where a step is bound by arithmetic: prefill and many streams; docs/models.md
+    # has both tables); "float" decodes the weights and multiplies in float32 (the reference, slowest).
     # One setting per process.
-    activations: str = field(default="int8", metadata=one_of("exact", "int8", "float"))
+    activations: str = field(default="exact", metadata=one_of("exact", "int8", "float"))
     # What the model serves: "auto" reads it from its files (an encoder with a classifier head reranks,
     # one without embeds, a decoder generates); another value must agree with them.
     task: str = field(default="auto", metadata=one_of("auto", "generate", "embed", "rerank"))

@@ -41,7 +41,7 @@ def _logits(path: str, activations: str | None) -> tuple[str, np.ndarray]:
 def test_each_setting_picks_its_variant_and_changes_the_products(q4_k_model):
     runs = mk.int_variants()
     picked = {kind: _logits(q4_k_model, kind) for kind in ("exact", "int8", "float")}
-    assert _logits(q4_k_model, None)[0] == picked["int8"][0]       # the default is int8
+    assert _logits(q4_k_model, None)[0] == picked["exact"][0]      # the default is exact
     assert picked["float"][0] == "float"
     if any(v.endswith("-i16") and v != "scalar-i16" for v in runs):
         assert picked["exact"][0].endswith("-i16") and not picked["int8"][0].endswith("-i16")
@@ -59,7 +59,7 @@ def test_set_activations_refuses_other_values():
 def test_setting_is_checked_and_the_flags_reach_it():
     with pytest.raises(ConfigError, match="activations"):
         load_settings(overrides={"model": {"activations": "int4"}})
-    assert load_settings().model.activations == "int8"
+    assert load_settings().model.activations == "exact"
     for command in (["serve"], ["generate", "hi"], ["bench"]):
         assert cli.build_parser().parse_args(command + ["--activations", "int8"]).activations == "int8"
         assert cli.build_parser().parse_args(command).activations is None

@@ -68,8 +68,9 @@ def add_quantization_flag(p: argparse.ArgumentParser) -> None:
 
 def add_activations_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", default=None, choices=("exact", "int8", "float"),
-                   help="how quantized weights meet x (model.activations): int8 (x in 8-bit blocks, as "
-                        "llama.cpp: the default), exact (16-bit: slower, closer) or float (the reference)")
+                   help="how quantized weights meet x (model.activations): exact (x in 16-bit blocks: the "
+                        "float path's answers; the default), int8 (8-bit, as llama.cpp: faster in prefill and "
+                        "many streams, flips near-tied tokens) or float (the reference)")
 
 
 def add_kv_cache_dtype_flag(p: argparse.ArgumentParser) -> None:
