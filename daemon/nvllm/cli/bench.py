@@ -171,7 +171,7 @@ def _quality(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
-    from nvllm.bench.quality import bench_quality, format_quality
+    from nvllm.bench.quality import Source, bench_quality, format_quality
     from nvllm.config import ConfigError
     from nvllm.engine.build.factory import EngineBuildError
 
