@@ -147,8 +147,9 @@ class SchedulerSettings:
     max_model_len: int | None = field(default=4096, metadata=at_least(2))
     # Requests waiting for a running slot; beyond it new ones are refused.
     max_waiting: int = field(default=64, metadata=at_least(0))
-    # Steps after which a waiting priority class ranks one level higher, so that a low-priority request
-    # is not starved by higher ones that keep arriving; 0: strict priority.
+    # Steps after which a waiting priority class above 0 ranks one level higher, up to priority 0's level
+    # and never above it, so that a low-priority request is not starved by higher ones that keep arriving
+    # while an urgent one (priority < 0) still goes first; 0: strict priority.
     priority_aging_steps: int = field(default=256, metadata=at_least(0))
 
 
