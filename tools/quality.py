@@ -2,9 +2,10 @@
 
     .venv/bin/python tools/quality.py                      # SmolLM2 folder and GGUF under models/
     .venv/bin/python tools/quality.py --formats q8_0,q4_k --tokens 1024
-    .venv/bin/python tools/quality.py --formats '' --activations exact,int8        # the GGUF's x rounding
-    .venv/bin/python tools/quality.py --folder '' --gguf FILE.gguf --activations exact,int8
     .venv/bin/python tools/quality.py --formats '' --gguf '' --kv-cache-dtypes f16,bf16,q8_0   # the KV pool's
+
+How a GGUF's activation modes (exact, int8) score against its float path, with KL percentiles and greedy
+chat answers: `nvllm bench --quality --model FILE.gguf` (bench/quality.py), which this tool leaves to it.
 
 Offline and deterministic. For each format, every 2-D tensor of the float32 folder (the projections and
 the tied embedding) is quantized with nvllm's quantizers (model/quantize.py, llama.cpp's reference
@@ -26,13 +27,6 @@ The text is "Execution model" from the Python reference manual as this Python sh
 (pydoc_data.topics, the text `help("execmodel")` prints): plain English prose, about 2k tokens. Its
 SHA-256 is printed, since another Python version may ship a revised text.
 
---activations MODES scores the GGUF once per model.activations mode (exact: x in 16-bit blocks; int8: in
-8-bit ones, as llama.cpp does) against the same reference. With --folder '' there is no float32 folder
-(a synthesized GGUF of a real shape): the reference is then the GGUF itself with activations "float"
-(its weights decoded, x in float32), and the text is read with the GGUF's own tokenizer. The text is then
-fed DECODE_ROWS tokens at a time, so that every product takes the decode step's kernels (longer chunks go
-to BLAS on decoded weights, where x is never rounded), for every row of the table alike.
-
 --kv-cache-dtypes FORMATS scores the KV pool's formats (cache.dtype) instead: the float32 folder (or, with
 --folder '', the GGUF) reads the text once with its pool in f32, the reference, and once per format.
 """
@@ -40,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import math
 import shutil
 import sys
@@ -55,6 +48,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "daemon"))
 
+from nvllm.bench.quality import TEXT_TOPIC, read_text  # noqa: E402
 from nvllm.config import load_settings  # noqa: E402
 from nvllm.engine.build.factory import load_model  # noqa: E402
 from nvllm.model.decoder import ForwardBatch, Model  # noqa: E402
@@ -64,7 +58,6 @@ from nvllm.model.quant.quantize import KINDS, choose_format, quantize  # noqa: E
 DEFAULT_FOLDER = REPO / "models" / "smollm2-135m-instruct"
 DEFAULT_GGUF = REPO / "models" / "smollm2-135m-instruct.gguf"
 DEFAULT_FORMATS = "bf16,q8_0,q4_k,q4_0/q8_0,q4_0"
-TOPIC = "execmodel"
 BLOCK = 16  # KV page size
 CHUNK = 256  # tokens per forward call
 
@@ -78,12 +71,6 @@ class Scores:
     mb: float
     seconds: float
     stored: str = ""  # the formats the 2-D tensors ended in, with their counts
-
-
-def read_text() -> str:
-    from pydoc_data.topics import topics
-
-    return topics[TOPIC]
 
 
 def run_model(model: Model, ids: np.ndarray, chunk: int = CHUNK, kv: str = "f32") -> tuple[np.ndarray, np.ndarray]:
@@ -211,7 +198,7 @@ def kv_formats(args: argparse.Namespace) -> int:
     path = args.folder if has_folder else args.gguf
     tok = (Tokenizer.from_dir(path) if has_folder
            else Tokenizer.from_gguf_metadata(read_gguf(path).metadata, str(path)))
-    ids = np.array(tok.encode(read_text(), add_special_tokens=False), dtype=np.int64)
+    ids = np.array(tok.encode(read_text()[0], add_special_tokens=False), dtype=np.int64)
     if args.tokens:
         ids = ids[:args.tokens]
     model = load(path)
@@ -238,8 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--through-loader", action="store_true",
                     help="load each format with model.quantization set instead of a re-quantized folder "
                          "(once the loader honours the setting; PROJ/EMBED is not possible then)")
-    ap.add_argument("--activations", default="",
-                    help="comma-separated model.activations modes (exact, int8, float) to score the GGUF in")
     ap.add_argument("--kv-cache-dtypes", default="",
                     help="comma-separated KV pool formats (f16, bf16, q8_0) to score against an f32 pool")
     args = ap.parse_args(argv)
@@ -249,38 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         check_spec(spec)
 
-    from nvllm.model.weights.gguf_file import read_gguf
     from nvllm.text.tokenizer import Tokenizer
 
-    modes = [m for m in args.activations.split(",") if m]
-    for m in modes:
-        if m not in ("exact", "int8", "float"):
-            raise SystemExit(f"quality.py: --activations: {m!r} is not one of exact, int8, float")
-    has_folder = str(args.folder) not in ("", ".")   # --folder '' arrives as Path(".")
-    if not has_folder and not (modes and args.gguf.is_file()):
-        raise SystemExit("quality.py: --folder '' needs --gguf FILE and --activations")
-    text = read_text()
-    tok = (Tokenizer.from_dir(args.folder) if has_folder
-           else Tokenizer.from_gguf_metadata(read_gguf(args.gguf).metadata, str(args.gguf)))
+    if str(args.folder) in ("", "."):   # --folder '' arrives as Path(".")
+        raise SystemExit("quality.py: --folder '' goes with --kv-cache-dtypes; a GGUF's activation modes against "
+                         "its float path: nvllm bench --quality --model FILE.gguf")
+    text, digest = read_text()
+    tok = Tokenizer.from_dir(args.folder)
     ids = np.array(tok.encode(text, add_special_tokens=False), dtype=np.int64)
     if args.tokens:
         ids = ids[:args.tokens]
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    print(f"text: pydoc_data.topics[{TOPIC!r}] of Python {sys.version.split()[0]}, {len(text)} characters, "
+    print(f"text: pydoc_data.topics[{TEXT_TOPIC!r}] of Python {sys.version.split()[0]}, {len(text)} characters, "
           f"sha256 {digest}..., {len(ids)} tokens ({len(ids) - 1} predicted)", file=sys.stderr)
 
-    from nvllm.model.matrix.weight import DECODE_ROWS
-
-    chunk = DECODE_ROWS if modes else CHUNK
     rows: list[tuple[str, Scores]] = []
-    if has_folder:
-        s, base = measure("f32", lambda: load(args.folder), ids, None, weight_mb_f32(args.folder), chunk)
-        rows.append(("f32 (folder)", s))
-    else:
-        specs = []
-        s, base = measure("gguf float", lambda: load(args.gguf, activations="float"), ids, None, gguf_mb(args.gguf),
-                          chunk)
-        rows.append((f"{args.gguf.name}, x float", s))
+    s, base = measure("f32", lambda: load(args.folder), ids, None, weight_mb_f32(args.folder))
+    rows.append(("f32 (folder)", s))
     for spec in specs:
         if args.through_loader:
             s, _ = measure(spec, functools.partial(load, args.folder, spec), ids, base, (float("nan"), Counter()))
@@ -292,10 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 s, _ = measure(spec, lambda: load(Path(tmp)), ids, base, size)
         rows.append((spec, s))
     if str(args.gguf) and args.gguf.is_file():
-        for mode in modes or ["exact"]:
-            s, _ = measure(f"gguf {mode}", lambda m=mode: load(args.gguf, activations=m), ids, base,
-                           gguf_mb(args.gguf), chunk)
-            rows.append((f"{args.gguf.name}" + (f", x {mode}" if modes else ""), s))
+        s, _ = measure("gguf", lambda: load(args.gguf), ids, base, gguf_mb(args.gguf))
+        rows.append((args.gguf.name, s))
 
     print(f"{'format':28} {'ppl':>9} {'top-1 =':>8} {'KL':>8} {'next ok':>8} {'MB':>7}  stored as")
     for name, s in rows:

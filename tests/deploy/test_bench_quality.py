@@ -16,6 +16,8 @@ from nvllm.bench.chat_prompts import PROMPTS
 from nvllm.bench.quality import ANSWER_TOKENS, Source, bench_quality
 from nvllm.model.kernels import matmul
 from nvllm.model_files.synthetic.requantize import requantize
+from nvllm.model_files.synthetic.shapes import Shape
+from nvllm.model_files.synthetic.writer import synthesize
 
 FEW = PROMPTS[:6]
 
@@ -63,6 +65,16 @@ def test_each_mode_answers_as_an_engine_built_in_that_mode(q8, keep_int_variant)
         assert rows[mode]["differing_prompts"] == differ
         assert rows[mode]["greedy_equal"] == pytest.approx(1 - len(differ) / len(FEW))
     assert matmul.int_variant()   # put back by keep_int_variant
+
+
+def test_a_k_quant_file_of_a_real_shape_is_closer_in_exact_than_in_int8(tmp_path, keep_int_variant):
+    shape = Shape("q", "qwen2", 256, 512, 2, 4, 2, 64, 1024, 512, 1e6, 1e-6, "qwen2", {1000: "<|endoftext|>"},
+                  bos=1000, eos=1000, bpe=1000)
+    path = synthesize(shape, "Q4_K_M", tmp_path / "q.gguf")
+    rows = {r["activations"]: r for r in bench_quality(Source(path), max_tokens=80, prompts=FEW,
+                                                        progress=False)["rows"]}
+    assert rows["int8"]["same_top"] <= rows["exact"]["same_top"] <= 1
+    assert rows["exact"]["kl_mean"] < rows["int8"]["kl_mean"]
 
 
 def test_weight_formats_of_an_f32_source_each_a_row(tiny_ggufs):

@@ -1,8 +1,8 @@
-"""tools/quality.py --activations: the GGUF scored once per activations mode against its float path."""
+"""tools/quality.py: the KV pool's formats scored against an f32 pool; a GGUF's activation modes are `nvllm bench
+--quality`'s (tests/deploy/test_bench_quality.py)."""
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 
 import pytest
@@ -22,24 +22,8 @@ def quality(keep_int_variant):
     return mod
 
 
-def test_activations_are_scored_against_the_float_path(quality, tmp_path, capsys):
-    shape = Shape("q", "qwen2", 256, 512, 2, 4, 2, 64, 1024, 512, 1e6, 1e-6, "qwen2", {1000: "<|endoftext|>"},
-                  bos=1000, eos=1000, bpe=1000)
-    path = synthesize(shape, "Q4_K_M", tmp_path / "q.gguf")
-    assert quality.main(["--folder", "", "--gguf", str(path), "--activations", "exact,int8", "--tokens", "80"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    agree = {}
-    for mode in ("float", "exact", "int8"):
-        line = next(r for r in out if r.startswith(f"q.gguf, x {mode} "))
-        agree[mode] = float(re.findall(r"([\d.]+)%", line)[0])
-    assert agree["float"] == 100.0   # the reference itself
-    assert agree["int8"] <= agree["exact"] <= 100.0
-
-
-def test_bad_modes_and_a_missing_reference_are_refused(quality, tmp_path):
-    with pytest.raises(SystemExit, match="--activations: 'int4'"):
-        quality.main(["--activations", "int4", "--formats", ""])
-    with pytest.raises(SystemExit, match="needs --gguf FILE and --activations"):
+def test_a_folder_is_needed_but_for_the_kv_formats(quality, tmp_path):
+    with pytest.raises(SystemExit, match="nvllm bench --quality"):   # the activation modes are bench's now
         quality.main(["--folder", "", "--gguf", str(tmp_path / "none.gguf")])
 
 
