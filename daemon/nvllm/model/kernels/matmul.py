@@ -21,8 +21,9 @@ NumPy twin, bit for bit, is qdot.py beside this file). Their results then differ
 product by the rounding of x (~0.5% of |x||W| at worst; SmolLM2's perplexity moves by 0.05%), not by
 float32 rounding alone. The "-i16" variants quantize x to 16 bits instead, held as two int8 planes, both
 met by the 8-bit instructions: ~0.002% of |x||W| at worst (SmolLM2's top-1 tokens do not change), 1.1-1.7x
-slower per kernel. The variant is picked at run time from what the CPU has (INT_VARIANTS; "float", rows
-decoded from the panels, where no SIMD one runs); `set_activations` picks the best one for
+slower per kernel; they serve model.activations "exact", the default (and the C's own until one is set). The
+variant is picked at run time from what the CPU has (INT_VARIANTS; "float", rows decoded from the panels,
+where no SIMD one runs); `set_activations` picks the best one for
 model.activations (the engine calls it), `set_int_variant` any one, for tests and measurements.
 
 Prefill-sized x goes to the same integer kernels (1.2-2.7x BLAS here, each row the bits of a decode step);

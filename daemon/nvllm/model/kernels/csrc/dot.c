@@ -73,8 +73,8 @@ static int chosen = -1;   /* the variant in use; -1 until the first call picks t
 
 /* Makes packed weights use variant v (a bit of dot_variants; 0: decoded to float) from the next call on
  * and returns v, or -1 if this machine cannot run it; a negative v changes nothing and returns the variant
- * in use: unless set, the fastest SIMD one with int8 activations (model.activations' default), or 0 where
- * there is none (the portable C is the reference, slower than decoding to float). */
+ * in use: unless set, the fastest SIMD one with exact (16-bit) activations (model.activations' default), or 0
+ * where there is none (the portable C is the reference, slower than decoding to float). */
 int dot_variant(int v) {
     if (v >= 0) {
         if (v >= V_COUNT || !(dot_variants() >> v & 1)) return -1;
@@ -84,7 +84,7 @@ int dot_variant(int v) {
     int c = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
     if (c < 0) {
         const int mask = dot_variants();
-        c = mask >> V_DOT & 1 ? V_DOT : mask >> V_SIMD & 1 ? V_SIMD : 0;
+        c = mask >> (V_DOT + V_EXACT) & 1 ? V_DOT + V_EXACT : mask >> (V_SIMD + V_EXACT) & 1 ? V_SIMD + V_EXACT : 0;
         __atomic_store_n(&chosen, c, __ATOMIC_RELAXED);
     }
     return c;
