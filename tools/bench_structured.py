@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nvllm.bench.structured import bench_structured, format_structured
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "daemon"))
 
 from nvllm.bench.quality import TEXT_TOPIC, read_text  # noqa: E402
 from nvllm.config import load_settings  # noqa: E402
-from nvllm.engine.build.factory import load_model  # noqa: E402
+from nvllm.engine.assembly.factory import load_model  # noqa: E402
 from nvllm.model.decoder import ForwardBatch, Model  # noqa: E402
 from nvllm.model.quant.dequantize import dequantize  # noqa: E402
 from nvllm.model.quant.quantize import KINDS, choose_format, quantize  # noqa: E402

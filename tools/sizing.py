@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import DEFAULT_MODEL_FILE, load_settings
-from nvllm.engine.build.factory import EngineBuildError, plan_for_board, read_model_info
-from nvllm.engine.build.memory import GiB, format_bytes
+from nvllm.engine.assembly.factory import EngineBuildError, plan_for_board, read_model_info
+from nvllm.engine.assembly.memory import GiB, format_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 BOARDS_GIB = (8, 16, 64)

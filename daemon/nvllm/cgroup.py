@@ -2,7 +2,7 @@
 it may use.
 
 Under systemd (CPUQuota=, MemoryMax=) or in a container the kernel enforces the cgroup's limits, which
-the host's figures do not show. engine/build/memory.py reads the memory limit through the helpers here;
+the host's figures do not show. engine/assembly/memory.py reads the memory limit through the helpers here;
 `usable_cpus()` is the CPU side: the cores the affinity mask allows, capped by the CPU quota (cgroup v2
 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us) of the cgroup and every parent. Every path is taken
 under a root, so tests can lay out a fake /proc and /sys tree.

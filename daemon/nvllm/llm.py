@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.outputs import RequestOutput, TokenLogprob
 from nvllm.engine.prompt import Prompt
@@ -47,7 +47,7 @@ class CompletionOutput:
 
 class LLM:
     """Keyword arguments are the settings' names (deploy/nvllm.toml); what is not given takes the
-    daemon's default, the page pool included (engine/build/factory.py sizes it by the daemon's rule)."""
+    daemon's default, the page pool included (engine/assembly/factory.py sizes it by the daemon's rule)."""
 
     def __init__(self, model: str | Path, block_size: int | None = None, num_blocks: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,

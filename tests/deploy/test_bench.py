@@ -177,7 +177,7 @@ def test_speculation_bench_takes_a_draft_model(tiny_models):
 def test_structured_bench_times_each_mode_and_the_compile(tiny_models):
     from nvllm.bench.structured import MODES, bench_structured, format_structured
     from nvllm.config import load_settings
-    from nvllm.engine.build.factory import build_engine
+    from nvllm.engine.assembly.factory import build_engine
 
     engine = build_engine(load_settings(overrides={"model": {"path": str(tiny_models["tiny-llama"])},
                                                    "cache": {"num_blocks": 64}}))

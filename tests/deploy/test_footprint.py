@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from helpers.daemon_util import ROOT, DaemonProcess
-from nvllm.engine.build.memory import RUNTIME_OVERHEAD_BYTES, GiB, MiB, size_pool
+from nvllm.engine.assembly.memory import RUNTIME_OVERHEAD_BYTES, GiB, MiB, size_pool
 from nvllm.model import kv_cache
 from nvllm.model.config import load_config
 from nvllm.model.kv_cache import KVCache

@@ -10,8 +10,8 @@ import pytest
 
 from helpers.kv_model import hd64_gguf
 from nvllm.config import load_settings
-from nvllm.engine.build import factory
-from nvllm.engine.build.memory import MemoryReading
+from nvllm.engine.assembly import factory
+from nvllm.engine.assembly.memory import MemoryReading
 from nvllm.model.kv_cache import KVCache
 
 PLENTY = MemoryReading(64 << 30, "test")

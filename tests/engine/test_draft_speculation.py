@@ -13,7 +13,7 @@ from helpers.engines import backed_engine
 from helpers.speculation import PROMPTS, run, tokens
 from nvllm import SamplingParams
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.build.factory import EngineBuildError
+from nvllm.engine.assembly.factory import EngineBuildError
 from nvllm.engine.llm_engine import LLMEngine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -152,8 +152,8 @@ def test_proposals_stop_at_max_model_len(tiny):
 
 
 def test_the_drafts_pool_is_taken_off_the_memory_the_targets_pool_is_sized_from(tiny):
-    from nvllm.engine.build.factory import load_model, plan_pool
-    from nvllm.engine.build.memory import MemoryReading
+    from nvllm.engine.assembly.factory import load_model, plan_pool
+    from nvllm.engine.assembly.memory import MemoryReading
     settings = load_settings(overrides={"model": {"path": str(tiny)}, "scheduler": {"max_model_len": 256},
                                         "cache": {"max_pool_mb": 0},
                                         "speculative": {"method": "draft", "draft_model": str(tiny)}})

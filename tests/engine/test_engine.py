@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nvllm import LLM, SamplingParams
-from nvllm.engine.build.factory import EngineBuildError
+from nvllm.engine.assembly.factory import EngineBuildError
 from nvllm.sampling_params import InvalidParameter
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""engine/build/factory.py: the one way an engine is built, for the daemon, LLM, generate and bench alike."""
+"""engine/assembly/factory.py: the one way an engine is built, for the daemon, LLM, generate and bench alike."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from nvllm import LLM, SamplingParams
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.build import factory
-from nvllm.engine.build.memory import MemoryReading
+from nvllm.engine.assembly import factory
+from nvllm.engine.assembly.memory import MemoryReading
 from nvllm.sampling_params import InvalidParameter
 
 GiB = 1 << 30

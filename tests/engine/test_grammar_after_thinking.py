@@ -14,7 +14,7 @@ import pytest
 from helpers.thinking_template import EMPTY_THINK, USER, make_think_tokens
 from nvllm import LLM
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.engine.speculation.speculator import Speculator
 from nvllm.engine.structured.thinking import prompt_ends_thinking, think_token_ids
 from nvllm.sampling_params import SamplingParams, StructuredSpec

@@ -15,7 +15,7 @@ import pytest
 from helpers.kv_model import hd64_gguf
 from nvllm import LLM, SamplingParams, cli
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.build import factory
+from nvllm.engine.assembly import factory
 from nvllm.model.quant.kv_format import NAMES
 from nvllm.server.app import settings_from_args
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nvllm.engine.build.memory import (
+from nvllm.engine.assembly.memory import (
     GiB,
     MemoryReading,
     MiB,

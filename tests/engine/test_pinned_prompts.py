@@ -7,7 +7,7 @@ import pytest
 
 from helpers.warm_cache import GREEDY, SYSTEM, assert_clean_but_pinned, engine_llm, pinned_pages, write_prompt
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import EngineBuildError, build_engine
+from nvllm.engine.assembly.factory import EngineBuildError, build_engine
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from helpers.daemon_util import assert_pages_all_back
 from helpers.engines import backed_engine
 from helpers.pooling_golden import golden_cases
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import EngineBuildError, build_engine, plan_for_board
-from nvllm.engine.build.pooling_model import POOLING_SEQS
+from nvllm.engine.assembly.factory import EngineBuildError, build_engine, plan_for_board
+from nvllm.engine.assembly.pooling_model import POOLING_SEQS
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.pooling_request import judge_prompt
 from nvllm.engine.prompt import Prompt

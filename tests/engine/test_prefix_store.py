@@ -179,7 +179,7 @@ def test_a_file_for_another_model_or_format_is_ignored(model, tmp_path, caplog, 
         if change == "activations":
             from nvllm import LLM
             from nvllm.config import load_settings
-            from nvllm.engine.build.factory import build_engine
+            from nvllm.engine.assembly.factory import build_engine
             overrides = {"model": {"path": str(model), "activations": "float"},
                          "cache": {"num_blocks": 64, "pinned_prompts": [pinned],
                                    "persist_dir": str(tmp_path / "store")}}

@@ -10,8 +10,8 @@ import pytest
 
 from nvllm import SamplingParams
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
-from nvllm.engine.build.pool_backing import PoolBacking
+from nvllm.engine.assembly.factory import build_engine
+from nvllm.engine.assembly.pool_backing import PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.sampling_params import InvalidParameter
 

@@ -1,4 +1,4 @@
-"""The engine serves while the rest of its pool is backed in the background (engine/build/pool_backing.py): it
+"""The engine serves while the rest of its pool is backed in the background (engine/assembly/pool_backing.py): it
 hands out only backed pages, behaves as with a smaller pool meanwhile, and keeps serving with what is
 backed when backing runs out of memory. Backing is held or failed through create_engine's `back`."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from nvllm import LLM, SamplingParams
 from nvllm.config import load_settings
+from nvllm.engine.assembly import factory
+from nvllm.engine.assembly.memory import MemoryReading
+from nvllm.engine.assembly.pool_backing import PoolBacking
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.engine.build import factory
-from nvllm.engine.build.memory import MemoryReading
-from nvllm.engine.build.pool_backing import PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.kv_cache import KVCache
 

@@ -14,8 +14,8 @@ import pytest
 
 from helpers.paths import ROOT
 from nvllm.config import load_settings
-from nvllm.engine.build import factory
-from nvllm.engine.build.memory import GiB, MiB
+from nvllm.engine.assembly import factory
+from nvllm.engine.assembly.memory import GiB, MiB
 from nvllm.model.config import ModelConfig, load_config
 from nvllm.model.decoder import Model
 from nvllm.model.weights.conversion import quantized_weight_bytes

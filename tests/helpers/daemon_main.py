@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.cli import build_parser
-from nvllm.engine.build.memory import MemoryReading
+from nvllm.engine.assembly.memory import MemoryReading
 from nvllm.model.decoder import Model
 from nvllm.server import app
 from nvllm.server.app import Daemon

@@ -1,12 +1,12 @@
 """An engine for tests that count what a step did: built as the daemon builds it, then waited on until
-its whole page pool is backed. The pool is backed by a thread at nice 10 (engine/build/pool_backing.py);
+its whole page pool is backed. The pool is backed by a thread at nice 10 (engine/assembly/pool_backing.py);
 on a busy machine the steps run first, with the few blocks backed at start, so counts that depend on free
 pages (seats, proposals) would depend on the machine's load."""
 from __future__ import annotations
 
 from nvllm.config import Settings
-from nvllm.engine.build.factory import build_engine
-from nvllm.engine.build.pool_backing import PoolBacking
+from nvllm.engine.assembly.factory import build_engine
+from nvllm.engine.assembly.pool_backing import PoolBacking
 from nvllm.engine.llm_engine import LLMEngine
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from nvllm import LLM, SamplingParams
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 SYSTEM = ("You are the flight assistant of a survey drone. Answer in one short sentence, give numbers "

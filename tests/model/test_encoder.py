@@ -13,7 +13,7 @@ import pytest
 
 from helpers.encoder_batch import encoder_batch
 from helpers.pooling_golden import golden_cases
-from nvllm.engine.build.pooling_model import load_encoder_folder
+from nvllm.engine.assembly.pooling_model import load_encoder_folder
 from nvllm.model.encoder import Encoder, erf
 from nvllm.model.kernels import ops
 

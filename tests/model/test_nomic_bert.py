@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from helpers.encoder_batch import encoder_batch
 from helpers.paths import GOLDEN
 from helpers.pooling_golden import golden_cases
-from nvllm.engine.build.pooling_model import load_encoder_folder
+from nvllm.engine.assembly.pooling_model import load_encoder_folder
 from nvllm.model.config import ModelLoadError
 from nvllm.model.encoder import Encoder
 from nvllm.model.encoder_config import EncoderConfig

@@ -68,8 +68,8 @@ def test_a_prefill_chunk_allocates_little_beyond_its_workspace(smollm2_gguf: Pat
 
 def test_the_engine_reserves_its_budget_and_says_so(tiny: Path, caplog: pytest.LogCaptureFixture) -> None:
     from nvllm.config import load_settings
-    from nvllm.engine.build import factory
-    from nvllm.engine.build.memory import MemoryReading
+    from nvllm.engine.assembly import factory
+    from nvllm.engine.assembly.memory import MemoryReading
 
     settings = load_settings(overrides={"model": {"path": str(tiny)}, "cache": {"num_blocks": 32},
                                         "scheduler": {"max_num_batched_tokens": 96}})

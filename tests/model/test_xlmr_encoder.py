@@ -16,7 +16,7 @@ from helpers.encoder_batch import encoder_batch
 from helpers.ggml_gelu import ggml_gelu
 from helpers.paths import GOLDEN
 from helpers.pooling_golden import golden_cases
-from nvllm.engine.build.pooling_model import load_encoder_folder, load_encoder_gguf
+from nvllm.engine.assembly.pooling_model import load_encoder_folder, load_encoder_gguf
 from nvllm.model import encoder as encoder_module
 from nvllm.model.encoder import Encoder
 from nvllm.model.weights.gguf_encoder import load_gguf_encoder, read_gguf_encoder

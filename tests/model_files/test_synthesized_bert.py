@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.model.weights.gguf_file import open_gguf
 from nvllm.model_files.synthetic.shapes import SHAPES, Shape
 from nvllm.model_files.synthetic.writer import synthesize

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.model_files.synthetic.shapes import SHAPES
 from nvllm.model_files.synthetic.writer import synthesize
 from nvllm.pooling_params import PoolingParams

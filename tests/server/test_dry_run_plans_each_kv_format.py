@@ -8,7 +8,7 @@ import pytest
 
 from helpers.kv_model import hd64_gguf
 from nvllm.config import load_settings
-from nvllm.engine.build import factory
+from nvllm.engine.assembly import factory
 from nvllm.server import app
 
 ROW = re.compile(r"^  (\S+) +([\d.]+) bytes a value: (\d+) blocks of (\d+) bytes = [^,]+, (\d+) sequences of "

@@ -11,7 +11,7 @@ import pytest
 
 from nvllm import cli
 from nvllm.config import ConfigError, load_settings
-from nvllm.engine.build.memory import GiB, MemoryReading, MiB
+from nvllm.engine.assembly.memory import GiB, MemoryReading, MiB
 from nvllm.server.app import settings_from_args
 from nvllm.server.served_models import memory_budget, model_specs
 

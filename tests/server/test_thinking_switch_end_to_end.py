@@ -18,7 +18,7 @@ from helpers.http_app import serve_both
 from helpers.thinking_template import EMPTY_THINK, USER, make_think_tokens, make_thinking_qwen3
 from nvllm import LLM
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.server.state import DaemonState
 from nvllm.v1 import nvllm_pb2 as pb
 

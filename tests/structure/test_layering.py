@@ -52,7 +52,7 @@ ROOMS = {
 
 # engine/'s rooms, bottom first -> the other rooms of engine/ each may import. The step loop stays directly in
 # engine/: the modules a request's state lives in at the bottom, the concerns on them, the step over them
-# all; build/ puts an engine together.
+# all; assembly/ puts an engine together.
 E = "nvllm.engine."
 _BOOKS = {E + "outputs", E + "sequence", E + "block_manager", E + "prompt"}
 ENGINE_ROOMS = {
@@ -71,7 +71,7 @@ ENGINE_ROOMS = {
                                             "warm", "pooling_request")},   # the step
     "turns": set(),                                              # one engine's step at a time
     "async_engine": _BOOKS | {E + "llm_engine", E + "turns"},    # the engine thread, and its asyncio side
-    "build": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
+    "assembly": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
                               "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
                               "pooling_request")},
 }
@@ -79,7 +79,7 @@ ENGINE_ROOMS = {
 # What server/ may know of the engine: its asyncio side and what it hands back, the prompt's type, the factory
 # and the memory reading an engine is built from, the thinking tags. Never a request's state (sequence.py)
 # nor the step: a front door is a translation of its wire format (DaemonState.submit is the one way in).
-SERVER_SEES = {E + m for m in ("async_engine", "outputs", "prompt", "build.factory", "build.memory",
+SERVER_SEES = {E + m for m in ("async_engine", "outputs", "prompt", "assembly.factory", "assembly.memory",
                                "structured.thinking")}
 
 
@@ -276,7 +276,7 @@ def test_the_check_sees_a_reach_down_past_the_layer(tmp_path: Path, monkeypatch:
     (fake / "model").mkdir()
     (fake / "text").mkdir()
     (fake / "server" / "x.py").write_text(
-        "from nvllm.engine.build import factory\n"
+        "from nvllm.engine.assembly import factory\n"
         "def f():\n    from nvllm.model.decoder import Model\n    import nvllm.text.tokenizer\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     assert violations("server") == ["nvllm/server/x.py:3 imports nvllm.model.decoder",

@@ -14,7 +14,7 @@ import numpy as np
 
 from nvllm.bench.floors import machine_info
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.pooling_params import PoolingParams
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from nvllm.bench.chat_prompts import PROMPTS
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.decoder import ForwardBatch, Model
 from nvllm.model.kernels import matmul

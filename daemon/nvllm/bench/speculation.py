@@ -17,7 +17,7 @@ from typing import Any
 from nvllm.bench.floors import machine_info, measure_bandwidth_gbs
 from nvllm.bench.throughput import decoder
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine
+from nvllm.engine.assembly.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.kernels import threads as kernel_threads
 from nvllm.sampling_params import InvalidParameter, SamplingParams

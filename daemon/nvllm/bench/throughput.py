@@ -30,7 +30,7 @@ from nvllm.bench.progress import Progress
 from nvllm.bench.report import format_runs, pct
 from nvllm.bench.target import bench_target
 from nvllm.config import load_settings
-from nvllm.engine.build.factory import build_engine, read_model_info
+from nvllm.engine.assembly.factory import build_engine, read_model_info
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import matmul, ops

@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_bench(args: argparse.Namespace) -> int:
     from nvllm.bench import throughput
     from nvllm.config import ConfigError
-    from nvllm.engine.build.factory import EngineBuildError
+    from nvllm.engine.assembly.factory import EngineBuildError
 
     def numbers(text: str, flag: str) -> list[int]:
         try:
@@ -134,7 +134,7 @@ def _speculation(args: argparse.Namespace) -> int:
 
     from nvllm.bench.speculation import bench_speculation, format_speculation
     from nvllm.config import ConfigError
-    from nvllm.engine.build.factory import EngineBuildError
+    from nvllm.engine.assembly.factory import EngineBuildError
 
     try:
         result = bench_speculation(Path(args.model), args.gen_len, threads=args.threads[0],
@@ -151,7 +151,7 @@ def _embed(args: argparse.Namespace) -> int:
 
     from nvllm.bench.embedding import bench_embed, format_embed
     from nvllm.config import ConfigError
-    from nvllm.engine.build.factory import EngineBuildError
+    from nvllm.engine.assembly.factory import EngineBuildError
 
     if args.inputs < 1 or args.prompt_len < 2:
         print(f"nvllm bench: --inputs must be at least 1 and --prompt-len 2, got {args.inputs} and {args.prompt_len}",
@@ -173,7 +173,7 @@ def _quality(args: argparse.Namespace) -> int:
 
     from nvllm.bench.quality import Source, bench_quality, format_quality
     from nvllm.config import ConfigError
-    from nvllm.engine.build.factory import EngineBuildError
+    from nvllm.engine.assembly.factory import EngineBuildError
 
     if args.text_tokens < 0 or args.text_tokens == 1:
         print(f"nvllm bench: --text-tokens must be 0 (all) or at least 2, got {args.text_tokens}", file=sys.stderr)

@@ -71,7 +71,7 @@ def _read_prompts(args: argparse.Namespace) -> list[Any]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from nvllm.config import ConfigError
-    from nvllm.engine.build.factory import EngineBuildError
+    from nvllm.engine.assembly.factory import EngineBuildError
     from nvllm.llm import LLM, CompletionOutput
     from nvllm.sampling_params import InvalidParameter, SamplingParams
 

@@ -5,7 +5,7 @@ but holding a full block whose hash is known, so a later prompt with the same pr
 evicted least-recently-used when free pages run out) or owned (ref_count > 0). The pool arrays
 themselves live in model/kv_cache.py.
 
-The pool's memory may be backed after start-up, from its first block on (engine/build/pool_backing.py): only
+The pool's memory may be backed after start-up, from its first block on (engine/assembly/pool_backing.py): only
 the first num_backed_blocks pages are ever in the books, and add_backed() brings in more as they are
 backed, so a page past them is never handed out and the rest of the manager sees a smaller pool.
 

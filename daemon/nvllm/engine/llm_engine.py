@@ -39,7 +39,7 @@ log = logging.getLogger("nvllm.engine")
 
 
 class Backing(Protocol):
-    """What the step reads of the thread backing the pool after start-up (engine/build/pool_backing.py)."""
+    """What the step reads of the thread backing the pool after start-up (engine/assembly/pool_backing.py)."""
 
     @property
     def backed(self) -> int: ...      # the first pages, resident and usable
@@ -51,13 +51,13 @@ class Backing(Protocol):
 
 
 class LLMEngine:
-    """Built by engine/build/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
+    """Built by engine/assembly/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
 
     def __init__(self, model: Model | Encoder, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
                  max_model_len: int, speculator: Speculator, structured: StructuredCompiler,
                  generation_defaults: Mapping[str, Any] | None = None, eos_token_ids: Iterable[int] = (),
                  backing: Backing | None = None, think_tokens: tuple[int, int] | None = None) -> None:
-        """The concerns come built (engine/build/factory.py): speculation (speculator), structured output
+        """The concerns come built (engine/assembly/factory.py): speculation (speculator), structured output
         (structured, and think_tokens where a grammar waits for the end of the thinking), the pool's
         backing; the warm cache (`warmup`) is attached once the engine exists, since it feeds it requests."""
         self.model = model

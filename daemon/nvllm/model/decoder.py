@@ -120,7 +120,7 @@ class Model:
         self.config = config
         self.weights = weights
         # "generate"; a decoder embedder ("embed": pooling set) or a Qwen3-Reranker ("rerank": judge_tokens, the
-        # ids of "no" and "yes") when its files or model.task say so (engine/build/pooling_model.py)
+        # ids of "no" and "yes") when its files or model.task say so (engine/assembly/pooling_model.py)
         self.task = "generate"
         self.pooling: Pooling | None = None
         self.judge_tokens: tuple[int, int] | None = None

@@ -167,7 +167,7 @@ class KVCache:
             # Allocated and made resident once, now, so the resident set does not grow later under load.
             self.pool, self.populated_by = resident_zeros(shape, fmt.dtype)
         else:
-            # Blocks are handed out only once backed (engine/build/pool_backing.py), so none faults in later.
+            # Blocks are handed out only once backed (engine/assembly/pool_backing.py), so none faults in later.
             self.pool, self.populated_by = reserved_zeros(shape, fmt.dtype)
             self.back_blocks(0, resident_blocks)
 

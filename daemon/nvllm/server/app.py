@@ -3,7 +3,7 @@ systemd notifications and the graceful drain, wired together.
 
 Start-up order: bind the listener first (a taken port fails in a second, not after the model
 load; Health answers STARTING meanwhile), load the weights, size the page pool from the memory
-then available (engine/build/factory.py, engine/build/memory.py), allocate and touch it, start the
+then available (engine/assembly/factory.py, engine/assembly/memory.py), allocate and touch it, start the
 engine thread and the memory watchdog, then READY=1 and the line "nvllm serving MODEL on ADDR" on stdout.
 
 Shutdown: the first SIGTERM/SIGINT stops admission at once (readiness NOT_SERVING, new calls
@@ -42,9 +42,9 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from nvllm.config import ConfigError, ModelEntry, Settings, load_settings, validate
+from nvllm.engine.assembly import factory
+from nvllm.engine.assembly.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.engine.build import factory
-from nvllm.engine.build.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
 from nvllm.server.heat_monitor import HeatMonitor
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.http.listener import HttpListener, check_security, http_api_key

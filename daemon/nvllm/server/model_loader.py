@@ -1,6 +1,6 @@
 """How the daemon loads a model into the memory plan and gives it back (model_set.py decides when).
 
-Loading: the weights and tokenizer (engine/build/factory.py, on an executor thread), a page pool planned
+Loading: the weights and tokenizer (engine/assembly/factory.py, on an executor thread), a page pool planned
 from the memory reading as for a single model but never past what the budget has free beside the
 weights, the engine, its thread. Unloading: the thread stopped, what it ran aborted, the pool's backing
 stopped, every reference dropped, then the garbage collected and, with glibc, the heap trimmed, so the
@@ -19,9 +19,9 @@ import gc
 import logging
 from collections.abc import Callable
 
+from nvllm.engine.assembly import factory
+from nvllm.engine.assembly.memory import MemoryReading, MiB, format_bytes
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.engine.build import factory
-from nvllm.engine.build.memory import MemoryReading, MiB, format_bytes
 from nvllm.server.model_set import ModelSpec
 
 log = logging.getLogger("nvllm.server.models")

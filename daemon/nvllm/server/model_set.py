@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.config import Settings
+from nvllm.engine.assembly.memory import format_bytes
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.engine.build.memory import format_bytes
 
 log = logging.getLogger("nvllm.server.models")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nvllm.config import ConfigError, ModelEntry, Settings
 from nvllm.config_values import duration_seconds
-from nvllm.engine.build.memory import GiB, MemoryReading, MiB
+from nvllm.engine.assembly.memory import GiB, MemoryReading, MiB
 from nvllm.server.model_set import ModelSpec
 
 

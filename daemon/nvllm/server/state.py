@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from nvllm import __version__
+from nvllm.engine.assembly.factory import EngineBuildError
 from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, RequestStream
-from nvllm.engine.build.factory import EngineBuildError
 from nvllm.engine.prompt import Prompt, Tokenized
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams

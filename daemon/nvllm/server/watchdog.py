@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from nvllm.engine.build.memory import MemoryReading, format_bytes
+from nvllm.engine.assembly.memory import MemoryReading, format_bytes
 
 log = logging.getLogger(__name__)
 

@@ -298,7 +298,7 @@ def test_serve_flag_reaches_the_settings():
 def test_generate_and_bench_pass_the_flag_on(monkeypatch):
     import nvllm.bench.throughput
     import nvllm.llm
-    from nvllm.engine.build.factory import EngineBuildError
+    from nvllm.engine.assembly.factory import EngineBuildError
 
     seen = {}
 

@@ -8,7 +8,7 @@ misses it (or shares the pinned prompt's pages as they are computed). The file's
 first, then the pinned prompts run as internal requests (their outputs are dropped here), so a prompt
 found in the file is not computed again. Each pinned prompt's full pages are then held by a reference
 of the warm-up's own (`holds`, as a sequence would hold them): no eviction takes them, and the pool's
-sizing counts them (engine/build/factory.py).
+sizing counts them (engine/assembly/factory.py).
 """
 
 from __future__ import annotations

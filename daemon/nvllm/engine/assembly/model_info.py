@@ -1,6 +1,6 @@
 """What callers above the engine may know of a model, without its weights: its shape, what its weights
 and its page pool take, and how many pages a sequence may hold (for logs, --dry-run, the bench and the
-sizing: engine/build/factory.py)."""
+sizing: engine/assembly/factory.py)."""
 
 from __future__ import annotations
 

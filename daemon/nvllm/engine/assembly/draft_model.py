@@ -7,13 +7,13 @@ import logging
 import math
 
 from nvllm.config import Settings
-from nvllm.engine.build.memory import format_bytes
-from nvllm.engine.build.model_info import ModelInfo
+from nvllm.engine.assembly.memory import format_bytes
+from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.engine.speculation.draft_proposer import DraftProposer
 from nvllm.model.decoder import Model
 from nvllm.model.kv_layout import KVLayout
 
-log = logging.getLogger("nvllm.engine.build.factory")
+log = logging.getLogger("nvllm.engine.assembly.factory")
 
 
 def drafter(settings: Settings, model: Model, info: ModelInfo, max_len: int) -> DraftProposer:

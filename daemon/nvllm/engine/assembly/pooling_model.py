@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
-from nvllm.engine.build.memory import MemoryReading, PoolSizing
-from nvllm.engine.build.model_info import ModelInfo
+from nvllm.engine.assembly.memory import MemoryReading, PoolSizing
+from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.model.config import read_json
 from nvllm.model.decoder import Model
 from nvllm.model.encoder import Encoder

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-log = logging.getLogger("nvllm.engine.build.pool_backing")
+log = logging.getLogger("nvllm.engine.assembly.pool_backing")
 
 CHUNK_BYTES = 32 << 20   # backed between two updates of the count: ~10 ms of the kernel's zeroing
 

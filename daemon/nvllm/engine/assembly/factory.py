@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
-from nvllm.engine.build.draft_model import draft_blocks, drafter
-from nvllm.engine.build.memory import (
+from nvllm.engine.assembly.draft_model import draft_blocks, drafter
+from nvllm.engine.assembly.memory import (
     GiB,
     MemoryReading,
     PoolSizing,
@@ -34,9 +34,9 @@ from nvllm.engine.build.memory import (
     format_bytes,
     size_pool,
 )
-from nvllm.engine.build.model_info import ModelInfo
-from nvllm.engine.build.pool_backing import CHUNK_BYTES, PoolBacking
-from nvllm.engine.build.pooling_model import (
+from nvllm.engine.assembly.model_info import ModelInfo
+from nvllm.engine.assembly.pool_backing import CHUNK_BYTES, PoolBacking
+from nvllm.engine.assembly.pooling_model import (
     check_settings,
     counting_pool,
     encoder_info,
@@ -70,7 +70,7 @@ from nvllm.model.weights.gguf_file import GGUFFile, open_gguf, read_gguf
 from nvllm.model.weights.gguf_weights import load_gguf_weights, resident_weight_bytes
 from nvllm.text.tokenizer import Tokenizer
 
-log = logging.getLogger("nvllm.engine.build.factory")
+log = logging.getLogger("nvllm.engine.assembly.factory")
 
 
 class EngineBuildError(Exception):
@@ -368,7 +368,7 @@ def create_engine(settings: Settings, loaded: LoadedModel, plan: PoolPlan,
                   back: Callable[[KVCache, int, int], None] = KVCache.back_blocks,
                   eager_bytes: int = CHUNK_BYTES) -> LLMEngine:
     """Map the pool and back the blocks of one max_model_len sequence (and at least its first
-    eager_bytes) now, the rest on a thread of its own (engine/build/pool_backing.py) whose blocks the
+    eager_bytes) now, the rest on a thread of its own (engine/assembly/pool_backing.py) whose blocks the
     engine hands out only once backed; then the engine.
 
     back(kv, start, stop) backs blocks [start, stop) in the background (KVCache.back_blocks; tests slow

@@ -218,7 +218,7 @@ def size_pool(bytes_per_block: int, available_bytes: int, memory_fraction: float
     max_num_seqs x min_blocks_needed blocks (num_blocks_override still wins over everything).
     held_blocks: pages held for good (cache.pinned_prompts), on top of the demand and of what must fit.
     longest: the longest sequence so many pages hold, for the error message (None: pages x block_size;
-    a pool of groups of layers differs, engine/build/model_info.py's ModelInfo.longest_in).
+    a pool of groups of layers differs, engine/assembly/model_info.py's ModelInfo.longest_in).
     Raises PoolTooSmall, naming the settings to change and the figures, when the pool is smaller.
     """
     if bytes_per_block <= 0 or block_size <= 0:
