@@ -30,24 +30,23 @@ Prefill-sized x goes to the same integer kernels (1.2-2.7x BLAS here, each row t
 F16, BF16 and activations "float" take `dequantized_matmul`: BLAS on rows decoded a chunk at a time.
 
 NVLLM_KERNELS=0 in the environment turns these kernels off too, as it does the others (library.py).
+The library's C types are declared in matmul_library.py, the arguments' checks made in matmul_checks.py;
+`lib` here is the one loaded library every caller reads (and a test takes away to run the NumPy twins).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
-from nvllm.model.kernels.library import load_library
-from nvllm.model.kernels.threads import MAX as MAX_THREADS
+from nvllm.model.kernels.matmul_checks import check_out, check_threads, check_weight, check_x, float_blocks, ptr
+from nvllm.model.kernels.matmul_library import load
 from nvllm.model.quant.blocks import BlockMatrix, chunked_matmul
-from nvllm.model.quant.formats import FORMATS as _BLOCK_FORMATS
 from nvllm.model.quant.formats import BlockFormat
 from nvllm.model.quant.packed import PackedMatrix, pack_twin, packable, unpack_twin
 
-ABI = 17  # must equal matmul_abi() in csrc/matmul.c
 PACKED_FLAG = 0x100  # csrc/packed.h: a format id's bit saying the weights are packed
 # The formats with a C kernel, by name (every GGUF type nvllm reads); any other goes to the NumPy twin.
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
@@ -60,54 +59,9 @@ INT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K",
 INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, "neon-dotprod": 3,
                 "scalar-i16": 4, "avx2-i16": 5, "avx512vnni-i16": 6, "neon-i16": 5, "neon-dotprod-i16": 6}
 
-_I64 = ctypes.c_int64
-_P = ctypes.c_void_p
-_why_not = ""
-_F32 = next(f for f in _BLOCK_FORMATS.values() if f.name == "F32")
 
 
-def _load() -> ctypes.CDLL | None:
-    global _why_not
-    lib, _why_not = load_library("_matmul", "matmul_abi", ABI, "C matmul kernels")
-    if lib is not None:
-        lib.quant_matmul.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, ctypes.c_int]
-        lib.quant_matmul.restype = ctypes.c_int
-        lib.quant_dequantize.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, ctypes.c_int]
-        lib.quant_dequantize.restype = ctypes.c_int
-        lib.matmul_pool_run.argtypes = [_P, _P, ctypes.c_int]
-        lib.matmul_pool_run.restype = ctypes.c_int
-        lib.matmul_pool_threads.argtypes = []
-        lib.matmul_pool_threads.restype = ctypes.c_int
-        lib.matmul_pin_threads.argtypes = [ctypes.c_int]
-        lib.matmul_pin_threads.restype = ctypes.c_int
-        lib.matmul_float_variants.argtypes = []
-        lib.matmul_float_variants.restype = ctypes.c_int
-        lib.matmul_float_variant.argtypes = [ctypes.c_int]
-        lib.matmul_float_variant.restype = ctypes.c_int
-        lib.dot_peak.argtypes = [ctypes.c_int, _I64]
-        lib.dot_peak.restype = _I64
-        lib.pack_bytes.argtypes = [ctypes.c_int, _I64, _I64]   # csrc/pack.c
-        lib.pack_bytes.restype = _I64
-        lib.pack_panels.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P]
-        lib.pack_panels.restype = None
-        lib.unpack_rows.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P]
-        lib.unpack_rows.restype = None
-        lib.dot_variants.argtypes = []   # csrc/dot.c
-        lib.dot_variants.restype = ctypes.c_int
-        lib.dot_variant.argtypes = [ctypes.c_int]
-        lib.dot_variant.restype = ctypes.c_int
-        lib.dot_variant_name.argtypes = [ctypes.c_int]
-        lib.dot_variant_name.restype = ctypes.c_char_p
-        lib.dot_x_bytes.argtypes = [ctypes.c_int, _I64, _I64]
-        lib.dot_x_bytes.restype = ctypes.c_size_t
-        lib.dot_quantize_x.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P]
-        lib.dot_quantize_x.restype = None
-        lib.decode_layers.argtypes = [_P]   # csrc/step.c, wrapped by step.py
-        lib.decode_layers.restype = ctypes.c_int
-    return lib
-
-
-lib = _load()
+lib, _why_not = load()
 
 
 def describe() -> str:
@@ -214,34 +168,10 @@ def pin_threads(on: bool) -> None:
     _pinned = on
 
 
-def _ptr(a: np.ndarray) -> int:
-    # as kernels._ptr: from_buffer is the cheap way to an address, for writable contiguous memory only
-    if a.flags.writeable and a.flags.c_contiguous and a.size:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # stubs lack ndarray's buffer
-    return a.ctypes.data
-
-
-def _check_weight(w: BlockMatrix) -> None:
-    # The kernel walks the blocks by their row length alone: anything else would read past them.
-    if not isinstance(w, BlockMatrix):
-        raise ValueError(f"w: need a BlockMatrix, got {type(w).__name__}")
-    b, fmt = w.blocks, w.fmt
-    rows, n_in = w.shape
-    row_bytes = n_in // fmt.block_elems * fmt.block_bytes
-    if n_in % fmt.block_elems:
-        raise ValueError(f"w: {fmt.name} rows of {n_in} values are not whole blocks of {fmt.block_elems}")
-    if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.shape != (rows, row_bytes):
-        got = f"{b.dtype} {b.shape}" if isinstance(b, np.ndarray) else type(b).__name__
-        raise ValueError(f"w.blocks: a {fmt.name} weight {w.shape} needs uint8 [{rows}, {row_bytes}], got {got}")
-    if b.size and not b.flags.c_contiguous:
-        raise ValueError(f"w.blocks: need rows of {row_bytes} bytes one after the other (C-contiguous), "
-                         f"got strides {b.strides}")
-
-
 def pack(w: BlockMatrix) -> PackedMatrix:
     """w's blocks repacked into panels (quant/packed.py's layout) by csrc/pack.c; by the NumPy twin without
     the library."""
-    _check_weight(w)
+    check_weight(w)
     if lib is None or not packable(w.fmt):
         return PackedMatrix(w.fmt, pack_twin(w), w.shape)   # the twin refuses a format not packed, naming it
     rows, n_in = w.shape
@@ -296,10 +226,10 @@ def weight_args(w: Matrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
                                          w.row_bytes)
         return c
     if not isinstance(w, BlockMatrix):
-        _check_weight(w)
+        check_weight(w)
     c = w.__dict__.get("_c_args")
     if c is None or c[1] is not w.blocks or c[2] is not w.shape:
-        _check_weight(w)
+        check_weight(w)
         if lib is not None and packable(w.fmt):
             pm = pack(w)
             args = (pm.data, w.shape, w.fmt.ggml_type | PACKED_FLAG, pm.data.ctypes.data, w.blocks.shape[1])
@@ -307,51 +237,6 @@ def weight_args(w: Matrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]:
             args = (w.blocks, w.shape, w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1])
         c = w.__dict__["_c_args"] = (args, w.blocks, w.shape)
     return c[0]
-
-
-def _check_x(x: np.ndarray, n_in: int) -> None:
-    if not isinstance(x, np.ndarray):
-        raise ValueError(f"x: need a NumPy array, got {type(x).__name__}")
-    if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != n_in:
-        raise ValueError(f"x: need float32 [T, {n_in}], got {x.dtype} {list(x.shape)}")
-    # rows may be strided (a slice of a wider array), values within a row must be contiguous
-    if x.size and (x.strides[1] != 4 or x.strides[0] % 4 or x.strides[0] < 0
-                   or (x.shape[0] > 1 and x.strides[0] < 4 * n_in)):
-        raise ValueError(f"x: need rows of contiguous float32 values at a positive row stride, got strides "
-                         f"{x.strides}")
-
-
-def _check_out(out: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> None:
-    if not isinstance(out, np.ndarray):
-        raise ValueError(f"out: need a NumPy array, got {type(out).__name__}")
-    # rows may be spaced wider (the columns of a wider array: a fused weight's parts), each row contiguous
-    rows_ok = out.size == 0 or (out.strides[1] == 4 and out.strides[0] % 4 == 0
-                                and (shape[0] == 1 or out.strides[0] >= 4 * shape[1]))
-    if out.dtype != np.float32 or out.shape != shape or not rows_ok:
-        raise ValueError(f"out: need a float32 {list(shape)} with contiguous rows, got {out.dtype} "
-                         f"{list(out.shape)} strides {out.strides}")
-    if not out.flags.writeable:
-        raise ValueError("out: is written, but is read-only")
-    if np.may_share_memory(out, x):
-        raise ValueError("out: overlaps x; the kernel reads x while it writes out")
-
-
-def check_threads(threads: int) -> None:
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= MAX_THREADS:
-        raise ValueError(f"threads: need an integer in [1, {MAX_THREADS}], got {threads!r}")
-
-
-def float_blocks(w: np.ndarray) -> BlockMatrix:
-    """A C-contiguous float32 w [out, in] as a BlockMatrix of format F32 over the same memory (no copy):
-    what the plain float tile multiplies."""
-    if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim != 2:
-        got = f"{w.dtype} {list(w.shape)}" if isinstance(w, np.ndarray) else type(w).__name__
-        raise ValueError(f"w: need a float32 [out, in] array, got {got}")
-    if w.size and not w.flags.c_contiguous:
-        raise ValueError(f"w: need rows of {w.shape[1]} values one after the other (C-contiguous), "
-                         f"got strides {w.strides}")
-    blocks = w.view(np.uint8) if w.size else np.zeros((w.shape[0], 4 * w.shape[1]), np.uint8)
-    return BlockMatrix(_F32, blocks, w.shape)
 
 
 def float_matmul(w: np.ndarray, x: np.ndarray, threads: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -370,19 +255,19 @@ def quant_matmul(w: Matrix, x: np.ndarray, threads: int, out: np.ndarray | None 
     decode-sized x (QuantizedWeight.apply sends it up to DECODE_ROWS rows; dequantized_matmul takes longer ones)."""
     _, _, ggml_type, blocks, row_bytes = weight_args(w)
     n_out, n_in = w.shape
-    _check_x(x, n_in)
+    check_x(x, n_in)
     check_threads(threads)
     T = x.shape[0]
     if out is None:
         out = np.empty((T, n_out), np.float32)
     else:
-        _check_out(out, (T, n_out), x)
+        check_out(out, (T, n_out), x)
     if lib is None or w.fmt.name not in FORMATS:
         out[...] = _blocks(w).matmul(x)
         return out
     if out.size == 0:
         return out
-    rc = lib.quant_matmul(ggml_type, blocks, row_bytes, n_out, n_in, _ptr(x), x.strides[0] // 4, T, _ptr(out),
+    rc = lib.quant_matmul(ggml_type, blocks, row_bytes, n_out, n_in, ptr(x), x.strides[0] // 4, T, ptr(out),
                           out.strides[0] // 4 if T > 1 else n_out, int(threads))
     if rc == -3:
         raise MemoryError(f"x: no memory for {T} rows of {n_in} values quantized to integers")
@@ -415,7 +300,7 @@ def dequantize_rows(w: Matrix, start: int, stop: int, threads: int = 1,
     if lib is None or w.fmt.name not in FORMATS:
         out[...] = _blocks(w).dequantize()[start:stop]
     elif out.size:
-        lib.quant_dequantize(ggml_type, blocks, row_bytes, start, stop, n_in, _ptr(out), int(threads))
+        lib.quant_dequantize(ggml_type, blocks, row_bytes, start, stop, n_in, ptr(out), int(threads))
     return out
 
 
@@ -424,7 +309,7 @@ def _decode_args(w: Matrix) -> tuple[np.ndarray, tuple[int, int], int, int, int]
     cost a copy and a slower decode), a PackedMatrix's panels."""
     if isinstance(w, PackedMatrix):
         return weight_args(w)
-    _check_weight(w)
+    check_weight(w)
     return w.blocks, w.shape, w.fmt.ggml_type, w.blocks.ctypes.data, w.blocks.shape[1]
 
 
@@ -437,9 +322,9 @@ def dequantized_matmul(w: Matrix, x: np.ndarray, out: np.ndarray | None = None) 
     while after each GEMM (measured: up to 2x slower on 2 cores)."""
     _decode_args(w)
     n_out, n_in = w.shape
-    _check_x(x, n_in)
+    check_x(x, n_in)
     if out is not None:
-        _check_out(out, (x.shape[0], n_out), x)
+        check_out(out, (x.shape[0], n_out), x)
     if lib is None or w.fmt.name not in FORMATS:
         return _blocks(w).matmul(x, out=out)
     if w.fmt.name == "F32":   # never packed: BLAS on the blocks themselves
