@@ -96,7 +96,7 @@ def test_installs_imports_and_runs_under_python_3_10(py310: str, tiny_models, tm
     assert pip.returncode == 0, f"pip install under {TARGET} failed:\n{pip.stdout[-4000:]}{pip.stderr[-4000:]}"
 
     py = str(venv / "bin/python")
-    imports = ("import sys, nvllm, nvllm.cli, nvllm.llm, nvllm.bench, nvllm.model_files.registry, nvllm.server.app; "
+    imports = ("import sys, nvllm, nvllm.cli, nvllm.llm, nvllm.bench, nvllm.model_files.registry, nvllm.server.daemon; "
                "assert sys.version_info[:2] == (3, 10), sys.version; print(nvllm.__file__)")
     r = subprocess.run([py, "-c", imports], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -93,7 +93,7 @@ def test_cli_lists_the_gguf_with_its_tensor_types(pulled: Path, pulled_gguf: Pat
 def test_the_default_settings_serve_the_pulled_gguf_by_the_models_name(tmp_path: Path, monkeypatch):
     """What a default pull writes is what a default `nvllm serve` loads, served as smollm2-135m-instruct."""
     from nvllm.config import Settings
-    from nvllm.server.app import served_name
+    from nvllm.server.models.served_models import served_name
 
     monkeypatch.chdir(tmp_path)
     s = Settings()

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from nvllm import LLM, SamplingParams, cli
+from nvllm.cli.serve import settings_from_args
 from nvllm.config import ConfigError, load_settings
 from nvllm.model.kernels import matmul as mk
 from nvllm.model_files.synthetic.shapes import Shape
 from nvllm.model_files.synthetic.writer import synthesize
-from nvllm.server.app import settings_from_args
 
 needs_lib = pytest.mark.skipif(mk.lib is None, reason="the C matmul was not built (no C compiler at install)")
 

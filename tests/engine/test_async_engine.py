@@ -273,7 +273,7 @@ class TestServicerInProcess:
     def test_engine_failure_is_internal_and_starting_is_unavailable(self, engine: LLMEngine) -> None:
         from grpc_health.v1._async import HealthServicer
 
-        from nvllm.server.service import GeneratorService
+        from nvllm.server.grpc.service import GeneratorService
         from nvllm.server.state import DaemonState
         from nvllm.v1 import nvllm_pb2 as pb
         from nvllm.v1 import nvllm_pb2_grpc as pb_grpc

@@ -77,7 +77,7 @@ def test_the_engine_allocates_the_planned_bytes(model, dtype) -> None:
 
 def test_serve_s_max_num_seqs_flag_sizes_the_default_pool():
     from nvllm import cli
-    from nvllm.server.app import settings_from_args
+    from nvllm.cli.serve import settings_from_args
 
     args = cli.build_parser().parse_args(["serve", "--max-num-seqs", "4"])
     assert settings_from_args(args).scheduler.max_num_seqs == 4

@@ -14,10 +14,10 @@ import pytest
 
 from helpers.kv_model import hd64_gguf
 from nvllm import LLM, SamplingParams, cli
+from nvllm.cli.serve import settings_from_args
 from nvllm.config import ConfigError, load_settings
 from nvllm.engine.assembly import factory
 from nvllm.model.quant.kv_format import NAMES
-from nvllm.server.app import settings_from_args
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 

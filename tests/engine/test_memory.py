@@ -22,7 +22,7 @@ from nvllm.engine.assembly.memory import (
     size_pool,
 )
 from nvllm.model.kv_cache import KVCache
-from nvllm.server.watchdog import MemoryWatchdog
+from nvllm.server.board.memory_watchdog import MemoryWatchdog
 
 HOST = 8 * GiB
 V1_UNLIMITED = "9223372036854771712"

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import ROOT
+from nvllm.cli import serve_plan
 from nvllm.config import load_settings
 from nvllm.engine.assembly import factory
 from nvllm.engine.assembly.memory import GiB, MiB
 from nvllm.model.config import ModelConfig, load_config
 from nvllm.model.decoder import Model
 from nvllm.model.weights.conversion import quantized_weight_bytes
-from nvllm.server import app
 
 KINDS = ["q8_0", "q4_0", "q4_k", "bf16"]
 
@@ -72,7 +72,7 @@ def test_the_default_models_sizes_as_the_readme_states() -> None:
 def test_dry_run_for_a_board_shows_the_served_format(kind: str, tiny_models, capsys) -> None:
     folder = tiny_models["tiny-llama"]                        # stored as float32
     settings = load_settings(None, {"model": {"path": str(folder), "quantization": kind}})
-    assert app.dry_run(settings, 8.0) == 0
+    assert serve_plan.dry_run(settings, 8.0) == 0
     out = capsys.readouterr().out
     c = load_config(folder)
     want = quantized_weight_bytes(c, kind) if kind not in ("", "f32") else c.weight_bytes

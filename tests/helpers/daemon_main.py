@@ -27,11 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvllm.cli import build_parser
+from nvllm.cli import build_parser, serve
 from nvllm.engine.assembly.memory import MemoryReading
 from nvllm.model.decoder import Model
-from nvllm.server import app
-from nvllm.server.app import Daemon
+from nvllm.server.daemon import Daemon
 
 STALL_BEGAN = "test launcher: engine loop held (SIGUSR1)"
 STALL_ENDED = "test launcher: engine loop released (SIGUSR1)"
@@ -100,7 +99,7 @@ def main(argv: list[str]) -> int:
     own.add_argument("--memory-file", type=Path, required=True)
     ours, serve_args = own.parse_known_args(argv)
     args = build_parser().parse_args(["serve", *serve_args])
-    return app.main(args, memory_reader=file_memory_reader(ours.memory_file),
+    return serve.main(args, memory_reader=file_memory_reader(ours.memory_file),
                     signal_handlers={signal.SIGUSR1: EngineHold().toggle, signal.SIGUSR2: fail_next_forward})
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from grpc_health.v1._async import HealthServicer
 from helpers.daemon_util import assert_pages_all_back, drained
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.server.grpc.service import GeneratorService, add_generator_to_server
 from nvllm.server.http.app import OpenAIApi
-from nvllm.server.service import GeneratorService, add_generator_to_server
 from nvllm.server.state import DaemonState
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 

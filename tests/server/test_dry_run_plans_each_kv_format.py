@@ -7,9 +7,9 @@ import re
 import pytest
 
 from helpers.kv_model import hd64_gguf
+from nvllm.cli import serve_plan
 from nvllm.config import load_settings
 from nvllm.engine.assembly import factory
-from nvllm.server import app
 
 ROW = re.compile(r"^  (\S+) +([\d.]+) bytes a value: (\d+) blocks of (\d+) bytes = [^,]+, (\d+) sequences of "
                  r"(\d+) tokens, resident at most [^;]+; decided by (\S+)", re.M)
@@ -27,7 +27,7 @@ def model(tmp_path_factory):
 def test_a_row_per_format_for_a_board(model, capsys) -> None:
     settings = load_settings(overrides={"model": {"path": str(model)},
                                         "scheduler": {"max_model_len": 128, "max_num_seqs": 4}})
-    assert app.dry_run(settings, 8.0) == 0
+    assert serve_plan.dry_run(settings, 8.0) == 0
     got = rows(capsys.readouterr().out)
     assert list(got) == ["f32", "f16", "bf16", "q8_0"]
     info = factory.read_model_info(settings)
@@ -47,7 +47,7 @@ def test_a_model_of_sliding_layers_counts_its_groups_pages(tiny_models, capsys, 
     settings = load_settings(overrides={"model": {"path": str(tiny_models["tiny-gemma3"])},
                                         "cache": {"hybrid_kv_cache": hybrid, "dtype": "f32"},
                                         "scheduler": {"max_model_len": 128, "max_num_seqs": 4}})
-    assert app.dry_run(settings, 8.0) == 0
+    assert serve_plan.dry_run(settings, 8.0) == 0
     out = capsys.readouterr().out
     blocks, per_block, seqs = rows(out)["f32"][1:4]
     layers = 1 if hybrid else 6
@@ -61,7 +61,7 @@ def test_a_model_of_sliding_layers_counts_its_groups_pages(tiny_models, capsys, 
 def test_where_memory_decides_the_smaller_formats_hold_more(model, capsys) -> None:
     settings = load_settings(overrides={"model": {"path": str(model)}, "cache": {"max_pool_mb": 1},
                                         "scheduler": {"max_model_len": 128, "max_num_seqs": 4096}})
-    assert app.dry_run(settings, 8.0) == 0
+    assert serve_plan.dry_run(settings, 8.0) == 0
     out = capsys.readouterr().out
     got = rows(out)
     assert got["f32"][4] == "the"  # decided by the cap
@@ -77,7 +77,7 @@ def test_a_format_with_no_room_says_so(model, capsys) -> None:
     gib = (info.weight_bytes + (1 << 30) + 2 * q8) / (1 << 30)   # reserve 1 GiB, fraction 0.5
     settings = load_settings(overrides={"model": {"path": str(model)}, "scheduler": {"max_model_len": 128},
                                         "cache": {"dtype": "q8_0"}})
-    assert app.dry_run(settings, gib) == 0
+    assert serve_plan.dry_run(settings, gib) == 0
     out = capsys.readouterr().out
     assert re.search(r"^  f32   4 bytes a value: no pool \(page pool too small: .*max_model_len=128", out, re.M)
     assert rows(out)["q8_0"][1] >= 8

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers.sysfs_tree import ORIN_ZONES, X86_ZONES, add_cpu, add_zone, board, set_ceiling, write
-from nvllm.server.heat import HeatReading, Throttle, read_heat
+from nvllm.server.board.heat import HeatReading, Throttle, read_heat
 
 
 def test_an_orin_reads_its_hottest_cpu_zone_and_never_the_gpu(tmp_path: Path) -> None:

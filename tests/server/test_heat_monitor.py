@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers.sysfs_tree import add_zone, set_temp
 from nvllm.config import PowerSettings
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.server.heat import HeatReading
-from nvllm.server.heat_monitor import HeatMonitor
+from nvllm.server.board.heat import HeatReading
+from nvllm.server.board.heat_monitor import HeatMonitor
+from nvllm.server.grpc.health_reply import health_reply
 from nvllm.server.state import DaemonState
 
 
@@ -125,15 +126,15 @@ def test_health_and_metrics_report_the_heat_and_nothing_with_power_off() -> None
         return {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples
                 if s.name in ("nvllm:thermal_throttled", "nvllm:cpu_temperature_celsius")}
 
-    h = state.health_response()
+    h = health_reply(state.read_health())
     assert (h.thermal_throttled, h.HasField("cpu_temperature_celsius"), h.throttle_reason) == (False, False, "")
     assert series() == {}
     state.heat = m = monitor([])
     m.take(at(None))                                  # no CPU zone: the state, never a temperature
     assert series() == {"nvllm:thermal_throttled": 0.0}
-    assert not state.health_response().HasField("cpu_temperature_celsius")
+    assert not health_reply(state.read_health()).HasField("cpu_temperature_celsius")
     m.take(at(91.5))
-    h = state.health_response()
+    h = health_reply(state.read_health())
     assert (h.thermal_throttled, h.cpu_temperature_celsius) == (True, 91.5)
     assert h.throttle_reason == "CPU at 91.5 C, at or above power.throttle_c 85 C"
     assert series() == {"nvllm:thermal_throttled": 1.0, "nvllm:cpu_temperature_celsius": 91.5}

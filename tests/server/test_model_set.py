@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from nvllm.config import Settings
-from nvllm.server.model_set import LOADED, UNLOADED, ModelSet, ModelSpec, NoRoom, UnknownModel
+from nvllm.server.models.model_set import LOADED, UNLOADED, ModelSet, ModelSpec, NoRoom, UnknownModel
 
 MB = 1 << 20
 

@@ -12,10 +12,10 @@ import pytest
 from nvllm.engine.async_engine import PendingRequest
 from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import SamplingParams, StructuredSpec
+from nvllm.server.chat.reasoning import ReasoningStream, split_reasoning, thinking_requested
+from nvllm.server.grpc.service import GeneratorService, chat_answer
 from nvllm.server.http.openai_request import parse_chat
 from nvllm.server.http.openai_response import ResponseBuilder
-from nvllm.server.reasoning import ReasoningStream, split_reasoning, thinking_requested
-from nvllm.server.service import GeneratorService, chat_answer
 
 CASES = [
     # (text, reasoning, content) for deepseek_r1 and qwen3 with thinking on
@@ -155,15 +155,15 @@ def test_a_constrained_answer_thinks_only_when_its_grammar_waits_for_the_thinkin
 
 def test_the_setting_and_its_flag(capsys: pytest.CaptureFixture[str]):
     from nvllm import cli
-    from nvllm.server import app
+    from nvllm.cli import serve
 
     def settings(*flags: str):
-        return app.settings_from_args(cli.build_parser().parse_args(["serve", *flags]))
+        return serve.settings_from_args(cli.build_parser().parse_args(["serve", *flags]))
 
     assert settings().server.reasoning_parser == ""
     assert settings("--reasoning-parser", "deepseek_r1").server.reasoning_parser == "deepseek_r1"
     # An unknown name is a config error naming the setting and the names there are (nvllm serve exits 2).
-    assert app.main(cli.build_parser().parse_args(["serve", "--reasoning-parser", "qwen"])) == 2
+    assert serve.main(cli.build_parser().parse_args(["serve", "--reasoning-parser", "qwen"])) == 2
     assert 'server.reasoning_parser must be one of "", "qwen3" or "deepseek_r1", got "qwen"' in capsys.readouterr().err
 
 

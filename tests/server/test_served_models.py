@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from nvllm import cli
+from nvllm.cli.serve import settings_from_args
 from nvllm.config import ConfigError, load_settings
 from nvllm.engine.assembly.memory import GiB, MemoryReading, MiB
-from nvllm.server.app import settings_from_args
-from nvllm.server.served_models import memory_budget, model_specs
+from nvllm.server.models.served_models import memory_budget, model_specs
 
 
 def toml(tmp_path: Path, text: str) -> Path:

@@ -8,8 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvllm.server.state import client_key
-from nvllm.server.wire import UndecodableRequest, decode_generate_request, decode_tokenize_request, locate_decode_error
+from nvllm.server.clients import client_key
+from nvllm.server.grpc.wire import (
+    UndecodableRequest,
+    decode_generate_request,
+    decode_tokenize_request,
+    locate_decode_error,
+)
 from nvllm.v1 import nvllm_pb2 as pb
 
 MARK = b"MARK"
@@ -84,7 +89,7 @@ def test_the_cases_cover_every_string_field_of_the_request() -> None:
 def test_the_bytes_mirror_stays_out_of_the_pool_reflection_serves() -> None:
     from google.protobuf import descriptor_pool
 
-    from nvllm.server import wire
+    from nvllm.server.grpc import wire
 
     mirror_file = wire._MIRRORS.FindMessageTypeByName("nvllm.v1.GenerateRequest").file.name
     assert mirror_file != pb.DESCRIPTOR.name
@@ -192,7 +197,7 @@ def test_client_key_is_the_address_without_the_port(peer: str, key: str) -> None
 
 
 def test_logit_bias_map_becomes_a_dict_of_ints():
-    from nvllm.server.generate_request import sampling_params_from_proto
+    from nvllm.server.grpc.generate_request import sampling_params_from_proto
     req = pb.GenerateRequest(prompt="x", sampling_params=pb.SamplingParams(logit_bias={7: 2.5, 3: -100.0}))
     assert sampling_params_from_proto(req).logit_bias == {7: 2.5, 3: -100.0}
 

@@ -99,7 +99,7 @@ def refused_ok(case: Case, out: Outcome) -> str | None:
 
 
 def offline_params(sp: pb.SamplingParams):
-    from nvllm.server.generate_request import sampling_params_from_proto
+    from nvllm.server.grpc.generate_request import sampling_params_from_proto
     return sampling_params_from_proto(pb.GenerateRequest(sampling_params=sp))
 
 

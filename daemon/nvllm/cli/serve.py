@@ -1,11 +1,18 @@
-"""nvllm serve: the daemon (server/app.py), its flags laid over the settings file."""
+"""nvllm serve: its flags laid over the settings file (settings_from_args), then the daemon
+(server/daemon.py) or, with --dry-run, the memory plan (serve_plan.py). The daemon and the engine are
+imported only when the command runs, so that `import nvllm.cli` (nvllm query, health) stays light."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag, add_threads_flag
-from nvllm.config import DEFAULT_MODEL_FILE
+from nvllm.config import DEFAULT_MODEL_FILE, ConfigError, ModelEntry, Settings, load_settings, validate
+from nvllm.server.logs import setup_logging
+
+EXIT_CONFIG = 2   # as server/listen.py
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +56,50 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from nvllm.server import app
+    return main(args)
 
-    return app.main(args)
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings file with the flags over it. Several --model flags are models served by name, ahead of
+    the file's [[models]]; one is model.path, as ever."""
+    models = [args.model] if isinstance(args.model, str) else list(args.model or [])
+    dry_run = getattr(args, "dry_run", False)
+    overrides: dict[str, Any] = {
+        "model": {"path": models[0] if models else None, "quantization": getattr(args, "quantization", None),
+                  "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None),
+                  "task": getattr(args, "task", None), "serve_dir": getattr(args, "models_dir", None),
+                  "keep_alive": getattr(args, "keep_alive", None)},
+        "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None),
+                   "context_overflow": getattr(args, "context_overflow", None)},
+        "http": {"listen": getattr(args, "http_listen", None)},
+        "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None),
+                  "budget_gb": None if dry_run else getattr(args, "memory_gb", None)},
+        "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},
+    }
+    settings = load_settings(args.config, overrides)
+    if len(models) > 1 or (models and settings.models):
+        settings.models[:0] = [ModelEntry(path=p) for p in models]
+        validate(settings)
+    return settings
+
+
+def main(args: argparse.Namespace, **injected: Any) -> int:
+    """`nvllm serve`; `injected` goes to Daemon (the tests' launcher passes its memory reader and
+    signal handlers), nvllm itself passes nothing."""
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as e:
+        print(f"nvllm serve: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(settings.log_level)
+    memory_gb = getattr(args, "memory_gb", None)
+    if memory_gb is not None and memory_gb <= 0:
+        print("nvllm serve: --memory-gb N needs N > 0 (GiB)", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        from nvllm.cli.serve_plan import dry_run
+
+        return dry_run(settings, memory_gb)
+    from nvllm.server.daemon import serve
+
+    return serve(settings, **injected)

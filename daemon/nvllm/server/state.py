@@ -1,9 +1,8 @@
-"""The daemon's state: what Health reports, what admission reads, and the one way in (`submit`) shared by every
-front door (the gRPC service in service.py, the HTTP API in http/app.py). It lives on the event loop's thread.
+"""The daemon's state: what Health reports (read into health.py's Health), what admission reads, and the one
+way in (`submit`) shared by every front door (the gRPC service in grpc/service.py, the HTTP API in
+http/app.py). It lives on the event loop's thread.
 
-Streams per client are counted by the peer's address: the IP without the port for TCP (one host is
-one client, however many connections it opens); every unix-socket peer shares the key "unix" (gRPC
-does not report the peer's uid/pid), so on a unix socket the limit bounds all local clients together.
+Streams per client are counted by the client's key (clients.py).
 
 Nothing here touches an array: numbers come from the engine's stats snapshot.
 """
@@ -13,16 +12,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
-import ipaddress
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
-import psutil
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
@@ -32,12 +27,12 @@ from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, R
 from nvllm.engine.prompt import Prompt, Tokenized
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
-from nvllm.server.heat_monitor import HeatMonitor
+from nvllm.server.board.heat_monitor import HeatMonitor
+from nvllm.server.board.memory_watchdog import MemoryWatchdog
+from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING, Health, process_start_time
 from nvllm.server.metrics import Metrics
-from nvllm.server.model_set import Lease, ModelSet, NoRoom, UnknownModel
+from nvllm.server.models.model_set import Lease, ModelSet, NoRoom, UnknownModel
 from nvllm.server.submission import Submission
-from nvllm.server.watchdog import MemoryWatchdog
-from nvllm.v1 import nvllm_pb2 as pb
 
 Params = SamplingParams | PoolingParams   # a generation request's, or a pooling request's (embed, rerank)
 
@@ -64,26 +59,6 @@ class Refused(Exception):
         super().__init__(message)
         self.busy = busy or no_room
         self.no_room = no_room
-
-
-def process_start_time() -> float:
-    """Wall-clock time the process started (for uptime and startup_s), to the kernel's tick.
-
-    The age comes from the kernel's clocks (CLOCK_BOOTTIME less the start tick in /proc/self/stat);
-    psutil's create_time adds the boot time, which /proc/stat gives in whole seconds, so it can be up
-    to a second early. psutil is the fallback where /proc is not Linux's.
-    """
-    try:
-        with open("/proc/self/stat") as f:
-            after_name = f.read().rsplit(")", 1)[1].split()     # fields 3.. (the name may hold spaces)
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(after_name[19]) / os.sysconf("SC_CLK_TCK")
-        return time.time() - max(0.0, age)
-    except (OSError, IndexError, ValueError, AttributeError):
-        pass
-    try:
-        return psutil.Process().create_time()
-    except psutil.Error:
-        return time.time()
 
 
 @dataclass(frozen=True)
@@ -142,7 +117,7 @@ class DaemonState:
 
     async def sync_readiness(self) -> None:
         """Readiness follows the state: SERVING only when new requests are admitted."""
-        serving = self.state() == pb.HealthResponse.STATE_SERVING
+        serving = self.state() == SERVING
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         await self.health.set(SERVICE_NAME, status)
 
@@ -153,14 +128,15 @@ class DaemonState:
         task.add_done_callback(self._tasks.discard)
 
     # -- queries ------------------------------------------------------------------------------
-    def state(self) -> pb.HealthResponse.State:
+    def state(self) -> str:
+        """starting, serving, not_admitting or draining (health.py's states)."""
         if self.phase is Phase.STARTING:
-            return pb.HealthResponse.STATE_STARTING
+            return STARTING
         if self.phase is Phase.DRAINING:
-            return pb.HealthResponse.STATE_DRAINING
+            return DRAINING
         if self.not_admitting_reason():
-            return pb.HealthResponse.STATE_NOT_ADMITTING
-        return pb.HealthResponse.STATE_SERVING
+            return NOT_ADMITTING
+        return SERVING
 
     def not_admitting_reason(self) -> str:
         stopped = [s.name for s in self.models.loaded() if not s.engine or not s.engine.is_running] \
@@ -329,44 +305,24 @@ class DaemonState:
                 slot.spec.settings.scheduler.max_model_len
         return out
 
-    def health_response(self) -> pb.HealthResponse:
+    def read_health(self) -> Health:
+        """What Health reports, read once for every front door to shape (health.py)."""
         state = self.state()
-        r = pb.HealthResponse(state=state, model=self.model_name, version=__version__,
-                              uptime_s=max(0.0, time.time() - self.started_at), startup_s=self.startup_s)
-        if state == pb.HealthResponse.STATE_NOT_ADMITTING:
-            r.not_admitting_reason = self.not_admitting_reason()
-        if self.engine is not None:
-            s = self.engine.stats()
-            r.pages_total, r.pages_free, r.pages_cached = s["pages_total"], s["pages_free"], s["pages_cached"]
-            r.pages_backed = s["pages_backed"]
-            r.kv_cache_dtype, r.page_bytes = s["kv_cache_dtype"], s["page_bytes"]
-            r.running, r.waiting = s["running"], s["waiting"]
-            r.tokens_per_s = float(s["tokens_per_s"])
-        for m in self.model_status():
-            h = r.models.add(name=m["name"], state=_MODEL_STATES[m["state"]], pinned=m["pinned"],
-                             keep_alive_s=m["keep_alive_s"], bytes=m["bytes"], requests=m["requests"],
-                             loads=m["loads"], max_model_len=m["max_model_len"] or 0, default=m["default"])
-            if m["stats"] is not None:
-                s = m["stats"]
-                h.running, h.waiting = s["running"], s["waiting"]
-                h.pages_total, h.pages_free, h.pages_cached = s["pages_total"], s["pages_free"], s["pages_cached"]
-        if self.models is not None:
-            r.memory_budget_bytes, r.memory_held_bytes = self.models.budget_bytes, self.models.used_bytes()
-        if self.watchdog is not None:
-            r.watchdog_low_bytes, r.watchdog_high_bytes = self.watchdog.low_bytes, self.watchdog.high_bytes
-            reading = self.watchdog.last_reading
-            if reading is not None:
-                r.available_memory_bytes = max(0, int(reading.available_bytes))
-        if self.heat is not None:
-            r.thermal_throttled, r.throttle_reason = self.heat.throttled, self.heat.reason
-            if self.heat.cpu_celsius is not None:
-                r.cpu_temperature_celsius = self.heat.cpu_celsius
-        return r
-
-
-_MODEL_STATES = {"unloaded": pb.ModelHealth.STATE_UNLOADED, "loading": pb.ModelHealth.STATE_LOADING,
-                 "loaded": pb.ModelHealth.STATE_LOADED, "unloading": pb.ModelHealth.STATE_UNLOADING}
-
+        watchdog, heat, models = self.watchdog, self.heat, self.models
+        reading = watchdog.last_reading if watchdog is not None else None
+        return Health(
+            state=state, model=self.model_name, version=__version__,
+            uptime_s=max(0.0, time.time() - self.started_at), startup_s=self.startup_s,
+            not_admitting_reason=self.not_admitting_reason() if state == NOT_ADMITTING else "",
+            engine=self.engine.stats() if self.engine is not None else None, models=self.model_status(),
+            memory_budget_bytes=models.budget_bytes if models is not None else 0,
+            memory_held_bytes=models.used_bytes() if models is not None else 0,
+            watchdog_low_bytes=watchdog.low_bytes if watchdog is not None else 0,
+            watchdog_high_bytes=watchdog.high_bytes if watchdog is not None else 0,
+            available_memory_bytes=max(0, int(reading.available_bytes)) if reading is not None else None,
+            thermal_throttled=heat.throttled if heat is not None else False,
+            throttle_reason=heat.reason if heat is not None else "",
+            cpu_temperature_celsius=heat.cpu_celsius if heat is not None else None)
 
 def queue_length(stats: dict[str, Any], max_num_seqs: int) -> int:
     """Requests that would wait for a seat: those queued beyond the free seats."""
@@ -408,25 +364,3 @@ def _hand_over(engine: AsyncEngine, pending: list[PendingRequest]) -> list[Reque
             s.close()
         raise
     return streams
-
-
-def client_key(peer: str) -> str:
-    """Whom a call counts against: "ipv4:10.0.0.7:51234" -> "10.0.0.7", "ipv6:[::1]:51234" -> "::1",
-    "ipv6:[::ffff:10.0.0.7]:51234" (IPv4 on a dual-stack socket) -> "10.0.0.7"; unix peers -> "unix"."""
-    scheme, _, rest = unquote(peer).partition(":")
-    if scheme in ("unix", "unix-abstract"):
-        return "unix"
-    if scheme not in ("ipv4", "ipv6"):
-        return peer
-    return host_key(rest.rsplit(":", 1)[0].strip("[]"))
-
-
-def host_key(host: str) -> str:
-    """An address as one client: an IPv4-mapped IPv6 address (IPv4 on a dual-stack socket) as IPv4."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-    return str(mapped or ip)
-

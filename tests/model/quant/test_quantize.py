@@ -18,13 +18,13 @@ from gguf.quants import quantize as gguf_quantize
 
 from helpers.quant_ref import ref_nearest_int, ref_quantize_row_q4_k
 from nvllm import cli
+from nvllm.cli.serve import settings_from_args
 from nvllm.config import ConfigError, load_settings
 from nvllm.model.matrix.quantized import QuantizedWeight
 from nvllm.model.quant import quantize as qz
 from nvllm.model.quant.dequantize import dequantize
 from nvllm.model.quant.formats import FORMATS
 from nvllm.model.weights import conversion
-from nvllm.server.app import settings_from_args
 
 FMT = {f.name: f for f in FORMATS.values()}
 F = np.float32

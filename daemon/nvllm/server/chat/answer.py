@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvllm.server.chat.reasoning import reasoning_stream
 from nvllm.server.chat.tool_calls import ToolCall, ToolCallStream, finish_reason, read_tool_calls
 from nvllm.server.chat.tool_plan import ToolPlan
-from nvllm.server.reasoning import reasoning_stream
 
 REASONING, TEXT, CALL, ARGUMENTS = "reasoning", "text", "call", "arguments"
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import StructuredSpec
-from nvllm.server.chat.field_error import bad_field
+from nvllm.server.chat.field_error import bad_field, show
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for json_schema.name
 # structured_outputs keys that pick the constraint, and the request field each is reported as.
@@ -61,7 +61,7 @@ def _response_format(rf: Any) -> Constraint | None:
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
     if kind not in allowed:
         raise bad_field("response_format.type", "response_format.type must be 'text', 'json_object' or "
-                                                  f"'json_schema', got {_show(kind)}")
+                                                  f"'json_schema', got {show(kind)}")
     extra = sorted(set(rf) - allowed[kind])
     if extra:
         raise bad_field(f"response_format.{extra[0]}"[:80], f"response_format.{extra[0][:64]} is not "
@@ -86,7 +86,7 @@ def json_schema_constraint(js: dict[str, Any], at: str, more_keys: frozenset[str
         raise bad_field(f"{at}.{extra[0]}"[:80], f"{at}.{extra[0][:64]} is not supported")
     name = js.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise bad_field(f"{at}.name", f"{at}.name must be 1 to 64 letters, digits, '_' or '-', got {_show(name)}")
+        raise bad_field(f"{at}.name", f"{at}.name must be 1 to 64 letters, digits, '_' or '-', got {show(name)}")
     if js.get("strict") is not None and not isinstance(js["strict"], bool):
         raise bad_field(f"{at}.strict", f"{at}.strict must be true or false")
     if js.get("description") is not None and not isinstance(js["description"], str):
@@ -96,7 +96,7 @@ def json_schema_constraint(js: dict[str, Any], at: str, more_keys: frozenset[str
     if schema is None:
         return Constraint(StructuredSpec("json_object"), param)   # no schema: any JSON object
     if not isinstance(schema, dict):
-        raise bad_field(param, f"{param} must be a JSON Schema object, got {_show(schema)}")
+        raise bad_field(param, f"{param} must be a JSON Schema object, got {show(schema)}")
     # strict or not, the answer follows the schema: the constraint is all nvllm has to keep it.
     return Constraint(StructuredSpec("json_schema", _schema_text(schema, param)), param)
 
@@ -131,7 +131,7 @@ def _structured_outputs(so: Any) -> Constraint | None:
             except ValueError as e:
                 raise bad_field(param, f"{param} must be a JSON Schema (an object or its JSON text): {e}") from None
         if not isinstance(value, dict):
-            raise bad_field(param, f"{param} must be a JSON Schema object, got {_show(value)}")
+            raise bad_field(param, f"{param} must be a JSON Schema object, got {show(value)}")
         return Constraint(StructuredSpec("json_schema", _schema_text(value, param)), param)
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
@@ -148,7 +148,3 @@ def _schema_text(schema: dict[str, Any], param: str) -> str:
     except (TypeError, ValueError, RecursionError) as e:
         raise bad_field(param, f"{param} must be JSON: {e}") from None
 
-
-def _show(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-    return text if len(text) <= 48 else text[:48] + "..."

@@ -16,13 +16,12 @@ The constraints themselves are built in tool_grammar.py; the answer is read back
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from nvllm.sampling_params import StructuredSpec
-from nvllm.server.chat.field_error import bad_field
+from nvllm.server.chat.field_error import bad_field, show
 from nvllm.server.chat.tool_grammar import TAG_CLOSE, TAG_OPEN, Tool, json_constraint, tagged_constraint
 
 MAX_TOOLS = 128               # OpenAI's limit on tools per request
@@ -74,7 +73,7 @@ def parse_tools(tools: Any) -> list[Tool]:
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise bad_field(f"{at}.function.name", f"{at}.function.name must be 1 to 64 letters, digits, "
-                                                     f"'_' or '-', got {_show(name)}")
+                                                     f"'_' or '-', got {show(name)}")
         if any(t.name == name for t in out):
             raise bad_field(f"{at}.function.name", f"{at}.function.name {name!r} is used by an earlier tool")
         if fn.get("description") is not None and not isinstance(fn["description"], str):
@@ -86,7 +85,7 @@ def parse_tools(tools: Any) -> list[Tool]:
             params = NO_PARAMETERS
         elif not isinstance(params, dict):
             raise bad_field(f"{at}.function.parameters",
-                              f"{at}.function.parameters must be a JSON Schema object, got {_show(params)}")
+                              f"{at}.function.parameters must be a JSON Schema object, got {show(params)}")
         out.append(Tool(name, params))
     return out
 
@@ -131,7 +130,7 @@ def _parse_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str | None]
             return tool_choice, None
         raise bad_field("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or "
                                          f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
-                                         f"got {_show(tool_choice)}")
+                                         f"got {show(tool_choice)}")
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or \
             not isinstance(tool_choice.get("function"), dict):
         raise bad_field("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
@@ -139,11 +138,7 @@ def _parse_choice(tool_choice: Any, tools: list[Tool]) -> tuple[str, str | None]
     name = tool_choice["function"].get("name")
     if not any(t.name == name for t in tools):
         raise bad_field("tool_choice.function.name",
-                          f"tool_choice.function.name {_show(name)} names no tool of the request "
+                          f"tool_choice.function.name {show(name)} names no tool of the request "
                           f"(tools: {', '.join(t.name for t in tools)})")
     return "named", name
 
-
-def _show(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-    return text if len(text) <= 48 else text[:48] + "..."

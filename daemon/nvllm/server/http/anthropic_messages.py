@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvllm.server.http.body import ARRAY, BOOL, OBJECT, STRING, need
 from nvllm.server.http.errors import bad_request
-from nvllm.server.http.openai_request import need
 
 ROLES = ("user", "assistant")
 # Keys each block may carry besides its own: a prompt-cache marker asks for what the prefix cache does anyway.
@@ -59,7 +59,7 @@ def read_conversation(system: Any, messages: Any) -> Conversation:
     names: dict[str, str] = {}          # tool_use id -> the tool's name, for the tool messages
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
-        need(at, m, "an object")
+        need(at, m, OBJECT)
         unknown = sorted(set(m) - {"role", "content"})
         if unknown:
             raise bad_request(f"{at}.{unknown[0]}"[:80], f"{at}.{unknown[0][:64]} is not supported",
@@ -72,9 +72,9 @@ def read_conversation(system: Any, messages: Any) -> Conversation:
         if isinstance(content, str):
             conv.add({"role": role, "content": content}, at)
         elif role == "user":
-            _user(conv, need(f"{at}.content", content, "an array"), at, names)
+            _user(conv, need(f"{at}.content", content, ARRAY), at, names)
         else:
-            _assistant(conv, need(f"{at}.content", content, "an array"), at, names)
+            _assistant(conv, need(f"{at}.content", content, ARRAY), at, names)
     if messages[-1].get("role") == "assistant":
         at = f"messages[{len(messages) - 1}].role"
         raise bad_request(at, f"{at}: a final assistant message (prefill, continuing the assistant's answer) "
@@ -84,7 +84,7 @@ def read_conversation(system: Any, messages: Any) -> Conversation:
 
 def _block(block: Any, at: str, allowed: tuple[str, ...]) -> str:
     """A content block's type, its keys checked."""
-    need(at, block, "an object")
+    need(at, block, OBJECT)
     kind = block.get("type")
     if kind not in allowed:
         where = f"{at}.type"
@@ -96,15 +96,15 @@ def _block(block: Any, at: str, allowed: tuple[str, ...]) -> str:
                           code="unknown_parameter")
     cache = block.get("cache_control")
     if cache is not None:
-        need(f"{at}.cache_control", cache, "an object")
+        need(f"{at}.cache_control", cache, OBJECT)
     if kind == "text":
-        need(f"{at}.text", block.get("text"), "a string")
+        need(f"{at}.text", block.get("text"), STRING)
     return str(kind)
 
 
 def _texts(blocks: Any, at: str) -> str:
     """Text blocks (a system prompt, a tool result) as one text."""
-    need(at, blocks, "an array")
+    need(at, blocks, ARRAY)
     texts = []
     for j, b in enumerate(blocks):
         _block(b, f"{at}[{j}]", ("text",))
@@ -122,10 +122,10 @@ def _user(conv: Conversation, blocks: list[Any], at: str, names: dict[str, str])
         if texts:      # text before a result: its own user message, in order
             conv.add({"role": "user", "content": "\n".join(texts)}, at)
             texts = []
-        call_id = need(f"{where}.tool_use_id", b.get("tool_use_id"), "a string")
+        call_id = need(f"{where}.tool_use_id", b.get("tool_use_id"), STRING)
         content = b.get("content")
         text = "" if content is None else content if isinstance(content, str) else _texts(content, f"{where}.content")
-        if b.get("is_error") is not None and need(f"{where}.is_error", b["is_error"], "true or false"):
+        if b.get("is_error") is not None and need(f"{where}.is_error", b["is_error"], BOOL):
             text = "Error: " + text
         message = {"role": "tool", "tool_call_id": call_id, "content": text}
         if call_id in names:
@@ -144,9 +144,9 @@ def _assistant(conv: Conversation, blocks: list[Any], at: str, names: dict[str, 
         if kind == "text":
             texts.append(b["text"])
         elif kind == "tool_use":
-            call_id = need(f"{where}.id", b.get("id"), "a string")
-            name = need(f"{where}.name", b.get("name"), "a string")
-            arguments = need(f"{where}.input", b.get("input"), "an object")
+            call_id = need(f"{where}.id", b.get("id"), STRING)
+            name = need(f"{where}.name", b.get("name"), STRING)
+            arguments = need(f"{where}.input", b.get("input"), OBJECT)
             names[call_id] = name
             calls.append({"id": call_id, "type": "function",
                           "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})

@@ -30,12 +30,11 @@ from nvllm.server.chat.field_error import FieldError
 from nvllm.server.chat.response_format import Constraint, json_schema_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.anthropic_messages import read_conversation
+from nvllm.server.http.body import ARRAY, BOOL, INT, OBJECT, REAL, STRING, check_keys, check_model, need
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_request import check_keys, check_model, need
 from nvllm.server.state import Served
 
-_INT, _REAL, _BOOL = "an integer", "a number", "true or false"
-SAMPLING_FIELDS = {"temperature": _REAL, "top_p": _REAL, "top_k": _INT, "truncate_prompt_tokens": _INT}
+SAMPLING_FIELDS = {"temperature": REAL, "top_p": REAL, "top_k": INT, "truncate_prompt_tokens": INT}
 PROMPT_FIELDS = {"model", "system", "messages", "tools", "tool_choice", "thinking", "output_config"}
 MESSAGE_FIELDS = PROMPT_FIELDS | set(SAMPLING_FIELDS) | {"max_tokens", "stop_sequences", "stream", "metadata",
                                                          "context_overflow"}
@@ -121,7 +120,7 @@ def read_messages(body: dict[str, Any], st: Served) -> AnthropicRequest:
     check_keys(body, MESSAGE_FIELDS, NEUTRAL)
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens", "max_tokens is required: the most tokens the answer may have")
-    values: dict[str, Any] = {"max_tokens": need("max_tokens", body["max_tokens"], _INT)}
+    values: dict[str, Any] = {"max_tokens": need("max_tokens", body["max_tokens"], INT)}
     for name, kind in SAMPLING_FIELDS.items():
         if body.get(name) is not None:
             values[name] = need(name, body[name], kind)
@@ -140,16 +139,16 @@ def read_messages(body: dict[str, Any], st: Served) -> AnthropicRequest:
     req = AnthropicRequest(planned.prompt, planned.params, planned.tool_plan, planned.constraint_param,
                            chat.template_kwargs, origins, stop_sequences=values.get("stop", []), show_thinking=show)
     if body.get("stream") is not None:
-        req.stream = need("stream", body["stream"], _BOOL)
+        req.stream = need("stream", body["stream"], BOOL)
     metadata = body.get("metadata")
     if metadata is not None:
-        need("metadata", metadata, "an object")
+        need("metadata", metadata, OBJECT)
         unknown = sorted(set(metadata) - {"user_id"})
         if unknown:
             raise bad_request(f"metadata.{unknown[0]}"[:80], f"metadata.{unknown[0][:64]} is not supported",
                               code="unknown_parameter")
         if metadata.get("user_id") is not None:
-            req.user = need("metadata.user_id", metadata["user_id"], "a string")[:256]
+            req.user = need("metadata.user_id", metadata["user_id"], STRING)[:256]
     return req
 
 
@@ -188,11 +187,11 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     """Anthropic's custom tools as OpenAI's function tools (their names and schemas checked by tool_plan)."""
     if tools is None:
         return None
-    need("tools", tools, "an array")
+    need("tools", tools, ARRAY)
     out = []
     for i, t in enumerate(tools):
         at = f"tools[{i}]"
-        need(at, t, "an object")
+        need(at, t, OBJECT)
         if t.get("type") not in (None, "custom"):
             raise bad_request(f"{at}.type", f"{at}.type {str(t['type'])[:48]!r} is not supported by nvllm: "
                                             "only custom tools (name, description, input_schema)",
@@ -218,7 +217,7 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, bool | None]:
     kind = _kind("tool_choice", choice, {"auto": {"disable_parallel_tool_use"}, "any": {"disable_parallel_tool_use"},
                                          "tool": {"name", "disable_parallel_tool_use"}, "none": set()})
     serial = choice.get("disable_parallel_tool_use")
-    parallel = None if serial is None else not need("tool_choice.disable_parallel_tool_use", serial, _BOOL)
+    parallel = None if serial is None else not need("tool_choice.disable_parallel_tool_use", serial, BOOL)
     if kind in ("auto", "none") and not has_tools:
         return None, None        # asks for nothing a request without tools does not do already
     if kind == "tool":
@@ -228,7 +227,7 @@ def _tool_choice(choice: Any, has_tools: bool) -> tuple[Any, bool | None]:
 
 def _kind(field: str, value: Any, keys: dict[str, set[str]]) -> str:
     """An object's type, one of keys', each type with the other keys it takes; 400 naming the field."""
-    need(field, value, "an object")
+    need(field, value, OBJECT)
     kind = value.get("type")
     if kind not in keys:
         names = ", ".join(repr(k) for k in list(keys)[:-1]) + f" or {list(keys)[-1]!r}"
@@ -250,7 +249,7 @@ def _thinking(thinking: Any, max_tokens: int | None) -> tuple[dict[str, Any] | N
     if kind == "disabled":
         return {"enable_thinking": False}, True
     if kind == "enabled":
-        budget = need("thinking.budget_tokens", thinking.get("budget_tokens"), _INT)
+        budget = need("thinking.budget_tokens", thinking.get("budget_tokens"), INT)
         if budget < 1 or (max_tokens is not None and budget >= max_tokens):
             raise bad_request("thinking.budget_tokens", f"thinking.budget_tokens must be at least 1 and less "
                                                         f"than max_tokens, got {budget}")
@@ -265,7 +264,7 @@ def _output_format(config: Any) -> Constraint | None:
     """output_config.format {"type": "json_schema", "schema": {...}}: the answer follows the schema."""
     if config is None:
         return None
-    need("output_config", config, "an object")
+    need("output_config", config, OBJECT)
     unknown = sorted(set(config) - {"format", "effort"})
     if unknown:
         raise bad_request(f"output_config.{unknown[0]}"[:80], f"output_config.{unknown[0][:64]} is not supported",
@@ -276,12 +275,12 @@ def _output_format(config: Any) -> Constraint | None:
     fmt = config.get("format")
     if fmt is None:
         return None
-    need("output_config.format", fmt, "an object")
+    need("output_config.format", fmt, OBJECT)
     if fmt.get("type") != "json_schema":
         raise bad_request("output_config.format.type", "output_config.format.type must be 'json_schema'")
     unknown = sorted(set(fmt) - {"type", "schema"})
     if unknown:
         raise bad_request(f"output_config.format.{unknown[0]}"[:80],
                           f"output_config.format.{unknown[0][:64]} is not supported", code="unknown_parameter")
-    need("output_config.format.schema", fmt.get("schema"), "an object")
+    need("output_config.format.schema", fmt.get("schema"), OBJECT)
     return json_schema_constraint({"name": "output", "schema": fmt["schema"]}, "output_config.format")

@@ -35,25 +35,28 @@ from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.chat.field_error import FieldError
+from nvllm.server.clients import host_key
+from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING
 from nvllm.server.http.anthropic_request import anthropic_invalid, read_count_tokens
 from nvllm.server.http.anthropic_response import MESSAGES, anthropic_refused
 from nvllm.server.http.auth import check_key
+from nvllm.server.http.body import parse_json
 from nvllm.server.http.delivery import event_stream, whole
 from nvllm.server.http.dialect import Dialect
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion, parse_json
+from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
 from nvllm.server.http.openai_response import ResponseBuilder
-from nvllm.server.http.pooling_request import parse_embeddings, parse_rerank, pooling_refusal
+from nvllm.server.http.pooling_reader import parse_embeddings, parse_rerank, pooling_refusal
 from nvllm.server.http.pooling_response import embeddings_response, rerank_response
 from nvllm.server.http.responses_request import read_responses
 from nvllm.server.http.responses_response import ResponsesAnswer
-from nvllm.server.http.tokenize_request import parse_detokenize, parse_tokenize
-from nvllm.server.keep_alive import keep_alive_seconds
+from nvllm.server.http.tokenize_reader import parse_detokenize, parse_tokenize
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
-from nvllm.server.model_set import UnknownModel
+from nvllm.server.models.keep_alive import keep_alive_seconds
+from nvllm.server.models.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
-from nvllm.server.state import DaemonState, Phase, Refused, Served, host_key
+from nvllm.server.state import DaemonState, Refused, Served
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -134,28 +137,24 @@ class OpenAIApi:
 
     async def health(self, request: Request) -> Response:
         """200 only when new requests are admitted; 503 with the state and the reason otherwise."""
-        st = self.state
-        h = st.health_response()
-        state = {Phase.STARTING: "starting", Phase.DRAINING: "draining"}.get(st.phase) or \
-            ("not_admitting" if st.not_admitting_reason() else "serving")
-        body: dict[str, Any] = {"state": state, "model": st.model_name, "version": h.version,
+        h = self.state.read_health()
+        body: dict[str, Any] = {"state": h.state, "model": h.model, "version": h.version,
                                 "uptime_s": round(h.uptime_s, 3)}
-        if state == "not_admitting":
-            body["reason"] = st.not_admitting_reason()
-        elif state in ("starting", "draining"):
-            body["reason"] = ("the model is still loading" if state == "starting"
+        if h.state == NOT_ADMITTING:
+            body["reason"] = h.not_admitting_reason
+        elif h.state in (STARTING, DRAINING):
+            body["reason"] = ("the model is still loading" if h.state == STARTING
                               else "the daemon is shutting down")
-        if st.engine is not None:
-            body.update(running=h.running, waiting=h.waiting, pages_total=h.pages_total,
-                        pages_backed=h.pages_backed, pages_free=h.pages_free, pages_cached=h.pages_cached,
-                        kv_cache_dtype=h.kv_cache_dtype, page_bytes=h.page_bytes)
+        if h.engine is not None:
+            body.update({k: h.engine[k] for k in ("running", "waiting", "pages_total", "pages_backed", "pages_free",
+                                                  "pages_cached", "kv_cache_dtype", "page_bytes")})
         body.update(thermal_throttled=h.thermal_throttled, throttle_reason=h.throttle_reason,
-                    cpu_temperature_celsius=h.cpu_temperature_celsius if h.HasField("cpu_temperature_celsius")
-                    else None, memory_budget_bytes=h.memory_budget_bytes, memory_held_bytes=h.memory_held_bytes)
+                    cpu_temperature_celsius=h.cpu_temperature_celsius, memory_budget_bytes=h.memory_budget_bytes,
+                    memory_held_bytes=h.memory_held_bytes)
         body["models"] = [{**{k: v for k, v in m.items() if k != "stats"},
                            **({k: m["stats"][k] for k in ("running", "waiting", "pages_total", "pages_free")}
-                              if m["stats"] is not None else {})} for m in st.model_status()]
-        return JSONResponse(body, status_code=200 if state == "serving" else 503)
+                              if m["stats"] is not None else {})} for m in h.models]
+        return JSONResponse(body, status_code=200 if h.state == SERVING else 503)
 
     async def _model_body(self, request: Request) -> tuple[dict[str, Any], str, float | None]:
         """The body, the served model it names (404 otherwise) and its keep_alive."""

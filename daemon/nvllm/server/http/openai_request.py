@@ -10,7 +10,6 @@ field names are OpenAI's (and vLLM's), so its InvalidParameter names the paramet
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from nvllm.server.chat.chat_request import ChatRequest, context_overflow
 from nvllm.server.chat.field_error import FieldError
 from nvllm.server.chat.response_format import parse_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
+from nvllm.server.http.body import BOOL, INT, OBJECT, REAL, STRING, check_keys, check_model, json_type, need
 from nvllm.server.http.errors import ApiError, bad_request
 
 CHAT, COMPLETION = "chat", "completion"
@@ -28,12 +28,11 @@ MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
 ROLE_ALIASES = {"developer": "system"}   # OpenAI's newer name for the system role
 
 # Sampling parameters passed to SamplingParams under the same name, with their JSON type.
-_INT, _REAL, _BOOL = "an integer", "a number", "true or false"
 SAMPLING_FIELDS: dict[str, str] = {
-    "temperature": _REAL, "top_p": _REAL, "top_k": _INT, "min_p": _REAL, "repetition_penalty": _REAL,
-    "presence_penalty": _REAL, "frequency_penalty": _REAL, "seed": _INT, "min_tokens": _INT,
-    "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "include_stop_str_in_output": _BOOL,
-    "disable_speculation": _BOOL, "truncate_prompt_tokens": _INT,
+    "temperature": REAL, "top_p": REAL, "top_k": INT, "min_p": REAL, "repetition_penalty": REAL,
+    "presence_penalty": REAL, "frequency_penalty": REAL, "seed": INT, "min_tokens": INT,
+    "ignore_eos": BOOL, "skip_special_tokens": BOOL, "include_stop_str_in_output": BOOL,
+    "disable_speculation": BOOL, "truncate_prompt_tokens": INT,
 }
 COMMON_FIELDS = {"model", "n", "stream", "stream_options", "stop", "stop_token_ids", "max_tokens", "user",
                  "logit_bias", "priority", *SAMPLING_FIELDS}
@@ -127,61 +126,6 @@ def invalid(e: InvalidParameter, req: ParsedRequest) -> ApiError:
     return bad_request(name, text)
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-    try:
-        data = json.loads(body, parse_constant=no_constant)
-    except (ValueError, RecursionError) as e:   # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise bad_request(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
-    if not isinstance(data, dict):
-        raise bad_request(None, f"the request body must be a JSON object, got {_json_type(data)}")
-    return data
-
-
-def _json_type(v: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
-
-
-def need(name: str, value: Any, kind: str) -> Any:
-    ok = {_INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          _REAL: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          _BOOL: lambda v: isinstance(v, bool),
-          "a string": lambda v: isinstance(v, str),
-          "an object": lambda v: isinstance(v, dict), "an array": lambda v: isinstance(v, list)}[kind](value)
-    if not ok:
-        raise bad_request(name, f"{name} must be {kind}, got {_json_type(value)}")
-    return value
-
-
-def check_keys(body: dict[str, Any], allowed: set[str],
-               neutral: dict[str, Callable[[Any], bool]] | None = None) -> None:
-    """Every key allowed, or a parameter nvllm does not implement at the value that asks for nothing
-    (neutral: that API's table of them, OpenAI's by default); 400 naming the key otherwise."""
-    neutral = NEUTRAL if neutral is None else neutral
-    for key, value in body.items():
-        if key in allowed:
-            continue
-        if key in neutral:
-            if neutral[key](value):
-                continue
-            raise bad_request(key, f"{key} is not supported by nvllm", code="unsupported_parameter")
-        # the key first: an API whose error has no param field (Anthropic's) names it so
-        raise bad_request(key[:64], f"{key[:64]}: unknown parameter", code="unknown_parameter")
-
-
-def check_model(body: dict[str, Any], model_name: str) -> None:
-    """A body's `model`, where given, must be the served model it was read for (empty: the default; 404
-    otherwise)."""
-    model = body.get("model")
-    if model is not None:
-        need("model", model, "a string")
-        if model and model != model_name:
-            raise ApiError(404, f"the model {model[:64]!r} does not exist; this daemon serves {model_name!r}",
-                           "model", "model_not_found")
-
-
 def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) -> ParsedRequest:
     """The parameters both endpoints share; prompts are filled in by the caller."""
     check_model(body, model_name)
@@ -193,12 +137,12 @@ def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) 
     stop = body.get("stop")
     if stop is not None:
         if not isinstance(stop, (str, list)):
-            raise bad_request("stop", f"stop must be a string or an array of strings, got {_json_type(stop)}")
+            raise bad_request("stop", f"stop must be a string or an array of strings, got {json_type(stop)}")
         values["stop"] = stop
     ids = body.get("stop_token_ids")
     if ids is not None:
         if not isinstance(ids, list):
-            raise bad_request("stop_token_ids", f"stop_token_ids must be an array of integers, got {_json_type(ids)}")
+            raise bad_request("stop_token_ids", f"stop_token_ids must be an array of integers, got {json_type(ids)}")
         values["stop_token_ids"] = ids
     bias = body.get("logit_bias")
     if bias is not None:
@@ -206,33 +150,33 @@ def _common(body: dict[str, Any], kind: str, model_name: str, max_choices: int) 
     req = ParsedRequest(kind, [], SamplingParams(**values))
     n = body.get("n")
     if n is not None:
-        need("n", n, _INT)
+        need("n", n, INT)
         if not 1 <= n <= max_choices:
             raise bad_request("n", f"n must be an integer in [1, {max_choices}] (scheduler.max_num_seqs), got {n}")
         req.n = n
     if body.get("stream") is not None:
-        req.stream = need("stream", body["stream"], _BOOL)
+        req.stream = need("stream", body["stream"], BOOL)
     options = body.get("stream_options")
     if options is not None:
-        need("stream_options", options, "an object")
+        need("stream_options", options, OBJECT)
         if not req.stream:
             raise bad_request("stream_options", "stream_options is only allowed with stream: true")
         for key, value in options.items():
             if key == "include_usage":
-                req.include_usage = need("stream_options.include_usage", value, _BOOL)
+                req.include_usage = need("stream_options.include_usage", value, BOOL)
             elif key != "continuous_usage_stats" or value not in (None, False):
                 raise bad_request(f"stream_options.{key}"[:80], f"unknown stream option {key[:64]!r}",
                                   code="unknown_parameter")
     if body.get("user") is not None:
-        req.user = need("user", body["user"], "a string")[:256]
+        req.user = need("user", body["user"], STRING)[:256]
     if body.get("priority") is not None:
-        req.priority = need("priority", body["priority"], _INT)
+        req.priority = need("priority", body["priority"], INT)
     return req
 
 
 def _logit_bias(bias: Any) -> dict[int, Any]:
     """OpenAI's {"token id as a string": bias} as {id: bias}; ranges are SamplingParams' to check."""
-    need("logit_bias", bias, "an object")
+    need("logit_bias", bias, OBJECT)
     out: dict[int, Any] = {}
     for key, value in bias.items():
         if not (key.isascii() and key.isdigit() and len(key) < 12):
@@ -245,7 +189,7 @@ def _max_tokens(body: dict[str, Any], req: ParsedRequest, names: tuple[str, ...]
     for name in names:
         v = body.get(name)
         if v is not None:
-            req.params.max_tokens = need(name, v, _INT)
+            req.params.max_tokens = need(name, v, INT)
             req.max_tokens_name = name
             return
     req.params.max_tokens = default
@@ -254,12 +198,12 @@ def _max_tokens(body: dict[str, Any], req: ParsedRequest, names: tuple[str, ...]
 def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
                chat_template: str | None = None) -> ParsedRequest:
     """chat_template: the model's template text, which tells its tool-call format (tool_plan.py)."""
-    check_keys(body, CHAT_FIELDS)
+    check_keys(body, CHAT_FIELDS, NEUTRAL)
     req = _common(body, CHAT, model_name, max_choices)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         # Its keys are the template's to check (the engine names one that overrides its own variables).
-        req.template_kwargs = need("chat_template_kwargs", kwargs, "an object")
+        req.template_kwargs = need("chat_template_kwargs", kwargs, OBJECT)
     chat = ChatRequest(chat_messages(body.get("messages")), req.params, body.get("tools"), body.get("tool_choice"),
                        body.get("parallel_tool_calls"), template_kwargs=req.template_kwargs)
     try:
@@ -275,10 +219,10 @@ def parse_chat(body: dict[str, Any], model_name: str, max_choices: int,
     # max_completion_tokens is OpenAI's current name; max_tokens its deprecated one.
     _max_tokens(body, req, ("max_completion_tokens", "max_tokens"), None)
     if body.get("logprobs") is not None:
-        req.logprobs = need("logprobs", body["logprobs"], _BOOL)
+        req.logprobs = need("logprobs", body["logprobs"], BOOL)
     top = body.get("top_logprobs")
     if top is not None:
-        need("top_logprobs", top, _INT)
+        need("top_logprobs", top, INT)
         if not req.logprobs:
             raise bad_request("top_logprobs", "top_logprobs needs logprobs: true")
         if not 0 <= top <= MAX_LOGPROBS:
@@ -293,11 +237,11 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "messages must be a non-empty array of messages"
                           if isinstance(messages, list) or messages is None
-                          else f"messages must be an array of messages, got {_json_type(messages)}")
+                          else f"messages must be an array of messages, got {json_type(messages)}")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise bad_request(f"messages[{i}]", f"messages[{i}] must be an object, got {_json_type(m)}")
+            raise bad_request(f"messages[{i}]", f"messages[{i}] must be an object, got {json_type(m)}")
         for key in m:
             if key not in MESSAGE_KEYS:
                 raise bad_request(f"messages[{i}].{key}"[:80], f"messages[{i}].{key[:64]} is not supported",
@@ -313,7 +257,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def parse_completion(body: dict[str, Any], model_name: str, max_choices: int) -> ParsedRequest:
-    check_keys(body, COMPLETION_FIELDS)
+    check_keys(body, COMPLETION_FIELDS, NEUTRAL)
     req = _common(body, COMPLETION, model_name, max_choices)
     req.prompts = _prompts(body.get("prompt"))
     try:
@@ -328,19 +272,19 @@ def parse_completion(body: dict[str, Any], model_name: str, max_choices: int) ->
                                f"at most {max_choices} (scheduler.max_num_seqs)")
     _max_tokens(body, req, ("max_tokens",), COMPLETION_DEFAULT_MAX_TOKENS)
     best_of = body.get("best_of")
-    if best_of is not None and need("best_of", best_of, _INT) != req.n:
+    if best_of is not None and need("best_of", best_of, INT) != req.n:
         raise bad_request("best_of", "best_of other than n is not supported by nvllm", code="unsupported_parameter")
     if body.get("suffix") is not None:
         raise bad_request("suffix", "suffix is not supported by nvllm", code="unsupported_parameter")
     lp = body.get("logprobs")
     if lp is not None:
-        need("logprobs", lp, _INT)
+        need("logprobs", lp, INT)
         if not 0 <= lp <= MAX_LOGPROBS:
             raise bad_request("logprobs", f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {lp}")
         req.logprobs = True
         req.params.logprobs = lp
     if body.get("echo") is not None:
-        req.echo = need("echo", body["echo"], _BOOL)
+        req.echo = need("echo", body["echo"], BOOL)
     if req.echo:
         if req.logprobs:
             raise bad_request("echo", "echo with logprobs (the prompt's logprobs) is not supported by nvllm",
@@ -358,7 +302,7 @@ def _prompts(prompt: Any) -> list[Any]:
         return [prompt]
     if not isinstance(prompt, list) or not prompt:
         raise bad_request("prompt", shape + (", got an empty array" if isinstance(prompt, list)
-                                             else f", got {_json_type(prompt)}"))
+                                             else f", got {json_type(prompt)}"))
     if all(isinstance(p, str) for p in prompt):
         return list(prompt)
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

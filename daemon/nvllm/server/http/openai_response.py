@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvllm.engine.outputs import RequestOutput, TokenLogprob
+from nvllm.server.chat.reasoning import reasoning_stream
 from nvllm.server.chat.tool_calls import ToolCallStream, finish_reason, read_tool_calls
 from nvllm.server.http.errors import ApiError
 from nvllm.server.http.openai_request import CHAT, ParsedRequest
-from nvllm.server.reasoning import reasoning_stream
 
 MIN_LOGPROB = -9999.0                  # JSON has no -inf; vLLM sends this floor too
 

@@ -20,11 +20,11 @@ from typing import Any
 from nvllm.engine.prompt import Prompt
 from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
 from nvllm.server.chat.chat_request import ChatRequest
-from nvllm.server.chat.field_error import FieldError
+from nvllm.server.chat.field_error import FieldError, show
 from nvllm.server.chat.response_format import Constraint, json_schema_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
+from nvllm.server.http.body import ARRAY, BOOL, INT, OBJECT, REAL, STRING, check_model, need
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_request import check_model, need
 from nvllm.server.state import Served
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
@@ -88,14 +88,14 @@ def parse_responses(body: dict[str, Any], model_name: str, chat_template: str | 
     params = SamplingParams()
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
-            setattr(params, name, need(name, body[name], "a number"))
+            setattr(params, name, need(name, body[name], REAL))
     if body.get("max_output_tokens") is not None:
-        params.max_tokens = need("max_output_tokens", body["max_output_tokens"], "an integer")
+        params.max_tokens = need("max_output_tokens", body["max_output_tokens"], INT)
     if body.get("truncate_prompt_tokens") is not None:
-        params.truncate_prompt_tokens = need("truncate_prompt_tokens", body["truncate_prompt_tokens"], "an integer")
+        params.truncate_prompt_tokens = need("truncate_prompt_tokens", body["truncate_prompt_tokens"], INT)
     truncation = body.get("truncation")
     if truncation not in (None, "disabled", "auto"):
-        raise bad_request("truncation", f"truncation must be 'disabled' or 'auto', got {_show(truncation)}")
+        raise bad_request("truncation", f"truncation must be 'disabled' or 'auto', got {show(truncation, repr)}")
     if truncation is not None:   # "auto" drops the conversation's oldest turns to fit; unset: the server's default
         params.context_overflow = "drop_oldest" if truncation == "auto" else "error"
     effort, summary = _reasoning(body.get("reasoning"))
@@ -111,11 +111,11 @@ def parse_responses(body: dict[str, Any], model_name: str, chat_template: str | 
         raise bad_request(_rename(e.field) if e.field else None, _rename(e.message), e.code) from None
     req = ResponsesRequest(planned.prompt, planned.params, planned.tool_plan, planned.constraint_param, kwargs)
     if body.get("stream") is not None:
-        req.stream = need("stream", body["stream"], "true or false")
+        req.stream = need("stream", body["stream"], BOOL)
     if body.get("user") is not None:
-        req.user = need("user", body["user"], "a string")[:256]
+        req.user = need("user", body["user"], STRING)[:256]
     if body.get("priority") is not None:
-        req.priority = need("priority", body["priority"], "an integer")
+        req.priority = need("priority", body["priority"], INT)
     req.echo = {
         "instructions": body.get("instructions"), "tools": body.get("tools") or [],
         "tool_choice": body.get("tool_choice") or "auto",
@@ -130,7 +130,7 @@ def parse_responses(body: dict[str, Any], model_name: str, chat_template: str | 
 
 def _stateless(body: dict[str, Any]) -> None:
     """What needs a stored response: refused, saying what to send instead."""
-    if body.get("store") is not None and need("store", body["store"], "true or false"):
+    if body.get("store") is not None and need("store", body["store"], BOOL):
         raise bad_request("store", f"store must be false: {STATELESS} (no response is stored); send store: false "
                                    "and the whole conversation as input items", code="unsupported_parameter")
     if body.get("previous_response_id") is not None:
@@ -138,10 +138,10 @@ def _stateless(body: dict[str, Any]) -> None:
                                                   "earlier responses; send the whole conversation as input items "
                                                   "(store: false)", code="unsupported_parameter")
     include = body.get("include")
-    if include is not None and need("include", include, "an array"):
+    if include is not None and need("include", include, ARRAY):
         raise bad_request("include", "include must be empty: nvllm adds no extra output data "
-                                     f"(asked for {_show(include[0])})", code="unsupported_parameter")
-    if body.get("background") is not None and need("background", body["background"], "true or false"):
+                                     f"(asked for {show(include[0], repr)})", code="unsupported_parameter")
+    if body.get("background") is not None and need("background", body["background"], BOOL):
         raise bad_request("background", f"background must be false: {STATELESS}, so a response cannot be "
                                         "fetched later", code="unsupported_parameter")
     if body.get("service_tier") not in (None, "auto", "default"):
@@ -153,7 +153,7 @@ def input_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
     """A Responses input (a string, or a list of items) as OpenAI chat's messages."""
     out: list[dict[str, Any]] = []
     if instructions is not None:
-        out.append({"role": "system", "content": need("instructions", instructions, "a string")})
+        out.append({"role": "system", "content": need("instructions", instructions, STRING)})
     if isinstance(items, str):
         return out + [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
@@ -177,15 +177,15 @@ def input_messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             _keys(item, at, {"type", "call_id", "output", "id", "status"})
-            call_id = need(f"{at}.call_id", item.get("call_id"), "a string")
+            call_id = need(f"{at}.call_id", item.get("call_id"), STRING)
             if call_id not in call_ids:
-                raise bad_request(f"{at}.call_id", f"{at}.call_id {_show(call_id)} answers no function_call "
+                raise bad_request(f"{at}.call_id", f"{at}.call_id {show(call_id, repr)} answers no function_call "
                                                    f"item before it (send the call too: {STATELESS})")
             out.append({"role": "tool", "tool_call_id": call_id,
                         "content": _content(item.get("output"), f"{at}.output")})
         elif kind != "reasoning":    # the model's earlier thinking: not part of the next prompt
             raise bad_request(f"{at}.type", f"{at}.type must be 'message', 'function_call', "
-                                            f"'function_call_output' or 'reasoning', got {_show(kind)}"
+                                            f"'function_call_output' or 'reasoning', got {show(kind, repr)}"
                                             + (f" ({STATELESS}: send the items themselves)"
                                                if kind == "item_reference" else ""))
     if not out:
@@ -198,7 +198,7 @@ def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
     role = item.get("role")
     if role not in ROLES:
         raise bad_request(f"{at}.role", f"{at}.role must be 'user', 'system', 'developer' or 'assistant', "
-                                        f"got {_show(role)}")
+                                        f"got {show(role, repr)}")
     return {"role": ROLES[role], "content": _content(item.get("content"), f"{at}.content")}
 
 
@@ -214,17 +214,17 @@ def _content(content: Any, at: str) -> str | list[dict[str, Any]]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text"):
             raise bad_request(f"{where}.type", f"{where}.type must be 'input_text' or 'output_text', got "
-                                               f"{_show(kind)} (nvllm serves text models)")
+                                               f"{show(kind, repr)} (nvllm serves text models)")
         _keys(part, where, {"type", "text", "annotations", "logprobs"})
-        parts.append({"type": "text", "text": need(f"{where}.text", part.get("text"), "a string")})
+        parts.append({"type": "text", "text": need(f"{where}.text", part.get("text"), STRING)})
     return parts
 
 
 def _function_call(item: dict[str, Any], at: str) -> dict[str, Any]:
     _keys(item, at, {"type", "call_id", "name", "arguments", "id", "status"})
-    call_id = need(f"{at}.call_id", item.get("call_id"), "a string")
-    name = need(f"{at}.name", item.get("name"), "a string")
-    arguments = need(f"{at}.arguments", item.get("arguments"), "a string")
+    call_id = need(f"{at}.call_id", item.get("call_id"), STRING)
+    name = need(f"{at}.name", item.get("name"), STRING)
+    arguments = need(f"{at}.arguments", item.get("arguments"), STRING)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -233,12 +233,12 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     out = []
-    for i, tool in enumerate(need("tools", tools, "an array")):
+    for i, tool in enumerate(need("tools", tools, ARRAY)):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise bad_request(at, f"{at} must be an object like {{\"type\": \"function\", \"name\": ...}}")
         if tool.get("type") != "function":
-            raise bad_request(f"{at}.type", f"{at}.type {_show(tool.get('type'))} is not supported: nvllm runs no "
+            raise bad_request(f"{at}.type", f"{at}.type {show(tool.get('type'), repr)} is not supported: nvllm runs no "
                                             "tools itself, it offers the model function tools the client runs "
                                             "(type 'function')", code="unsupported_parameter")
         _keys(tool, at, {"type", "name", "description", "parameters", "strict"})
@@ -253,24 +253,24 @@ def _tool_choice(choice: Any) -> Any:
         _keys(choice, "tool_choice", {"type", "name"})
         return {"type": "function", "function": {"name": choice.get("name")}}
     raise bad_request("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
-                                     f"{{\"type\": \"function\", \"name\": ...}}, got {_show(choice)}")
+                                     f"{{\"type\": \"function\", \"name\": ...}}, got {show(choice, repr)}")
 
 
 def _text(text: Any) -> tuple[Constraint | None, dict[str, Any]]:
     """text.format as the engine's constraint, and the format the response repeats."""
     if text is None:
         return None, {"type": "text"}
-    _keys(need("text", text, "an object"), "text", {"format"})
+    _keys(need("text", text, OBJECT), "text", {"format"})
     fmt = text.get("format")
     if fmt is None:
         return None, {"type": "text"}
-    kind = need("text.format", fmt, "an object").get("type")
+    kind = need("text.format", fmt, OBJECT).get("type")
     if kind in ("text", "json_object"):
         _keys(fmt, "text.format", {"type"})
         return (None if kind == "text" else Constraint(StructuredSpec("json_object"), "text.format")), fmt
     if kind != "json_schema":
         raise bad_request("text.format.type", "text.format.type must be 'text', 'json_object' or 'json_schema', "
-                                              f"got {_show(kind)}")
+                                              f"got {show(kind, repr)}")
     try:
         return json_schema_constraint(fmt, "text.format", frozenset({"type"})), fmt
     except FieldError as e:
@@ -281,22 +281,22 @@ def _reasoning(reasoning: Any) -> tuple[str | None, str | None]:
     """(effort, summary): accepted, and echoed; reasoning text comes back where the daemon has a parser."""
     if reasoning is None:
         return None, None
-    _keys(need("reasoning", reasoning, "an object"), "reasoning", {"effort", "summary", "generate_summary"})
+    _keys(need("reasoning", reasoning, OBJECT), "reasoning", {"effort", "summary", "generate_summary"})
     effort = reasoning.get("effort")
     if effort is not None and effort not in EFFORTS:
         raise bad_request("reasoning.effort", f"reasoning.effort must be one of {', '.join(EFFORTS)}, "
-                                              f"got {_show(effort)}")
+                                              f"got {show(effort, repr)}")
     summary = reasoning.get("summary", reasoning.get("generate_summary"))
     if summary is not None and summary not in SUMMARIES:
         raise bad_request("reasoning.summary", f"reasoning.summary must be one of {', '.join(SUMMARIES)}, "
-                                               f"got {_show(summary)}")
+                                               f"got {show(summary, repr)}")
     return effort, summary
 
 
 def _metadata(metadata: Any) -> dict[str, str]:
     if metadata is None:
         return {}
-    for key, value in need("metadata", metadata, "an object").items():
+    for key, value in need("metadata", metadata, OBJECT).items():
         if not isinstance(value, str):
             raise bad_request("metadata", f"metadata values must be strings ({key[:64]!r} is not)")
     return dict(metadata)
@@ -321,7 +321,3 @@ def _rename(text: str) -> str:
         text = pattern.sub(repl, text)
     return text
 
-
-def _show(value: Any) -> str:
-    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-    return text if len(text) <= 48 else text[:48] + "..."

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from nvllm.engine.assembly import factory
 from nvllm.engine.assembly.memory import MemoryReading, MiB, format_bytes
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.server.model_set import ModelSpec
+from nvllm.server.models.model_set import ModelSpec
 
 log = logging.getLogger("nvllm.server.models")
 

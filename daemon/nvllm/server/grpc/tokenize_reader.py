@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nvllm.engine.prompt import Prompt
-from nvllm.server.generate_request import BadRequest, check_model, read_messages, template_kwargs
+from nvllm.server.grpc.generate_request import BadRequest, check_model, read_messages, template_kwargs
 from nvllm.v1 import nvllm_pb2 as pb
 
 

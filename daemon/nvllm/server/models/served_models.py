@@ -16,12 +16,19 @@ from pathlib import Path
 from nvllm.config import ConfigError, ModelEntry, Settings
 from nvllm.config_values import duration_seconds
 from nvllm.engine.assembly.memory import GiB, MemoryReading, MiB
-from nvllm.server.model_set import ModelSpec
+from nvllm.server.models.model_set import ModelSpec
 
 
 def name_of(path: Path) -> str:
     """A model's name from its path: a GGUF file's without .gguf, a folder's own."""
     return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def served_name(settings: Settings) -> str:
+    """model.served_name, else the folder's name or the GGUF file's without .gguf (so the default model
+    keeps its name, smollm2-135m-instruct, whether its GGUF or its folder is served)."""
+    path = settings.model_path().resolve()
+    return settings.model.served_name or name_of(path)
 
 
 def model_entries(settings: Settings) -> list[ModelEntry]:

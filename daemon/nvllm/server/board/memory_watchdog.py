@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from nvllm.engine.assembly.memory import MemoryReading, format_bytes
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nvllm.server.watchdog")
 
 
 class MemoryWatchdog:

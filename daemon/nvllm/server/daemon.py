@@ -1,5 +1,6 @@
-"""`nvllm serve`: settings, logging, the model, the page pool, the engine thread, the gRPC server,
-systemd notifications and the graceful drain, wired together.
+"""The daemon's life: the models, their page pools and engine threads, the gRPC and HTTP servers, the
+board's watches, systemd notifications and the graceful drain, wired together (`nvllm serve`'s command
+line, its flags and --dry-run, is cli/serve.py).
 
 Start-up order: bind the listener first (a taken port fails in a second, not after the model
 load; Health answers STARTING meanwhile), load the weights, size the page pool from the memory
@@ -13,7 +14,7 @@ signal exits at once (status 1).
 
 Daemon takes its memory reader (the watchdog's source of "available bytes") and any extra signal
 handlers as arguments; `main` passes neither, so the daemon reads real memory and answers only
-SIGTERM/SIGINT. The tests' launcher (tests/daemon_main.py) passes its own.
+SIGTERM/SIGINT. The tests' launcher (tests/helpers/daemon_main.py) passes its own.
 
 Security defaults: the listener is loopback (127.0.0.1:50051) or a unix socket created with mode
 server.unix_socket_mode (never wider, even for an instant: the umask is tightened while it is
@@ -26,7 +27,6 @@ no prompts or keys, so any address is allowed (server/metrics_listener.py).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -41,23 +41,23 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from nvllm.config import ConfigError, ModelEntry, Settings, load_settings, validate
+from nvllm.config import ConfigError, Settings
 from nvllm.engine.assembly import factory
-from nvllm.engine.assembly.memory import RUNTIME_OVERHEAD_BYTES, MemoryReading, MiB, available_memory, format_bytes
+from nvllm.engine.assembly.memory import MemoryReading, MiB, available_memory, format_bytes
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.server.heat_monitor import HeatMonitor
+from nvllm.server.board.heat_monitor import HeatMonitor
+from nvllm.server.board.memory_watchdog import MemoryWatchdog
+from nvllm.server.grpc.service import GeneratorService, add_generator_to_server
 from nvllm.server.http.app import OpenAIApi
 from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind
-from nvllm.server.logs import announce, setup_logging, stream_is_journal
+from nvllm.server.logs import announce, stream_is_journal
 from nvllm.server.metrics_listener import MetricsListener
-from nvllm.server.model_loader import ModelLoader
-from nvllm.server.model_set import ModelSet, NoRoom
-from nvllm.server.served_models import memory_budget, model_specs
-from nvllm.server.service import GeneratorService, add_generator_to_server
+from nvllm.server.models.model_loader import ModelLoader
+from nvllm.server.models.model_set import ModelSet, NoRoom
+from nvllm.server.models.served_models import memory_budget, model_specs, served_name
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
 from nvllm.server.systemd import Notifier, WatchdogPinger
-from nvllm.server.watchdog import MemoryWatchdog
 from nvllm.v1 import nvllm_pb2
 
 log = logging.getLogger("nvllm.server.app")
@@ -69,87 +69,6 @@ STATUS_EVERY_S = 5.0
 TRANSPORT_CAP_FACTOR = 2
 REAP_EVERY_S = 1.0     # how often models idle past their keep_alive are unloaded
 STOP_GRACE_S = 5.0     # for handlers to write their last message once the engine has stopped
-
-
-def served_name(settings: Settings) -> str:
-    """model.served_name, else the folder's name or the GGUF file's without .gguf (so the default model
-    keeps its name, smollm2-135m-instruct, whether its GGUF or its folder is served)."""
-    path = settings.model_path().resolve()
-    return settings.model.served_name or (path.stem if path.suffix.lower() == ".gguf" else path.name)
-
-
-def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
-    """Print what serving would allocate, without allocating it.
-
-    On this machine (memory_gb None) the model is loaded, so the files are checked and the reading is
-    the one serving would take. For another board nothing is loaded: the weights' size comes from
-    config.json, and the memory available after they load is memory_gb GiB less the weights. Give the
-    memory the board has free when nvllm starts (MemAvailable with its other programs running); its
-    whole size gives an upper bound.
-    """
-    t0 = time.monotonic()
-    try:
-        if memory_gb is None:
-            loaded = factory.load_model(settings)
-            info = loaded.info
-            reading = available_memory()
-        else:
-            info = factory.read_model_info(settings)
-            reading = factory.board_reading(info, memory_gb)
-        plan = factory.plan_pool(settings, info, reading)
-    except factory.EngineBuildError as e:
-        print(f"nvllm serve: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    sz, max_len = plan.sizing, plan.max_model_len
-    resident = info.weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
-    print(f"model: {served_name(settings)} ({info.path}), {info.architecture}, "
-          f"{info.num_layers} layers, {info.num_params / 1e6:.1f} M parameters")
-    print(f"weights: {format_bytes(info.weight_bytes)} ({info.weight_bytes} bytes held in memory), "
-          f"as {info.weight_format}")
-    if info.load_peak_bytes > info.weight_bytes:
-        print(f"loading: the weights peak at {format_bytes(info.load_peak_bytes)} ({info.load_peak_bytes} bytes), "
-              f"each matrix read as float32 before it is converted; that much must be free at start-up")
-    print(sz.log_line())
-    print(f"pool: {format_bytes(sz.pool_bytes)} ({sz.pool_bytes} bytes) in {sz.num_blocks} pages of "
-          f"{sz.block_size} tokens, keys and values in {info.kv_format.name} ({info.bytes_per_token} bytes "
-          f"per token, cache.dtype={settings.cache.dtype})")
-    if info.kv_groups > 1:
-        print(f"pages: {info.kv_groups} groups of {info.kv_slots} layers, one of each per block of a sequence; "
-              f"the sliding ones give back the pages behind their window (cache.hybrid_kv_cache)")
-    longest = info.longest_in(sz.num_blocks, sz.block_size, settings.scheduler.max_num_batched_tokens)
-    print(f"context: {longest} tokens fit in one sequence; max_model_len {max_len} -> "
-          f"{plan.full_length_seqs} sequences of full length at once")
-    print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
-          f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
-    print(f"per KV format: a row each from the same reading (cache.dtype={settings.cache.dtype} gives "
-          f"{info.kv_format.name}, the plan above)")
-    for line in format_rows(factory.plan_per_format(settings, info, reading), info.weight_bytes, max_len):
-        print("  " + line)
-    if memory_gb is None:
-        print(f"startup: weights and tokenizer loaded in {loaded.load_s:.2f} s "
-              f"({time.monotonic() - t0:.2f} s with sizing; serving also maps the pool and backs one "
-              f"max_model_len sequence's pages before it is ready, the rest in the background)")
-    else:
-        print(f"startup: not measured (planned for {memory_gb:g} GiB available; nothing was loaded)")
-    return EXIT_OK
-
-
-def format_rows(plans: dict[str, factory.PoolPlan | str], weight_bytes: int, max_len: int) -> list[str]:
-    """One line per KV format: its pool, the full-length sequences it holds and the resident set."""
-    rows = []
-    for name, plan in plans.items():
-        fmt = factory.KV_FORMATS[name]
-        per_value = f"{fmt.block.block_bytes / fmt.per_element:g} bytes a value"
-        if isinstance(plan, str):
-            rows.append(f"{name:5} {per_value}: no pool ({plan})")
-            continue
-        sz = plan.sizing
-        resident = weight_bytes + sz.pool_bytes + RUNTIME_OVERHEAD_BYTES
-        rows.append(f"{name:5} {per_value}: {sz.num_blocks} blocks of {sz.bytes_per_block} bytes = "
-                    f"{format_bytes(sz.pool_bytes)}, {plan.full_length_seqs} "
-                    f"sequences of {max_len} tokens, resident at most {format_bytes(resident)}; "
-                    f"{sz.decided_by()}")
-    return rows
 
 
 # -- the daemon -----------------------------------------------------------------------------
@@ -393,46 +312,9 @@ async def reap_models(models: ModelSet, every_s: float = REAP_EVERY_S) -> None:
             log.exception("unloading an idle model failed")
 
 
-# -- entry point ----------------------------------------------------------------------------
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """The settings file with the flags over it. Several --model flags are models served by name, ahead of
-    the file's [[models]]; one is model.path, as ever."""
-    models = [args.model] if isinstance(args.model, str) else list(args.model or [])
-    dry_run = getattr(args, "dry_run", False)
-    overrides: dict[str, Any] = {
-        "model": {"path": models[0] if models else None, "quantization": getattr(args, "quantization", None),
-                  "activations": getattr(args, "activations", None), "threads": getattr(args, "threads", None),
-                  "task": getattr(args, "task", None), "serve_dir": getattr(args, "models_dir", None),
-                  "keep_alive": getattr(args, "keep_alive", None)},
-        "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None),
-                   "context_overflow": getattr(args, "context_overflow", None)},
-        "http": {"listen": getattr(args, "http_listen", None)},
-        "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None),
-                  "budget_gb": None if dry_run else getattr(args, "memory_gb", None)},
-        "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},
-    }
-    settings = load_settings(args.config, overrides)
-    if len(models) > 1 or (models and settings.models):
-        settings.models[:0] = [ModelEntry(path=p) for p in models]
-        validate(settings)
-    return settings
-
-
-def main(args: argparse.Namespace, **injected: Any) -> int:
-    """`nvllm serve`; `injected` goes to Daemon (the tests' launcher passes its memory reader and
-    signal handlers), nvllm itself passes nothing."""
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as e:
-        print(f"nvllm serve: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    setup_logging(settings.log_level)
-    memory_gb = getattr(args, "memory_gb", None)
-    if memory_gb is not None and memory_gb <= 0:
-        print("nvllm serve: --memory-gb N needs N > 0 (GiB)", file=sys.stderr)
-        return EXIT_CONFIG
-    if args.dry_run:
-        return dry_run(settings, memory_gb)
+def serve(settings: Settings, **injected: Any) -> int:
+    """Run the daemon until it is stopped; its exit status. `injected` goes to Daemon (the tests' launcher
+    passes its memory reader and signal handlers), nvllm itself passes nothing."""
     try:
         daemon = Daemon(settings, **injected)
     except ConfigError as e:

@@ -31,21 +31,29 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.sampling_params import InvalidParameter
 from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStream
 from nvllm.server.chat.tool_plan import ToolPlan
-from nvllm.server.generate_request import BadRequest, check_envelope, invalid_message, read_keep_alive, read_request
-from nvllm.server.logs import request_context
-from nvllm.server.model_set import UnknownModel
-from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
-from nvllm.server.pooling_request import PoolingArgs, pooling_message, read_embed, read_rerank
-from nvllm.server.state import SERVICE_NAME, DaemonState, Refused, client_key
-from nvllm.server.submission import Submission
-from nvllm.server.tokenize_request import read_tokenize
-from nvllm.server.wire import (
+from nvllm.server.clients import client_key
+from nvllm.server.grpc.generate_request import (
+    BadRequest,
+    check_envelope,
+    invalid_message,
+    read_keep_alive,
+    read_request,
+)
+from nvllm.server.grpc.health_reply import health_reply
+from nvllm.server.grpc.pooling_reader import PoolingArgs, pooling_message, read_embed, read_rerank
+from nvllm.server.grpc.tokenize_reader import read_tokenize
+from nvllm.server.grpc.wire import (
     UndecodableRequest,
     decode_embed_request,
     decode_generate_request,
     decode_rerank_request,
     decode_tokenize_request,
 )
+from nvllm.server.logs import request_context
+from nvllm.server.models.model_set import UnknownModel
+from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
+from nvllm.server.state import SERVICE_NAME, DaemonState, Refused
+from nvllm.server.submission import Submission
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
@@ -104,7 +112,7 @@ class GeneratorService(pb_grpc.GeneratorServicer):
 
     # -- Health -------------------------------------------------------------------------------
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
-        return self.state.health_response()
+        return health_reply(self.state.read_health())
 
     # -- Tokenize -----------------------------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest | UndecodableRequest,

@@ -10,13 +10,13 @@ from typing import Any
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
+from nvllm.server.http.body import ARRAY, BOOL, INT, STRING, check_keys, check_model, need
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.http.openai_request import check_keys, check_model, need
+from nvllm.server.http.openai_request import NEUTRAL
 
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens", "priority"}
 RERANK_FIELDS = {"model", "query", "documents", "top_n", "return_documents", "truncate_prompt_tokens", "priority"}
 MAX_INPUTS = 2048   # OpenAI's limit on an embeddings request's inputs
-_INT = "an integer"
 
 
 @dataclass
@@ -42,7 +42,7 @@ def _params(body: dict[str, Any]) -> PoolingParams:
     values = {}
     for name in ("dimensions", "truncate_prompt_tokens"):
         if body.get(name) is not None:
-            values[name] = need(name, body[name], _INT)
+            values[name] = need(name, body[name], INT)
     try:
         return PoolingParams(**values)
     except InvalidParameter as e:
@@ -50,11 +50,11 @@ def _params(body: dict[str, Any]) -> PoolingParams:
 
 
 def _priority(body: dict[str, Any]) -> int:
-    return need("priority", body["priority"], _INT) if body.get("priority") is not None else 0
+    return need("priority", body["priority"], INT) if body.get("priority") is not None else 0
 
 
 def parse_embeddings(body: dict[str, Any], model_name: str) -> EmbeddingsRequest:
-    check_keys(body, EMBEDDING_FIELDS)
+    check_keys(body, EMBEDDING_FIELDS, NEUTRAL)
     check_model(body, model_name)
     if "input" not in body:
         raise bad_request("input", "input is required: a string, an array of strings, or token ids")
@@ -63,7 +63,7 @@ def parse_embeddings(body: dict[str, Any], model_name: str) -> EmbeddingsRequest
         raise bad_request("encoding_format", f"encoding_format must be 'float' or 'base64', got {str(fmt)[:32]!r}")
     user = body.get("user")
     if user is not None:
-        need("user", user, "a string")
+        need("user", user, STRING)
     return EmbeddingsRequest(_inputs(body["input"]), _params(body), fmt, _priority(body), user)
 
 
@@ -96,12 +96,12 @@ def _inputs(value: Any) -> list[Prompt]:
 
 
 def parse_rerank(body: dict[str, Any], model_name: str) -> RerankRequest:
-    check_keys(body, RERANK_FIELDS)
+    check_keys(body, RERANK_FIELDS, NEUTRAL)
     check_model(body, model_name)
     if "query" not in body or "documents" not in body:
         raise bad_request("query" if "query" not in body else "documents", "query and documents are required")
-    query = need("query", body["query"], "a string")
-    docs = need("documents", body["documents"], "an array")
+    query = need("query", body["query"], STRING)
+    docs = need("documents", body["documents"], ARRAY)
     if not docs:
         raise bad_request("documents", "documents must not be empty")
     if len(docs) > MAX_INPUTS:
@@ -112,10 +112,10 @@ def parse_rerank(body: dict[str, Any], model_name: str) -> RerankRequest:
         if not isinstance(text, str):
             raise bad_request(f"documents[{i}]", f"documents[{i}] must be a string or {{\"text\": string}}")
         documents.append(text)
-    top_n = need("top_n", body["top_n"], _INT) if body.get("top_n") is not None else 0
+    top_n = need("top_n", body["top_n"], INT) if body.get("top_n") is not None else 0
     if top_n < 0:
         raise bad_request("top_n", f"top_n must be at least 0, got {top_n}")
-    ret = need("return_documents", body["return_documents"], "true or false") \
+    ret = need("return_documents", body["return_documents"], BOOL) \
         if body.get("return_documents") is not None else False
     return RerankRequest(query, documents, _params(body), top_n, ret, _priority(body))
 

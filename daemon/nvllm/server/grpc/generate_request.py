@@ -13,8 +13,8 @@ from typing import Any
 from nvllm.sampling_params import InvalidParameter, SamplingParams, StructuredSpec
 from nvllm.server.chat.field_error import FieldError
 from nvllm.server.chat.tool_plan import ToolPlan
-from nvllm.server.generate_chat import chat_messages, plan_chat
-from nvllm.server.keep_alive import keep_alive_seconds
+from nvllm.server.grpc.generate_chat import chat_messages, plan_chat
+from nvllm.server.models.keep_alive import keep_alive_seconds
 from nvllm.v1 import nvllm_pb2 as pb
 
 MAX_REQUEST_ID_CHARS = 128

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from nvllm.config import PowerSettings
 from nvllm.engine.async_engine import AsyncEngine
-from nvllm.server.heat import HeatReading, Throttle, read_heat
+from nvllm.server.board.heat import HeatReading, Throttle, read_heat
 
 log = logging.getLogger("nvllm.server.heat")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
-from nvllm.server.generate_request import BadRequest, check_model
+from nvllm.server.grpc.generate_request import BadRequest, check_model
 from nvllm.v1 import nvllm_pb2 as pb
 
 MAX_INPUTS = 2048   # as the HTTP API's (OpenAI's limit)
