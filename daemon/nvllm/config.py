@@ -192,7 +192,7 @@ class ServerSettings:
     tls_key: str = ""
     # When set, clients must present a certificate signed by this CA (mutual TLS).
     tls_client_ca: str = ""
-    # Chat answers' thinking (<think>...</think>) sent apart from their content (server/reasoning.py,
+    # Chat answers' thinking (<think>...</think>) sent apart from their content (server/chat/reasoning.py,
     # vLLM's parsers of the same names); empty: the text as the model wrote it.
     reasoning_parser: str = field(default="", metadata=one_of("", "qwen3", "deepseek_r1"))
     # A chat longer than the context: "error" refuses it naming both lengths; "drop_oldest" drops whole
@@ -234,7 +234,7 @@ class WatchdogSettings:
 
 @dataclass
 class PowerSettings:
-    # The board's heat (server/heat.py): its CPU zones' temperatures and clock ceilings, read under
+    # The board's heat (server/board/heat.py): its CPU zones' temperatures and clock ceilings, read under
     # sysfs_root every interval_s. Throttled at throttle_c degrees Celsius or with a CPU's clock capped,
     # clear below resume_c and uncapped; meanwhile the matmul threads and the step's token budget are cut
     # to these fractions (at least 1 thread and cache.block_size tokens; priority < 0 keeps the budget).

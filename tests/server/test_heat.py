@@ -1,4 +1,4 @@
-"""The board's heat (server/heat.py) on made sysfs trees: the CPU's zones found by x86's and Jetson's names,
+"""The board's heat (server/board/heat.py) on made sysfs trees: the CPU's zones found by x86's and Jetson's names,
 millidegrees read as degrees, unreadable or sentinel files skipped, clock caps told from power modes, and the
 throttle's hysteresis."""
 from __future__ import annotations

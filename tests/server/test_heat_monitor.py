@@ -1,4 +1,4 @@
-"""The daemon's heat monitor (server/heat_monitor.py): a change logged once (a warning with the reason and the
+"""The daemon's heat monitor (server/board/heat_monitor.py): a change logged once (a warning with the reason and the
 temperature when it throttles, info when it clears), the state sent to each engine once per change, an engine
 loaded later brought to the current state, the loop reading a made tree in its own thread, and what Health and
 the metrics report of it."""

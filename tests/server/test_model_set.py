@@ -1,4 +1,4 @@
-"""The memory plan's decisions (server/model_set.py) with stand-in engines: a model loads on its first lease,
+"""The memory plan's decisions (server/models/model_set.py) with stand-in engines: a model loads on its first lease,
 once however many wait for it; an unknown name is refused naming the choices; when the budget does not
 hold a model beside the others, idle ones go least recently used first, pinned ones never, busy ones never,
 and with no room left the refusal names the budget and what holds it; keep_alive unloads an idle model,

@@ -1,4 +1,4 @@
-"""The reasoning parsers (server/reasoning.py): vLLM's qwen3 and deepseek_r1 rules on whole answers, the same
+"""The reasoning parsers (server/chat/reasoning.py): vLLM's qwen3 and deepseek_r1 rules on whole answers, the same
 split from every chunking of a stream (tags split across chunks never leak), and the HTTP response shapes
 (message.reasoning_content, delta.reasoning_content) built from the engine's outputs."""
 

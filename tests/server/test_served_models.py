@@ -1,4 +1,4 @@
-"""Which models a daemon serves, from its settings (server/served_models.py): [[models]] tables with their
+"""Which models a daemon serves, from its settings (server/models/served_models.py): [[models]] tables with their
 own settings over the [model], [cache] and [scheduler] ones, several --model flags, --models-dir's files
 and folders in sorted order, model.path alone otherwise; the default model; and what is refused (a name
 served twice, a default that is not served, a bad key or keep_alive named in its table). And the budget."""

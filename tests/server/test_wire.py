@@ -1,4 +1,4 @@
-"""server/wire.py: request bytes that do not decode are refused naming the field; and who a peer is."""
+"""server/grpc/wire.py: request bytes that do not decode are refused naming the field; and who a peer is (server/clients.py)."""
 
 from __future__ import annotations
 

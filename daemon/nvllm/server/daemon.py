@@ -233,7 +233,7 @@ class Daemon:
             self.memory_reader, s.watchdog.low_mb * MiB, s.watchdog.high_mb * MiB, s.watchdog.interval_s,
             on_change=lambda ok, why: loop.call_soon_threadsafe(self.state.on_admission_change, ok, why))
         self.watchdog.start()
-        if s.power.enabled:   # the board's heat, sent to every engine loaded (server/heat_monitor.py)
+        if s.power.enabled:   # the board's heat, sent to every engine loaded (server/board/heat_monitor.py)
             self.heat = self.state.heat = HeatMonitor(s.power, self.models.engines)
             self.heat.start()
         await self.state.set_ready(self.models, self.watchdog)

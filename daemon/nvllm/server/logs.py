@@ -17,7 +17,7 @@ so it follows the request through awaits and into the asyncio tasks it creates);
 elsewhere, the engine thread, passes `extra={"request_id": ...}` with its record. Lines outside a
 request carry no id.
 
-server/app.py calls `setup_logging(settings.log_level)` first thing in `nvllm serve`.
+cli/serve.py calls `setup_logging(settings.log_level)` first thing in `nvllm serve`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ label model_name, as vLLM's do. Three sources feed it:
 
 - The engine's stats snapshot (`AsyncEngine.stats()`: running, waiting, pages, prefix-cache tokens,
   preemptions) and the daemon's state (admission, the memory watchdog's last reading, the board's heat:
-  server/heat_monitor.py) are read at
+  server/board/heat_monitor.py) are read at
   scrape time by a collector: nothing is copied on the engine thread, and a scrape never waits for it.
 - Each engine step: the daemon builds `AsyncEngine(..., on_step=metrics.observe_step)`, called on the
   engine thread with the step's wall time and tokens.
@@ -61,7 +61,7 @@ REFUSALS = ("invalid", "busy", "unavailable")
 FINISH_REASONS = ("stop", "length", "abort")
 # What admission is doing, one series each (1 for the current state): a Prometheus "enum".
 ADMISSION_STATES = ("starting", "serving", "memory_pressure", "engine_stopped", "draining")
-MODEL_STATES = ("unloaded", "loading", "loaded", "unloading")    # server/model_set.py's
+MODEL_STATES = ("unloaded", "loading", "loaded", "unloading")    # server/models/model_set.py's
 LABEL = "model_name"
 
 # Buckets for a CPU on a small board: a step takes milliseconds to a second, a long prompt's first

@@ -86,12 +86,12 @@ class DaemonState:
         self.max_num_seqs = max_num_seqs
         self.max_message_bytes = max_message_bytes
         self.max_streams_per_client = max_streams_per_client   # 0: no limit
-        self.reasoning_parser = ""       # server.reasoning_parser: chat answers' thinking apart (reasoning.py)
+        self.reasoning_parser = ""       # server.reasoning_parser: chat answers' thinking apart (chat/reasoning.py)
         self.context_overflow = "error"  # server.context_overflow: a chat's, where the request sets none
         self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
         self.phase = Phase.STARTING
         self.heat: HeatMonitor | None = None    # the board's heat ([power]); None when power.enabled is off
-        self.models: ModelSet | None = None     # every model served, by name (model_set.py), once started
+        self.models: ModelSet | None = None     # every model served, by name (models/model_set.py), once started
         self.watchdog: MemoryWatchdog | None = None
         self.started_at = process_start_time()
         self._tasks: set[asyncio.Task] = set()

@@ -5,7 +5,7 @@ unix socket named by $NOTIFY_SOCKET: a filesystem path, or an abstract name writ
 Nothing here needs libsystemd; everything is a no-op when NOTIFY_SOCKET is unset (a foreground run, tests),
 and no send ever raises: the first failure is logged as a warning, later ones at debug level.
 
-How server/app.py is meant to use it (deploy/nvllm.service has Type=notify, NotifyAccess=main, WatchdogSec):
+How server/daemon.py is meant to use it (deploy/nvllm.service has Type=notify, NotifyAccess=main, WatchdogSec):
 
     notifier = Notifier()
     notifier.status("loading model ...")             # while loading; extend_timeout() if a load runs long

@@ -4,7 +4,7 @@
 in, since under systemd (MemoryMax=, MemoryHigh=) or a container the kernel enforces the cgroup's
 limit long before host memory runs out (nvllm/cgroup.py finds and reads the cgroup's files, and
 counts the CPUs the same way). `size_pool()` turns one reading into a page count and says
-how in one log line. The daemon's memory-pressure watchdog (server/watchdog.py) polls the same reading.
+how in one log line. The daemon's memory-pressure watchdog (server/board/memory_watchdog.py) polls the same reading.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class ResponseBuilder:
         # With tools, each choice's text is read as content and tool calls (tool_calls.py).
         self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
                              if plan is not None and plan.style is not None else None)
-        # With a reasoning parser, each chat choice's text is read as reasoning and content (reasoning.py).
+        # With a reasoning parser, each chat choice's text is read as reasoning and content (chat/reasoning.py).
         streams = [reasoning_stream(reasoning_parser, thinks, req.template_kwargs) for _ in range(n)]
         self.reasoning = [r for r in streams if r is not None] if reasoning_parser and self.chat else None
         if req.echo:
