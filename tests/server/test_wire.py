@@ -1,4 +1,5 @@
-"""server/grpc/wire.py: request bytes that do not decode are refused naming the field; and who a peer is (server/clients.py)."""
+"""server/grpc/wire.py: request bytes that do not decode are refused naming the field; and who a peer is
+(server/clients.py)."""
 
 from __future__ import annotations
 
