@@ -67,13 +67,14 @@ ENGINE_ROOMS = {
     "scheduler": {E + "sequence", E + "block_manager"},          # who runs next
     "sampling_rows": {E + "sequence"},                           # the sampler's rows of a step
     "packing": {E + "scheduler", E + "sampling_rows"},           # a step's tokens -> the model's batch
-    "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "structured", "speculation",
-                                            "warm", "pooling_request")},   # the step
+    "stops": {E + "outputs", E + "sequence"},                    # a token appended, stops checked, outputs
+    "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "stops", "structured",
+                                            "speculation", "warm", "pooling_request")},   # the step
     "turns": set(),                                              # one engine's step at a time
     "async_engine": _BOOKS | {E + "llm_engine", E + "turns"},    # the engine thread, and its asyncio side
     "assembly": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
-                              "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
-                              "pooling_request")},
+                                 "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
+                                 "pooling_request")},
 }
 
 # What server/ may know of the engine: its asyncio side and what it hands back, the prompt's type, the factory

@@ -20,8 +20,9 @@ from nvllm.engine.pooling_request import pooling_input, wrong_task
 from nvllm.engine.prompt import Prompt, generation_ids
 from nvllm.engine.sampling_rows import Row, sampling_batch
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
-from nvllm.engine.sequence import Sequence, SequenceStatus, check_priority
+from nvllm.engine.sequence import Sequence, check_priority
 from nvllm.engine.speculation.speculator import Speculator
+from nvllm.engine.stops import append_token, request_output
 from nvllm.engine.structured.compiler import StructuredCompiler
 from nvllm.engine.structured.thinking import prompt_ends_thinking
 from nvllm.engine.warm.warmup import Warmup
@@ -185,7 +186,7 @@ class LLMEngine:
             return False
         self.scheduler.finish(seq)
         seq.finish_reason = "abort"
-        self._aborted.append(self._output(seq))
+        self._aborted.append(request_output(seq))
         return True
 
     def has_unfinished(self) -> bool:
@@ -235,7 +236,7 @@ class LLMEngine:
                 log.error("failed in engine step %d: %s: %s", self.num_steps, type(e).__name__, e,
                           extra={"request_id": seq.request_id})
                 self._finish(seq, "abort")
-                out = self._output(seq)
+                out = request_output(seq)
                 out.error = f"{type(e).__name__}: {e}"
                 outputs.append(out)
             return outputs
@@ -253,7 +254,7 @@ class LLMEngine:
             self.block_manager.release_behind_window(seq)
         for seq in pooled:   # computed whole this step: answered, and its pages given back
             self._finish(seq, "stop")
-            outputs.append(self._output(seq))
+            outputs.append(request_output(seq))
         row = generated = 0
         while row < len(sampled):
             assert result is not None     # _run samples whenever a sequence is due a token
@@ -272,7 +273,7 @@ class LLMEngine:
                 self.block_manager.settle(seq, before)   # the rejected proposals' slots given back
             row += 1 + len(drafts)
             seq.draft_tokens = []
-            outputs.append(self._output(seq))
+            outputs.append(request_output(seq))
         self.num_generated_tokens += generated
         self._recent.append((now, generated))
         return outputs
@@ -321,63 +322,11 @@ class LLMEngine:
         self.speculator.before_sampling(batch.seqs)
         return rows, sample(logits, sampling_batch(rows, constrained, bits))
 
-    # -- after sampling -----------------------------------------------------------------------
+    # -- after sampling (stops.py) -------------------------------------------------------------
     def _append(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> None:
-        p = seq.params
-        seq.token_ids.append(token)
-        if lp is not None:
-            seq.pending_logprobs.append(lp)
-        matcher = seq.structured
-        waiting = seq.structured_after_thinking
-        if waiting is not None and token == waiting[0]:   # thinking ends: the grammar takes the next token on
-            seq.structured, seq.structured_after_thinking = waiting[1], None
-        if matcher is not None and not matcher.consume_token(token):
-            # The mask allows only what the matcher takes: this is llguidance failing (e.g. a step over its
-            # limits), reported with the request rather than sampled around.
-            seq.error = f"structured output: token {token} refused ({matcher.get_error() or 'not allowed'})"
-            self._finish(seq, "abort")
-            return
-        n_out = seq.num_output_tokens
-        stop_token = n_out >= p.min_tokens   # below min_tokens no stop applies (vLLM's rule)
-        if stop_token and token in seq.eos_token_ids and not p.ignore_eos:
-            if p.include_stop_str_in_output:
-                seq.detokenizer.add(token)
-            self._finish(seq, "stop")
-            return
-        if stop_token and p.stop_token_ids and token in p.stop_token_ids:
-            if p.include_stop_str_in_output:
-                seq.detokenizer.add(token)
-            seq.stop_reason = token
-            self._finish(seq, "stop")
-            return
-        before = len(seq.text)
-        seq.detokenizer.add(token)
-        if p.stop and stop_token and self._check_stop_strings(seq, before):
-            return
-        if matcher is not None and matcher.is_stopped():   # the grammar is complete: nothing may follow
-            self._finish(seq, "stop")
-            return
-        assert p.max_tokens is not None     # make_sequence set it
-        if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "length")
-
-    def _check_stop_strings(self, seq: Sequence, before: int) -> bool:
-        """Find a stop string in text that ends in what this token added (matches may span tokens)."""
-        text = seq.text
-        longest = max(len(s) for s in seq.params.stop)
-        window_start = max(0, before - longest + 1)
-        best: tuple[int, str] | None = None
-        for s in seq.params.stop:
-            i = text.find(s, window_start)
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
-            return False
-        i, s = best
-        seq.text_end = i + len(s) if seq.params.include_stop_str_in_output else i
-        seq.stop_reason = s
-        self._finish(seq, "stop")
-        return True
+        reason = append_token(seq, token, lp, self.max_model_len)
+        if reason is not None:
+            self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if reason != "abort" and not isinstance(seq.stop_reason, str):
@@ -386,30 +335,6 @@ class LLMEngine:
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.seqs.pop(seq.request_id, None)
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        finished = seq.status is SequenceStatus.FINISHED
-        text = seq.text
-        end = len(text)
-        if not finished and seq.params.stop:
-            # Hold back what could still turn out to be the start of a stop string.
-            end = max(seq.num_text_sent, end - (max(len(s) for s in seq.params.stop) - 1))
-        text = text[seq.num_text_sent:end]
-        seq.num_text_sent = end
-        new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_sent:]
-        seq.num_tokens_sent += len(new_ids)
-        lps = None
-        if seq.params.logprobs is not None:
-            lps, seq.pending_logprobs = seq.pending_logprobs, []
-        queued = prefill = None
-        if new_ids and seq.num_tokens_sent == len(new_ids) and seq.scheduled_at is not None:   # its first tokens
-            queued, prefill = seq.scheduled_at - seq.added_at, time.monotonic() - seq.scheduled_at
-        return RequestOutput(
-            request_id=seq.request_id, text=text, token_ids=new_ids, logprobs=lps, finished=finished,
-            finish_reason=seq.finish_reason if finished else None, stop_reason=seq.stop_reason,
-            prompt_tokens=seq.num_prompt_tokens, completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens, error=seq.error, queued_s=queued, prefill_s=prefill,
-            pooled=seq.pooled, dropped_prompt_tokens=seq.dropped_prompt_tokens)
 
     # -- numbers ------------------------------------------------------------------------------
     def tokens_per_second(self, window_s: float = 10.0) -> float:
