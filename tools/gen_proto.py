@@ -4,7 +4,7 @@
     .venv/bin/python tools/gen_proto.py --out DIR  # writes DIR/nvllm/v1/... instead (tests compare)
 
 Run it after every change to the .proto and commit the .proto and the stubs together;
-tests/server/test_proto_stubs.py fails when they disagree.
+tests/server/grpc/test_proto_stubs.py fails when they disagree.
 
 Layout: protoc runs with `-I proto`, so the file is named "nvllm/v1/nvllm.proto" in the descriptor
 pool (what gRPC reflection serves) and the generated modules import each other as `nvllm.v1.*`.

@@ -1,4 +1,4 @@
-"""What the tool-call tests share (tests/server/test_tool_*.py, test_response_format.py): the tools and their
+"""What the tool-call tests share (tests/server/chat/test_tool_*.py, test_response_format.py): the tools and their
 schemas, a Qwen2.5-style chat template that takes tools, the tiny-qwen3 folder that carries it, and the small
 checks the unit tests repeat (a plan that must exist, its constraint's text, a 400 naming the field)."""
 

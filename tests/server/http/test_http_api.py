@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API in process: the Starlette app over the real engine (a tiny model), driven
 through an ASGI transport. Mapping, response shapes, streaming, n > 1, every refusal's status and the
 parameter it names, the key, /health and /metrics. The live daemon and the openai client are
-tests/server/test_http_daemon.py's.
+tests/server/http/test_http_daemon.py's.
 """
 
 from __future__ import annotations
