@@ -40,8 +40,8 @@ from nvllm.server.grpc.generate_request import (
     read_request,
 )
 from nvllm.server.grpc.health_reply import health_reply
-from nvllm.server.grpc.pooling_reader import PoolingArgs, pooling_message, read_embed, read_rerank
-from nvllm.server.grpc.tokenize_reader import read_tokenize
+from nvllm.server.grpc.pooling_rpc import PoolingArgs, pooling_message, read_embed, read_rerank
+from nvllm.server.grpc.tokenize_rpc import read_tokenize
 from nvllm.server.grpc.wire import (
     UndecodableRequest,
     decode_embed_request,
