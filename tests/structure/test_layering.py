@@ -83,6 +83,32 @@ ENGINE_ROOMS = {
 SERVER_SEES = {E + m for m in ("async_engine", "outputs", "prompt", "assembly.factory", "assembly.memory",
                                "structured.thinking")}
 
+# server/'s rooms, bottom first -> the other rooms of server/ each may import. The front doors (grpc/, http/)
+# are translations onto the one way in (state, submission, pooling); the daemon's life (daemon.py) wires
+# everything together and nothing imports it back.
+S = "nvllm.server."
+SERVER_ROOMS = {
+    "chat": set(),                                               # what every chat front door shares
+    "clients": set(),                                            # whom a call counts against
+    "health": set(),                                             # the daemon's health, neutral
+    "metrics": set(),                                            # Prometheus series
+    "logs": set(),                                               # journald-friendly lines, request ids
+    "listen": set(),                                             # binding the gRPC listener
+    "systemd": set(),                                            # sd_notify, the watchdog pinger
+    "metrics_listener": {S + "listen"},                          # /metrics over plain HTTP
+    "board": set(),                                              # the board's heat and memory
+    "models": {S + "chat"},                                      # which models, their slots and leases
+    "submission": {S + "metrics"},                               # what submit hands back
+    "state": {S + r for r in ("board", "health", "metrics", "models", "submission")},   # the one way in
+    "pooling": {S + "state"},                                    # embed and rerank through submit
+    "grpc": {S + r for r in ("chat", "clients", "health", "logs", "models", "pooling", "state",
+                             "submission")},                     # the gRPC front door
+    "http": {S + r for r in ("chat", "clients", "health", "listen", "logs", "metrics", "models", "pooling",
+                             "state", "submission")},            # the HTTP front door
+    "daemon": {S + r for r in ("board", "grpc", "http", "listen", "logs", "metrics_listener", "models",
+                               "state", "systemd")},             # the daemon's life
+}
+
 
 def nvllm_imports(path: Path, package: Path | None = None) -> list[tuple[int, str]]:
     """(line, module) of every import of an nvllm module in the file; `from a import b` names a.b too
@@ -126,8 +152,9 @@ def violations(layer: str) -> list[str]:
 
 
 def room_violations(room: str, layer: str = "model") -> list[str]:
-    """Imports of `layer`'s other rooms by `room` that its table (ROOMS, ENGINE_ROOMS) does not list."""
-    table, prefix = (ROOMS, M) if layer == "model" else (ENGINE_ROOMS, E)
+    """Imports of `layer`'s other rooms by `room` that its table (ROOMS, ENGINE_ROOMS, SERVER_ROOMS) does not
+    list."""
+    table, prefix = {"model": (ROOMS, M), "engine": (ENGINE_ROOMS, E), "server": (SERVER_ROOMS, S)}[layer]
     ok = table[room] | {prefix + room}
     bad = []
     for path in _paths(PACKAGE / layer / room):
@@ -228,6 +255,26 @@ def test_the_server_sees_only_the_engines_public_side() -> None:
            for path in _paths(PACKAGE / "server") for line, module in nvllm_imports(path)
            if is_under(module, "nvllm.engine") and module not in SERVER_SEES]
     assert bad == []
+
+
+@pytest.mark.parametrize("room", sorted(SERVER_ROOMS))
+def test_a_room_of_server_imports_only_the_rooms_its_table_lists(room: str) -> None:
+    assert room_violations(room, "server") == []
+
+
+def test_every_module_of_server_is_in_a_room() -> None:
+    assert _members(PACKAGE / "server") == set(SERVER_ROOMS)
+
+
+def test_the_servers_module_names_are_its_own() -> None:
+    """No two modules of server/ share a name, nor one of server/ a module's name elsewhere in the package:
+    a name says which module it is."""
+    def names(folder: Path) -> list[str]:
+        return [p.stem for p in folder.rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    ours = names(PACKAGE / "server")
+    elsewhere = {n for d in PACKAGE.iterdir() if d.is_dir() and d.name != "server" for n in names(d)} | \
+        {p.stem for p in PACKAGE.glob("*.py")}
+    assert sorted(n for n in set(ours) if ours.count(n) > 1 or n in elsewhere) == []
 
 
 def _members(folder: Path) -> set[str]:
