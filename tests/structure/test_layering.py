@@ -71,7 +71,8 @@ ENGINE_ROOMS = {
     "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "stops", "structured",
                                             "speculation", "warm", "pooling_request")},   # the step
     "turns": set(),                                              # one engine's step at a time
-    "async_engine": _BOOKS | {E + "llm_engine", E + "turns"},    # the engine thread, and its asyncio side
+    "request_stream": {E + "outputs", E + "sequence"},           # one request, pending or streamed
+    "async_engine": _BOOKS | {E + "llm_engine", E + "turns", E + "request_stream"},   # the engine thread
     "assembly": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
                                  "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
                                  "pooling_request")},

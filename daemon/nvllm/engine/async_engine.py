@@ -24,6 +24,7 @@ from typing import Any
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt, Tokenized, detokenize, tokenize
+from nvllm.engine.request_stream import PendingRequest, RequestStream, Stream
 from nvllm.engine.sequence import Sequence
 from nvllm.engine.turns import STEPS
 from nvllm.pooling_params import PoolingParams
@@ -37,75 +38,9 @@ class EngineDead(RuntimeError):
 
 
 @dataclass
-class _Stream:
-    queue: asyncio.Queue
-    abandoned: bool = False      # the consumer left; outputs are dropped until the final one
-
-
-@dataclass
 class _Command:
     kind: str                    # "add", "abort", "throttle", "stop"
     arg: Any = None
-
-
-class RequestStream:
-    """One request's outputs, as an async iterator; a context manager that aborts on early exit."""
-
-    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream) -> None:
-        self.request_id = request_id
-        self._engine = engine
-        self._stream = stream
-        self._done = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        out = await self._stream.queue.get()
-        if isinstance(out, BaseException):
-            self._done = True
-            raise out
-        self._done = out.finished
-        return out
-
-    @property
-    def finished(self) -> bool:
-        return self._done
-
-    def close(self) -> None:
-        """Abort the request unless its final output was already taken."""
-        if not self._done:
-            self._done = True
-            self._engine._abandon(self.request_id, self._stream)
-
-    def __enter__(self) -> RequestStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
-
-
-class PendingRequest:
-    """A request checked and tokenized (`AsyncEngine.prepare`), not yet queued: what a front door may know of
-    it before `AsyncEngine.add` takes it. The sequence inside is the engine's alone."""
-
-    def __init__(self, seq: Sequence) -> None:
-        self._seq = seq
-        self.request_id = seq.request_id
-        self.prompt_tokens = seq.num_prompt_tokens
-        # resolved: never None once prepared; 0 for a pooling request, which generates nothing
-        self.max_tokens: int = 0 if seq.pooling is not None else seq.params.max_tokens or 0
-        # Whether the answer may think (a reasoning parser then splits its text): not a constrained one
-        # whose grammar masks from its first token (no thinking tokens, or a prompt that closed the thinking).
-        self.thinks = seq.params.structured is None or seq.structured_after_thinking is not None
 
 
 def _failed_output(request_id: str, error: str | None) -> RequestOutput:
@@ -133,7 +68,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         # Loop-side state: only the event loop's thread touches these.
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         # Shared: the last stats snapshot and the adds not yet taken from the inbox.
         self._lock = threading.Lock()
         self._snapshot: dict[str, Any] = engine.stats()
@@ -254,12 +189,12 @@ class AsyncEngine:
         rid = seq.request_id
         if rid in self._streams:
             raise InvalidParameter("request_id", rid, "unique among the requests in flight (it is in use)")
-        stream = _Stream(asyncio.Queue())
+        stream = Stream(asyncio.Queue())
         self._streams[rid] = stream
         with self._lock:
             self._pending_adds += 1
         self._send(_Command("add", seq))
-        return RequestStream(self, rid, stream)
+        return RequestStream(self._abandon, rid, stream)
 
     async def generate(self, request: PendingRequest) -> AsyncIterator[RequestOutput]:
         """Queue the request and yield its outputs until the final one; stopping early aborts it."""
@@ -272,7 +207,7 @@ class AsyncEngine:
         (LLMEngine.throttle); any thread may call it."""
         self._send(_Command("throttle", (on, threads_fraction, budget_fraction)))
 
-    def _abandon(self, rid: str, stream: _Stream) -> None:
+    def _abandon(self, rid: str, stream: Stream) -> None:
         if self._streams.get(rid) is stream:
             # Keep the id reserved until the engine's final (abort) output arrives, so that
             # output can never reach a new request reusing the id.
