@@ -58,7 +58,8 @@ _BOOKS = {E + "outputs", E + "sequence", E + "block_manager", E + "prompt"}
 ENGINE_ROOMS = {
     "outputs": set(),                                            # what a request's steps hand back
     "sequence": {E + "outputs"},                                 # one request's state
-    "block_manager": set(),                                      # the page books
+    "block_audit": set(),                                        # the page books' rules, checked
+    "block_manager": {E + "block_audit"},                        # the page books
     "prompt": set(),                                             # a request's prompt -> token ids
     "pooling_request": {E + "prompt"},                           # a pooling request's input, checked
     "structured": set(),                                         # constraints -> matchers and masks

@@ -29,16 +29,15 @@ from typing import Protocol
 
 import numpy as np
 
+from nvllm.engine.block_audit import IntegrityError as IntegrityError
+from nvllm.engine.block_audit import audit_books
+
 
 class SeqBlocks(Protocol):
     token_ids: list[int]
     block_tables: list[list[int]]   # per group of the pool's layout; [] while it holds no pages
     block_hashes: list[bytes]
     num_computed_tokens: int
-
-
-class IntegrityError(AssertionError):
-    pass
 
 
 def block_hash(parent: bytes, tokens: list[int] | tuple[int, ...]) -> bytes:
@@ -86,13 +85,13 @@ class BlockManager:
         return len(self.windows)
 
     @property
-    def _num_reserved(self) -> int:
+    def num_reserved(self) -> int:
         """Backed pages outside the books: the null page."""
         return int(0 <= self.null < self.num_backed_blocks)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_backed_blocks - self._num_reserved - self.num_free_blocks
+        return self.num_backed_blocks - self.num_reserved - self.num_free_blocks
 
     def add_backed(self, backed_blocks: int) -> int:
         """The first backed_blocks pages are backed now: the new ones join the free list; how many did."""
@@ -356,51 +355,5 @@ class BlockManager:
     # -- checks -------------------------------------------------------------------------------
     def check_integrity(self, seqs: list[SeqBlocks] | None = None) -> None:
         """Every backed page is free, cached or owned, exactly once, and no other page is any of them;
-        owners' references add up."""
-        free, cached = set(self.free_ids), set(self.evictable)
-        def fail(msg: str) -> None:
-            raise IntegrityError(msg)
-        if len(free) != len(self.free_ids):
-            fail("a page is twice in the free list")
-        if free & cached:
-            fail(f"pages both free and cached: {sorted(free & cached)[:8]}")
-        owned = {b for b in range(self.num_blocks) if self.ref_counts[b] > 0}
-        if 0 <= self.null < self.num_blocks and (self.null in free | cached | owned or self.ref_counts[self.null]):
-            fail("the null page is in the books")
-        if owned & (free | cached):
-            fail(f"pages both owned and free/cached: {sorted(owned & (free | cached))[:8]}")
-        unbacked = {b for b in free | cached | owned if b >= self.num_backed_blocks}
-        if unbacked:
-            fail(f"pages past the {self.num_backed_blocks} backed ones are in the books: {sorted(unbacked)[:8]}")
-        if len(free) + len(cached) + len(owned) + self._num_reserved != self.num_backed_blocks:
-            lost = set(range(self.num_backed_blocks)) - free - cached - owned - {self.null}
-            fail(f"pages neither free, cached nor owned: {sorted(lost)[:8]}")
-        if any(r < 0 for r in self.ref_counts):
-            fail("a negative reference count")
-        for b in cached:
-            block_hash = self.block_hashes[b]
-            if block_hash is None or self.hash_to_block.get(block_hash) != b:
-                fail(f"cached page {b} is not reachable through its hash")
-        for b in free:
-            if self.block_hashes[b] is not None:
-                fail(f"free page {b} still carries a hash")
-        if self.pending - owned:
-            fail(f"pages awaiting their step are not owned: {sorted(self.pending - owned)[:8]}")
-        for b in self.pending:
-            if self.block_hashes[b] is None:
-                fail(f"page {b} awaits its step without a hash")
-        for h, b in self.hash_to_block.items():
-            if self.block_hashes[b] != h:
-                fail(f"hash map points at page {b}, which holds another block")
-        if seqs is not None:
-            counts = [0] * self.num_blocks
-            for s in seqs:
-                for table in s.block_tables:
-                    if len(table) != len(s.block_tables[0]):
-                        fail("a sequence's block tables differ in length")
-                    for b in table:
-                        if b != self.null:
-                            counts[b] += 1
-            if counts != self.ref_counts:
-                bad = [b for b in range(self.num_blocks) if counts[b] != self.ref_counts[b]]
-                fail(f"reference counts disagree with block tables at pages {bad[:8]}")
+        owners' references add up (block_audit.py; IntegrityError names the first broken rule)."""
+        audit_books(self, seqs)
