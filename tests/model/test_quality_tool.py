@@ -1,5 +1,5 @@
 """tools/quality.py: the KV pool's formats scored against an f32 pool; a GGUF's activation modes are `nvllm bench
---quality`'s (tests/deploy/test_bench_quality.py)."""
+--quality`'s (tests/bench/test_bench_quality.py)."""
 from __future__ import annotations
 
 import importlib.util

@@ -16,6 +16,7 @@ import pytest
 from golden.pooling_cases import EMBED_TEXTS
 from helpers.daemon_util import assert_pages_all_back
 from helpers.engines import backed_engine
+from helpers.paths import GOLDEN
 from helpers.pooling_golden import golden_cases
 from nvllm.config import load_settings
 from nvllm.engine.assembly.factory import EngineBuildError, build_engine, plan_for_board
@@ -133,7 +134,7 @@ def test_a_decoder_embeds_with_its_last_token_where_its_files_or_the_task_say(ti
         build_engine(load_settings(overrides={"model": {"path": str(tiny_models["tiny-qwen3"]), "task": "rerank"}}))
 
 
-CONVERTED = Path(__file__).resolve().parent.parent / "golden" / "converted"   # llama.cpp's converter's files
+CONVERTED = GOLDEN / "converted"   # llama.cpp's converter's files
 
 
 def test_gguf_encoders_serve_as_llamacpp_reads_them() -> None:
