@@ -8,8 +8,8 @@ How a GGUF's activation modes (exact, int8) score against its float path, with K
 chat answers: `nvllm bench --quality --model FILE.gguf` (bench/quality.py), which this tool leaves to it.
 
 Offline and deterministic. For each format, every 2-D tensor of the float32 folder (the projections and
-the tied embedding) is quantized with nvllm's quantizers (model/quantize.py, llama.cpp's reference
-arithmetic) and decoded back to float32 (model/quants.py), written to a scratch folder and loaded by
+the tied embedding) is quantized with nvllm's quantizers (model/quant/quantize.py, llama.cpp's reference
+arithmetic) and decoded back to float32 (model/quant/dequantize.py), written to a scratch folder and loaded by
 nvllm's own loader; the shipped GGUF is loaded as nvllm serves it. A format written "PROJ/EMBED"
 quantizes the embedding to EMBED instead (the shipped GGUF keeps its embedding at Q8_0). A matrix whose
 rows are not a whole number of the format's blocks falls back as quantize_weight does (q4_k -> q8_0).

@@ -48,7 +48,7 @@ def _gguf_string(s: bytes) -> bytes:
     return len(s).to_bytes(8, "little") + s
 
 
-BROKEN = {  # name -> (bytes, what the error names); the messages are model/gguf_file.py's
+BROKEN = {  # name -> (bytes, what the error names); the messages are model/weights/gguf_file.py's
     "empty": (b"", "too short"),
     "text": (b"hello, world: this is not a model file\n", "not a GGUF file"),
     "version": (b"GGUF" + (9).to_bytes(4, "little") + bytes(16), "version 9"),

@@ -62,7 +62,7 @@ def test_without_the_library_the_model_runs_its_numpy_twins_and_describe_says_wh
     else:                                                               # no library file to be found
         monkeypatch.delenv("NVLLM_KERNELS", raising=False)
         monkeypatch.setattr(importlib.machinery, "EXTENSION_SUFFIXES", [".not-built.so"])
-    monkeypatch.setattr(kernels, "lib", kernels._load())                # what importing kernels.py does
+    monkeypatch.setattr(kernels, "lib", kernels._load())                # what importing ops.py does
     assert kernels.lib is None
     why = {"turned off": "C kernels turned off by NVLLM_KERNELS=0", "not built": "C kernels not built"}[absent]
     assert kernels.describe().startswith(f"NumPy paths ({why}")

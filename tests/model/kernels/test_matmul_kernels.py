@@ -1,7 +1,7 @@
-"""The C matmul by weights kept in their GGUF format (model/matmul_kernels.py, model/csrc/matmul.c), held to
+"""The C matmul by weights kept in their GGUF format (model/kernels/matmul.py, kernels/csrc/matmul.c), held to
 its NumPy twin QuantizedWeight.matmul.
 
-Tolerance: the kernel decodes every weight bitwise as quants.py does (checked exactly through one-hot
+Tolerance: the kernel decodes every weight bitwise as quant/dequantize.py does (checked exactly through one-hot
 rows of x) and sums in float32 in its own order, so each output may differ from the twin's by float32
 rounding of a sum: |y - y_twin| <= RTOL * (|x| @ |W|.T), RTOL = 1e-5 (the measured worst is ~3e-7 for
 rows of 1280 values; a wrong scale, nibble or bit is off by O(1) of that bound).
@@ -35,7 +35,7 @@ needs_lib = pytest.mark.skipif(mk.lib is None, reason="the C matmul was not buil
 
 @pytest.fixture(autouse=True)
 def float_path_for_the_int8_formats():
-    """These tests hold the weights' decoding to quants.py: Q8_0, Q4_0 and Q4_1 take the float path here,
+    """These tests hold the weights' decoding to quant/dequantize.py: Q8_0, Q4_0 and Q4_1 take the float path here,
     not the integer dot products on x quantized to 8 bits (held to their own twin in test_qdot.py)."""
     if mk.lib is None:
         yield

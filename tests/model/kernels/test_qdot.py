@@ -1,5 +1,5 @@
-"""Integer dot products on x quantized to 16 or 8 bits (csrc/qdot.c, through matmul_kernels.quant_matmul),
-held bit for bit to their NumPy twin model/qdot.py, in every variant this machine runs (both scalar
+"""Integer dot products on x quantized to 16 or 8 bits (csrc/dot_*.c, through kernels/matmul.quant_matmul),
+held bit for bit to their NumPy twin model/kernels/qdot.py, in every variant this machine runs (both scalar
 fallbacks included), for every format with such kernels; and the twin held to the exact float product
 within the error that rounding x allows.
 

@@ -105,7 +105,7 @@ def weight_quants(w: BlockMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
 
 
 def matmul(w: BlockMatrix, x: np.ndarray, bits: int = 8) -> np.ndarray:
-    """x [T, in] float32 -> [T, out] float32 as csrc/qdot.c computes it with x in `bits` (8 or 16), bit for
+    """x [T, in] float32 -> [T, out] float32 as csrc/dot_*.c compute it with x in `bits` (8 or 16), bit for
     bit. Each block's 32 products sum exactly in int32 (at most 32 * 128 * 32512 < 2^27)."""
     x = np.asarray(x, dtype=np.float32)
     n_out, n_in = w.shape
