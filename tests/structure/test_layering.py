@@ -101,12 +101,13 @@ SERVER_ROOMS = {
     "board": set(),                                              # the board's heat and memory
     "models": {S + "chat"},                                      # which models, their slots and leases
     "submission": {S + "metrics"},                               # what submit hands back
-    "state": {S + r for r in ("board", "health", "metrics", "models", "submission")},   # the one way in
+    "reading": set(),                                            # what a front door's reader hands submit
+    "state": {S + r for r in ("board", "health", "metrics", "models", "reading", "submission")},  # the way in
     "pooling": {S + "state"},                                    # embed and rerank through submit
-    "grpc": {S + r for r in ("chat", "clients", "health", "logs", "models", "pooling", "state",
+    "grpc": {S + r for r in ("chat", "clients", "health", "logs", "models", "pooling", "reading", "state",
                              "submission")},                     # the gRPC front door
     "http": {S + r for r in ("chat", "clients", "health", "listen", "logs", "metrics", "models", "pooling",
-                             "state", "submission")},            # the HTTP front door
+                             "reading", "state", "submission")},  # the HTTP front door
     "daemon": {S + r for r in ("board", "grpc", "http", "listen", "logs", "metrics_listener", "models",
                                "state", "systemd")},             # the daemon's life
 }

@@ -14,8 +14,7 @@ import concurrent.futures
 import enum
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpc_health.v1 import health_pb2
@@ -25,16 +24,14 @@ from nvllm import __version__
 from nvllm.engine.assembly.factory import EngineBuildError
 from nvllm.engine.async_engine import AsyncEngine, EngineDead, PendingRequest, RequestStream
 from nvllm.engine.prompt import Prompt, Tokenized
-from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.board.heat_monitor import HeatMonitor
 from nvllm.server.board.memory_watchdog import MemoryWatchdog
 from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING, Health, process_start_time
 from nvllm.server.metrics import Metrics
 from nvllm.server.models.model_set import Lease, ModelSet, NoRoom, UnknownModel
+from nvllm.server.reading import Params, Reading, Served
 from nvllm.server.submission import Submission
-
-Params = SamplingParams | PoolingParams   # a generation request's, or a pooling request's (embed, rerank)
 
 log = logging.getLogger("nvllm.server.state")
 
@@ -61,14 +58,12 @@ class Refused(Exception):
         self.no_room = no_room
 
 
-@dataclass(frozen=True)
-class Served:
-    """What a front door reads one request by: the model it leased (its name, engine and seats) and the
-    daemon's chat settings."""
-    model_name: str
-    engine: AsyncEngine
-    max_num_seqs: int
-    reasoning_parser: str = ""
+class _Unread(Exception):
+    """A reader's refusal, carried through submit's bookkeeping to be raised again as it was."""
+
+    def __init__(self, refusal: Exception) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
 
 
 class DaemonState:
@@ -214,22 +209,39 @@ class DaemonState:
             raise Refused(f"queue full: {queued} waiting, limit {self.max_waiting}", busy=True)
 
     # -- the one way in ------------------------------------------------------------------------
-    async def submit(self, api: str, client: str, request_id: str, choices: Sequence[tuple[Prompt, Params]],
-                     priority: int = 0, arrival: float | None = None, note: str = "", model: str | None = None,
-                     lease: Lease | None = None, keep_alive_s: float | None = None) -> Submission:
+    async def submit(self, api: str, client: str, request_id: str,
+                     asked: Sequence[tuple[Prompt, Params]] | Callable[[Served], Reading], priority: int = 0,
+                     arrival: float | None = None, note: str = "", model: str | None = None,
+                     keep_alive_s: float | None = None) -> Submission:
         """Hand a front door's request to the engine: one engine request per (prompt, params) choice, ids
-        request_id or request_id-<i>. In order: the serving check, the client's stream count, the model
-        (`lease`, taken here on the named `model` unless the front door took it to read the request by its
-        template; either way the submission owns it and gives it back, with keep_alive_s as the model's
-        keep_alive from then on), rendering, tokenizing and compiling any constraint (off the event loop),
-        admission, and the hand-over with no await after admission. Raises Refused, InvalidParameter (the
-        engine's checks; the front door names its own field), UnknownModel or EngineDead, each refusal
-        counted in the metrics and logged here (what a front door refuses itself, its wire format, it counts
-        itself). `note` ends the admission's log line."""
+        request_id or request_id-<i>. `asked` is the choices, or the front door's reader, called with the
+        model leased (a chat is read by the model's template) and returning its Reading (the choices, the
+        priority, the note and the keep_alive in place of the arguments).
+
+        In order: the serving check; with a reader, the named `model` leased and the request read; the
+        client's stream count; without one, the model leased; rendering, tokenizing and compiling any
+        constraint (off the event loop), admission, and the hand-over with no await after admission. The
+        submission owns the lease and gives it back, with keep_alive_s as the model's keep_alive from then
+        on. Raises Refused, InvalidParameter (the engine's checks; a reading's `refusal` names the front
+        door's own field instead), UnknownModel, EngineDead or what the reader raised, each refusal counted in
+        the metrics and logged here (what a front door refuses before, its wire format, it counts itself).
+        `note` ends the admission's log line."""
         arrival = time.monotonic() if arrival is None else arrival
         opened = False
+        lease: Lease | None = None
+        reading: Reading | None = None
         try:
             self.check_serving()
+            if callable(asked):
+                lease = await self.lease(model)
+                try:
+                    reading = asked(self.served(lease))
+                except Exception as e:       # the front door's refusal of what it read, in its own shape
+                    raise _Unread(e) from e
+                choices, priority, note, keep_alive_s = (reading.choices, reading.priority, reading.note,
+                                                         reading.keep_alive_s)
+            else:
+                choices = asked
             self.open_stream(client)
             opened = True
             lease = lease or await self.lease(model)
@@ -239,15 +251,21 @@ class DaemonState:
                 self.tokenize_pool, _prepare, lease.engine, ids, choices, priority)
             self.check_admission(lease)
             streams = _hand_over(lease.engine, pending)
-        except (Refused, InvalidParameter, EngineDead, UnknownModel) as e:
+        except (Refused, InvalidParameter, EngineDead, UnknownModel, _Unread) as e:
             if opened:
                 self.close_stream(client)
             if lease is not None:
                 lease.release()
-            log.info("refused: %s", e)
+            cause = e.refusal if isinstance(e, _Unread) else e
+            log.info("refused: %s", cause)
             busy = isinstance(e, Refused) and e.busy
             self.metrics.request(api, arrival).refused(
-                "busy" if busy else "invalid" if isinstance(e, (InvalidParameter, UnknownModel)) else "unavailable")
+                "busy" if busy else "invalid" if isinstance(e, (InvalidParameter, UnknownModel, _Unread))
+                else "unavailable")
+            if isinstance(e, _Unread):
+                raise e.refusal from None
+            if isinstance(e, InvalidParameter) and reading is not None:
+                raise reading.refusal(e) from None
             raise
         except BaseException:      # cancelled while tokenizing: nothing reached the engine
             if opened:

@@ -26,7 +26,8 @@ from nvllm.engine.llm_engine import LLMEngine
 from nvllm.server.http.anthropic_request import read_messages
 from nvllm.server.http.anthropic_response import MessageBuilder
 from nvllm.server.http.errors import ApiError
-from nvllm.server.state import DaemonState, Served
+from nvllm.server.reading import Served
+from nvllm.server.state import DaemonState
 
 if TYPE_CHECKING:
     from anthropic.types import MessageParam, ThinkingConfigDisabledParam, ToolChoiceToolParam, ToolParam

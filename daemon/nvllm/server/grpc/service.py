@@ -1,17 +1,20 @@
 """The gRPC servicer for nvllm.v1.Generator: Generate, Tokenize, Embed, Rerank and Health, on the daemon's state
-(state.py). Embed and Rerank read their proto (pooling_request.py) and run through server/pooling.py.
+(server/state.py). Embed and Rerank read their proto (pooling_rpc.py) and run through server/pooling.py.
 
-Generate: read the proto (INVALID_ARGUMENT naming its field, generate_request.py), then hand the prompt
-and its SamplingParams in through `DaemonState.submit` (UNAVAILABLE while starting or draining,
-RESOURCE_EXHAUSTED under memory pressure, with a full queue or when the client already holds
-server.max_streams_per_client streams, INVALID_ARGUMENT for what the engine refuses), then stream the
-engine's deltas as responses: a chat's text read by server/chat/answer.py's AnswerStream, as the HTTP API
-reads it, into text, reasoning_text and tool_calls. A client that cancels or passes its deadline closes the
-stream, which aborts the request in the engine at once. Tokenize: read the proto (tokenize_request.py),
-then the prompt's ids through `DaemonState.tokenize`, off the event loop.
+Generate is a translation, as the HTTP handlers are: bytes that do not decode, an oversized request or a bad
+id are refused first (INVALID_ARGUMENT naming the field); then `DaemonState.submit`, the one way in, leases
+the model and reads the proto by it through this front door's reader (generate_request.py), and refuses,
+counts and logs as for every front door; what it raises is mapped onto a status (UNAVAILABLE while starting
+or draining, RESOURCE_EXHAUSTED under memory pressure, with a full queue or when the client already holds
+server.max_streams_per_client streams, NOT_FOUND for a model not served, INVALID_ARGUMENT for what the
+reader or the engine refuses). The engine's deltas are streamed as responses: a chat's text read by
+server/chat/answer.py's AnswerStream, as the HTTP API reads it, into text, reasoning_text and tool_calls. A
+client that cancels or passes its deadline closes the stream, which aborts the request in the engine at once.
+Tokenize: read the proto (tokenize_rpc.py), then the prompt's ids through `DaemonState.tokenize`, off the
+event loop. Health: the daemon's Health shaped as HealthResponse (health_reply.py).
 
-Requests are decoded by server/wire.py rather than by the generated handler, so that bytes which do
-not decode (invalid UTF-8 in a string field) are refused with INVALID_ARGUMENT naming the field.
+Requests are decoded by wire.py rather than by the generated handler, so that bytes which do not decode
+(invalid UTF-8 in a string field) are refused with INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.clients import client_key
 from nvllm.server.grpc.generate_request import (
     BadRequest,
+    GenerateArgs,
     check_envelope,
     invalid_message,
     read_keep_alive,
@@ -52,6 +56,7 @@ from nvllm.server.grpc.wire import (
 from nvllm.server.logs import request_context
 from nvllm.server.models.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
+from nvllm.server.reading import Reading, Served
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused
 from nvllm.server.submission import Submission
 from nvllm.v1 import nvllm_pb2 as pb
@@ -82,9 +87,21 @@ def chat_answer(parser: str, input_field: str, prompt: Any, thinks: bool,
     return AnswerStream(plan, parser, thinks, prompt.get("chat_template_kwargs"))
 
 
+def _unread(request: pb.GenerateRequest | UndecodableRequest, rid: str, max_message_bytes: int) -> str | None:
+    """Why a Generate request is refused before anything else, or None: its bytes did not decode, or its size
+    or id is wrong."""
+    if isinstance(request, UndecodableRequest):
+        return request.message
+    try:
+        check_envelope(request, rid, max_message_bytes)
+    except BadRequest as e:
+        return str(e)
+    return None
+
+
 def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server) -> None:
     """nvllm_pb2_grpc.add_GeneratorServicer_to_server, with Generate's requests decoded by
-    server/wire.py (so undecodable bytes are refused naming the field)."""
+    grpc/wire.py (so undecodable bytes are refused naming the field)."""
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             servicer.Generate, request_deserializer=decode_generate_request,
@@ -191,52 +208,42 @@ class GeneratorService(pb_grpc.GeneratorServicer):
     # -- Generate -----------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest | UndecodableRequest,
                        context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.GenerateResponse, None]:
-        """The request read from the proto, handed in through DaemonState.submit, its outputs as responses."""
+        """The request handed in through DaemonState.submit, read there from the proto by the model leased,
+        its outputs as responses."""
         t0 = time.monotonic()
         st = self.state
-        if isinstance(request, UndecodableRequest):
-            with request_context(uuid.uuid4().hex):
-                log.info("refused: %s", request.message)
-                st.metrics.request("grpc", t0).refused("invalid")
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
-        rid = request.request_id or uuid.uuid4().hex
+        rid = (request.request_id if isinstance(request, pb.GenerateRequest) else "") or uuid.uuid4().hex
         with request_context(rid):
-            # The model first (loaded where it is not): a chat is read by its template. Only the size and
-            # the id are checked before: an oversized request never loads a model.
-            try:
-                check_envelope(request, rid, st.max_message_bytes)
-            except BadRequest as e:
-                log.info("refused: %s", e)
+            # What the wire refuses before the model is leased: bytes that do not decode, the size and the
+            # id (an oversized request never loads a model).
+            unread = _unread(request, rid, st.max_message_bytes)
+            if unread is not None:
+                log.info("refused: %s", unread)
                 st.metrics.request("grpc", t0).refused("invalid")
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, unread)
+            assert isinstance(request, pb.GenerateRequest)
+            args: GenerateArgs | None = None
+
+            def read(served: Served) -> Reading:
+                nonlocal args
+                args = read_request(request, rid, served.model_name, st.max_message_bytes,
+                                    served.engine.chat_template)
+                a = args
+                return Reading([(a.prompt, a.params)],
+                               lambda e: BadRequest(e.field, invalid_message(e, a.input_field, a.constraint_param)),
+                               request.priority, keep_alive_s=read_keep_alive(request.keep_alive))
             try:
-                lease = await st.lease(request.model)
-            except Refused as e:
-                log.info("refused: %s", e)
-                st.metrics.request("grpc", t0).refused("busy" if e.busy else "unavailable")
-                await _abort(context, _refusal_code(e), str(e))
+                sub = await st.submit("grpc", client_key(context.peer()), rid, read, arrival=t0,
+                                      model=request.model)
+            except BadRequest as e:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             except UnknownModel as e:
-                log.info("refused: %s", e)
-                st.metrics.request("grpc", t0).refused("invalid")
                 await _abort(context, grpc.StatusCode.NOT_FOUND, str(e))
-            try:
-                args = read_request(request, rid, lease.name, st.max_message_bytes, lease.engine.chat_template)
-                keep_alive = read_keep_alive(request.keep_alive)
-            except BadRequest as e:
-                lease.release()
-                log.info("refused: %s", e)
-                st.metrics.request("grpc", t0).refused("invalid")
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            try:
-                sub = await st.submit("grpc", client_key(context.peer()), rid, [(args.prompt, args.params)],
-                                      request.priority, t0, lease=lease, keep_alive_s=keep_alive)
             except Refused as e:
                 await _abort(context, _refusal_code(e), str(e))
-            except InvalidParameter as e:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                             invalid_message(e, args.input_field, args.constraint_param))
             except EngineDead as e:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+            assert args is not None     # submit read it
             async with sub:
                 answer = chat_answer(st.reasoning_parser, args.input_field, args.prompt, sub.thinks, args.tool_plan)
                 async with contextlib.aclosing(self._responses(sub, context, rid, t0, answer)) as responses:

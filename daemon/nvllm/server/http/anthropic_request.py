@@ -32,7 +32,7 @@ from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.anthropic_messages import read_conversation
 from nvllm.server.http.body import ARRAY, BOOL, INT, OBJECT, REAL, STRING, check_keys, check_model, need
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.state import Served
+from nvllm.server.reading import Served
 
 SAMPLING_FIELDS = {"temperature": REAL, "top_p": REAL, "top_k": INT, "truncate_prompt_tokens": INT}
 PROMPT_FIELDS = {"model", "system", "messages", "tools", "tool_choice", "thinking", "output_config"}

@@ -25,7 +25,7 @@ from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStr
 from nvllm.server.http.anthropic_request import AnthropicRequest, read_messages
 from nvllm.server.http.dialect import Dialect, Event
 from nvllm.server.http.errors import ApiError
-from nvllm.server.state import Served
+from nvllm.server.reading import Served
 
 _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -7,10 +7,11 @@ OpenAI's Responses API, stateless: POST /v1/responses (responses_request.py, res
 Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens (anthropic_request.py,
 anthropic_response.py), its errors in Anthropic's shape.
 
-A generation request is read here, then goes in as the gRPC API's do, through `DaemonState.submit`: the
-key (401), the body's size (413), its JSON and parameters (400 naming the parameter), then starting or
-draining (503), the client's stream cap (429), tokenizing off the loop, admission (429 for a full queue or
-memory pressure). n choices are n engine requests on the same prompt (the prefix cache shares its full
+A generation request goes in as the gRPC API's do, through `DaemonState.submit`: the key (401), starting
+or draining (503), the body's size (413) and its JSON are checked here; submit leases the model named (404
+for one not served) and reads the body by it with the dialect's reader (400 naming the parameter), then
+the client's stream cap (429), tokenizing off the loop, admission (429 for a full queue or memory
+pressure). n choices are n engine requests on the same prompt (the prefix cache shares its full
 pages). A client that closes the connection, mid-stream or while a whole response is computed, aborts its
 requests: their pages come back at once.
 """
@@ -42,7 +43,7 @@ from nvllm.server.http.anthropic_response import MESSAGES, anthropic_refused
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.body import parse_json
 from nvllm.server.http.delivery import event_stream, whole
-from nvllm.server.http.dialect import Dialect
+from nvllm.server.http.dialect import Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
 from nvllm.server.http.openai_response import ResponseBuilder
@@ -56,7 +57,8 @@ from nvllm.server.metrics import Metrics
 from nvllm.server.models.keep_alive import keep_alive_seconds
 from nvllm.server.models.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
-from nvllm.server.state import DaemonState, Refused, Served
+from nvllm.server.reading import Reading, Served
+from nvllm.server.state import DaemonState, Refused
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -302,32 +304,32 @@ class OpenAIApi:
         rid = uuid.uuid4().hex
         st = self.state
         with request_context(rid):
-            lease = None
-            try:
-                # The model first (loaded if it is not): a chat is read by its template, and starting is a 503.
+            try:   # what HTTP refuses before the one way in: the key, starting or draining (a 503), the body
                 self.check_key(request)
                 st.check_serving()
                 body = parse_json(await self._read_body(request))
                 model, keep_alive = request_model(body)
-                lease = await st.lease(model)
-                served = st.served(lease)
-                asked = dialect.read(body, served)
-            except (ApiError, Refused, UnknownModel) as e:
-                if lease is not None:
-                    lease.release()
-                err = refusal(e) if isinstance(e, Refused) else not_found(e) if isinstance(e, UnknownModel) else e
+            except (ApiError, Refused) as e:
+                err = refusal(e) if isinstance(e, Refused) else e
                 st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(err.status, "invalid"))
                 raise err from None
+            asked: Asked | None = None
+            served: Served | None = None
+
+            def read(model_served: Served) -> Reading:   # by the model leased: a chat is read by its template
+                nonlocal asked, served
+                asked, served = dialect.read(body, model_served), model_served
+                return Reading(asked.choices(), asked.refusal, asked.priority,
+                               f", user {asked.user!r}" if asked.user else "", keep_alive)
             try:
-                sub = await st.submit("http", http_client_key(request), rid, asked.choices(), asked.priority, t0,
-                                      f", user {asked.user!r}" if asked.user else "", lease=lease,
-                                      keep_alive_s=keep_alive)
+                sub = await st.submit("http", http_client_key(request), rid, read, arrival=t0, model=model)
             except Refused as e:
                 raise refusal(e) from None
-            except InvalidParameter as e:
-                raise asked.refusal(e) from None
+            except UnknownModel as e:
+                raise not_found(e) from None
             except EngineDead as e:
                 raise ApiError(503, str(e), code="unavailable") from None
+            assert asked is not None and served is not None    # submit read it
             answering = dialect.answering(asked, rid, served, sub.thinks)
             if asked.stream:
                 return event_stream(sub, answering, rid, t0)

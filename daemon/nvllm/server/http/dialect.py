@@ -15,7 +15,7 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.server.http.errors import ApiError
-from nvllm.server.state import Served
+from nvllm.server.reading import Served
 
 Event = dict[str, str]      # one server-sent event: "data" and, where the API names its events, "event"
 

@@ -25,7 +25,7 @@ from nvllm.server.chat.response_format import Constraint, json_schema_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.body import ARRAY, BOOL, INT, OBJECT, REAL, STRING, check_model, need
 from nvllm.server.http.errors import ApiError, bad_request
-from nvllm.server.state import Served
+from nvllm.server.reading import Served
 
 FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
           "max_output_tokens", "temperature", "top_p", "reasoning", "stream", "user", "metadata", "truncation",

@@ -22,7 +22,7 @@ from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStr
 from nvllm.server.http.dialect import Event
 from nvllm.server.http.errors import ApiError
 from nvllm.server.http.responses_request import ResponsesRequest
-from nvllm.server.state import Served
+from nvllm.server.reading import Served
 
 MESSAGE, FUNCTION_CALL = "message", "function_call"
 
