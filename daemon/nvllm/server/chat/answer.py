@@ -35,6 +35,10 @@ class Answer:
     text: str = ""
     calls: list[ToolCall] = field(default_factory=list)
 
+    def finish_reason(self, engine_reason: str | None) -> str | None:
+        """"tool_calls" when the answer ended with calls, else the engine's ("stop", "length", "abort")."""
+        return finish_reason(engine_reason, len(self.calls))
+
 
 class AnswerStream:
     """Reads one choice's text as the engine makes it; feed() gives the deltas, final=True with the last."""

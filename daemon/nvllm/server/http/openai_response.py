@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvllm.engine.outputs import RequestOutput, TokenLogprob
-from nvllm.server.chat.reasoning import reasoning_stream
-from nvllm.server.chat.tool_calls import ToolCallStream, finish_reason, read_tool_calls
+from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStream, Delta, read_answer
 from nvllm.server.http.errors import ApiError
 from nvllm.server.http.openai_request import CHAT, ParsedRequest
 
@@ -67,6 +66,17 @@ class Usage:
         return usage
 
 
+def _chat_delta(d: Delta) -> dict[str, Any]:
+    """One piece of an answer (chat/answer.py) as OpenAI chat's delta."""
+    if d.kind == TEXT:
+        return {"content": d.text}
+    if d.kind == CALL:
+        return {"tool_calls": [{"index": d.index, "id": d.call_id, "type": "function",
+                                "function": {"name": d.name, "arguments": ""}}]}
+    assert d.kind == ARGUMENTS
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+
+
 class ResponseBuilder:
     """Builds one request's response object, or its stream chunks, from the engine's outputs."""
 
@@ -87,13 +97,14 @@ class ResponseBuilder:
         self.stop_reason: list[str | int | None] = [None] * n
         self.offsets = [0] * n           # characters sent so far per choice (completions' text_offset)
         self.started = [False] * n       # the chat role chunk sent
+        # A chat's answer is read by chat/answer.py, as every front door reads it: its thinking apart with a
+        # reasoning parser (reasoning_content), its tool calls with tools.
+        self.reasoning_parser = reasoning_parser if self.chat else ""
+        self.thinks = thinks
         plan = req.tool_plan if self.chat else None
-        # With tools, each choice's text is read as content and tool calls (tool_calls.py).
-        self.tool_streams = ([ToolCallStream(plan) for _ in range(n)]
-                             if plan is not None and plan.style is not None else None)
-        # With a reasoning parser, each chat choice's text is read as reasoning and content (chat/reasoning.py).
-        streams = [reasoning_stream(reasoning_parser, thinks, req.template_kwargs) for _ in range(n)]
-        self.reasoning = [r for r in streams if r is not None] if reasoning_parser and self.chat else None
+        self.plan = plan if plan is not None and plan.style is not None else None
+        self.answers = ([AnswerStream(self.plan, self.reasoning_parser, thinks, req.template_kwargs) for _ in range(n)]
+                        if self.plan is not None or self.reasoning_parser else None)
         if req.echo:
             for i in range(n):
                 self.offsets[i] = len(req.prompts[i // req.n])
@@ -131,17 +142,16 @@ class ResponseBuilder:
                 "usage": self.usage.to_dict()}
 
     def _message(self, index: int, text: str) -> dict[str, Any]:
-        plan = self.req.tool_plan
-        thought: dict[str, Any] = {}
-        if self.reasoning is not None:
-            reasoning, text = self.reasoning[index].feed(text, final=True)
-            thought = {"reasoning_content": reasoning or None}
-        if self.tool_streams is None or plan is None:
+        if self.answers is None:
+            return {"role": "assistant", "content": text}
+        answer = read_answer(text, self.plan, self.reasoning_parser, self.thinks, self.req.template_kwargs)
+        thought = {"reasoning_content": answer.reasoning or None} if self.reasoning_parser else {}
+        if self.plan is None:
             # With a parser, an answer that is all thinking has no content (vLLM's null).
-            return {"role": "assistant", "content": (text or None) if thought else text, **thought}
-        content, calls = read_tool_calls(text, plan)
-        self.finish[index] = finish_reason(self.finish[index], len(calls))
-        return {"role": "assistant", "content": content, **thought, "tool_calls": [c.to_dict() for c in calls]}
+            return {"role": "assistant", "content": answer.text or None, **thought}
+        self.finish[index] = answer.finish_reason(self.finish[index])
+        return {"role": "assistant", "content": answer.text or None, **thought,
+                "tool_calls": [c.to_dict() for c in answer.calls]}
 
     # -- stream chunks -------------------------------------------------------------------------
     def chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
@@ -155,13 +165,15 @@ class ResponseBuilder:
             chunks.append({**self._head(), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}], **usage})
         text = out.text
-        if self.reasoning is not None:
-            reasoning, text = self.reasoning[index].feed(text, final=out.finished)
-            if reasoning:
-                chunks.append({**self._head(), "choices": [{"index": index, "delta": {"reasoning_content": reasoning},
-                                                             "logprobs": None, "finish_reason": None}], **usage})
-        if self.tool_streams is not None:
-            return chunks + self._tool_chunks(index, out, text, usage)
+        if self.answers is not None:
+            deltas = self.answers[index].feed(text, final=out.finished)
+            for d in deltas:
+                if d.kind == REASONING:
+                    chunks.append({**self._head(), "choices": [{"index": index, "delta": {"reasoning_content": d.text},
+                                                                 "logprobs": None, "finish_reason": None}], **usage})
+            if self.plan is not None:
+                return chunks + self._tool_chunks(index, out, [d for d in deltas if d.kind != REASONING], usage)
+            text = "".join(d.text for d in deltas if d.kind == TEXT)
         if not self.chat and self.req.echo and not self.started[index]:
             self.started[index] = True
             text = self.req.prompts[index // self.req.n] + text
@@ -182,12 +194,12 @@ class ResponseBuilder:
         chunks.append({**self._head(), "choices": [c], **usage})
         return chunks
 
-    def _tool_chunks(self, index: int, out: RequestOutput, text: str, usage: dict[str, Any]) -> list[dict[str, Any]]:
+    def _tool_chunks(self, index: int, out: RequestOutput, answer: list[Delta],
+                     usage: dict[str, Any]) -> list[dict[str, Any]]:
         """Chat chunks of a choice with tools: content and tool-call deltas; the finish reason on a last
         chunk of its own ("tool_calls" when calls were made)."""
-        assert self.tool_streams is not None
-        stream = self.tool_streams[index]
-        deltas = stream.feed(text, final=out.finished)
+        assert self.answers is not None
+        deltas = [_chat_delta(d) for d in answer]
         if out.finished or (not deltas and out.logprobs and self.req.logprobs):
             deltas.append({})
         lp = chat_logprobs(out.logprobs or []) if self.req.logprobs else None
@@ -196,7 +208,7 @@ class ResponseBuilder:
                   for k, d in enumerate(deltas)]
         if out.finished:
             last = chunks[-1]["choices"][0]
-            last["finish_reason"] = finish_reason(out.finish_reason, stream.num_calls)
+            last["finish_reason"] = self.answers[index].finish_reason(out.finish_reason)
             last["stop_reason"] = out.stop_reason
         return chunks
 
