@@ -13,8 +13,8 @@ with finish_reason ABORT, writes the prefix cache to cache.persist_dir when set,
 signal exits at once (status 1).
 
 Daemon takes its memory reader (the watchdog's source of "available bytes") and any extra signal
-handlers as arguments; `main` passes neither, so the daemon reads real memory and answers only
-SIGTERM/SIGINT. The tests' launcher (tests/helpers/daemon_main.py) passes its own.
+handlers as arguments; `nvllm serve` (cli/serve.py) passes neither, so the daemon reads real memory and
+answers only SIGTERM/SIGINT. The tests' launcher (tests/helpers/daemon_main.py) passes its own.
 
 Security defaults: the listener is loopback (127.0.0.1:50051) or a unix socket created with mode
 server.unix_socket_mode (never wider, even for an instant: the umask is tightened while it is
