@@ -18,6 +18,8 @@ from nvllm import LLM, SamplingParams
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.sampling_params import InvalidParameter
+from nvllm.server.models.model_set import UnknownModel
+from nvllm.server.reading import Reading, Served
 from nvllm.server.state import DaemonState, Refused
 
 CLIENT = "10.0.0.7"
@@ -134,3 +136,44 @@ def test_starting_is_refused_as_unavailable(engine: LLMEngine) -> None:
     busy, message, streams, counts = run(engine, body, ready=False)
     assert not busy and "starting" in message and streams == {}
     assert counts["unavailable"] == 1 and counts["admitted"] == 0
+
+
+class NamedRefusal(Exception):
+    """A front door's own refusal (its wire format's), as a reader or a Reading's refusal raises it."""
+
+
+def test_a_reader_reads_by_the_model_leased_and_its_refusals_are_counted_here(engine: LLMEngine) -> None:
+    """With a reader, submit leases the model named, reads the request by it, and counts and gives back
+    what either refuses: the reader's own refusal as raised, the engine's named by the Reading."""
+    def reading(params: SamplingParams) -> Callable[[Served], Reading]:
+        def read(served: Served) -> Reading:
+            read_by.append(served.model_name)
+            return Reading([("Hi", params)], lambda e: NamedRefusal(f"body.{e.field}"), keep_alive_s=0.5)
+        return read
+
+    def refuse(served: Served) -> Reading:
+        raise NamedRefusal("a field the reader refused")
+
+    read_by: list[str] = []
+
+    async def body(state: DaemonState) -> Any:
+        seen: list[str] = []
+        sub = await state.submit("grpc", CLIENT, "read", reading(GREEDY), model="tiny-llama")
+        async with sub:
+            async for _ in sub:
+                pass
+        for read in (refuse, reading(SamplingParams(max_tokens=10**6))):
+            with pytest.raises(NamedRefusal) as e:
+                await state.submit("grpc", CLIENT, "refused", read)
+            seen.append(str(e.value))
+        with pytest.raises(UnknownModel):
+            await state.submit("grpc", CLIENT, "unknown", reading(GREEDY), model="no-such-model")
+        assert state.models is not None
+        leased = [s.leases for s in state.models.slots.values()]
+        return seen, dict(state.streams_by_client), counted(state), leased
+
+    seen, streams, counts, leased = run(engine, body)
+    assert read_by == ["tiny-llama"] * 2       # the refusing reader reads nothing; an unknown model none
+    assert seen == ["a field the reader refused", "body.max_tokens"]
+    assert streams == {} and leased == [0]
+    assert counts == {"admitted": 1, "invalid": 3, "busy": 0, "unavailable": 0}
