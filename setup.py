@@ -30,20 +30,20 @@ setup(
         Extension(
             "nvllm.model.kernels._matmul",
             # step.c runs a decode step's layers in one call, so ops.c's kernels are built in here too,
-            # beside this library's thread pool (the _ops library above stays for everything else).
+            # beside this library's thread team (the _ops library above stays for everything else).
             sources=["daemon/nvllm/model/kernels/csrc/matmul.c", "daemon/nvllm/model/kernels/csrc/ops.c",
                      "daemon/nvllm/model/kernels/csrc/attention.c",
-                     "daemon/nvllm/model/kernels/csrc/step.c", "daemon/nvllm/model/kernels/csrc/pool.c",
+                     "daemon/nvllm/model/kernels/csrc/step.c", "daemon/nvllm/model/kernels/csrc/team.c",
                      # the repacked weights' integer kernels: one file per instruction set (packed.h)
                      *(f"daemon/nvllm/model/kernels/csrc/{name}.c" for name in DOT_SOURCES)],
             # Their shared block layouts and helpers: a change there rebuilds both.
             depends=["daemon/nvllm/model/kernels/csrc/blocks.h", "daemon/nvllm/model/kernels/csrc/ops.h",
                      "daemon/nvllm/model/kernels/csrc/fmath.h", "daemon/nvllm/model/kernels/csrc/kv.h",
-                     "daemon/nvllm/model/kernels/csrc/pool.h", "daemon/nvllm/model/kernels/csrc/packed.h",
+                     "daemon/nvllm/model/kernels/csrc/team.h", "daemon/nvllm/model/kernels/csrc/packed.h",
                      "daemon/nvllm/model/kernels/csrc/matmul.h",
                      "daemon/nvllm/model/kernels/csrc/peak.h", "daemon/nvllm/model/kernels/csrc/dot_x86.h",
                      "daemon/nvllm/model/kernels/csrc/dot_arm.h", "daemon/nvllm/model/kernels/csrc/dot_float.h"],
-            # The weight-format matmuls: the same flags, and POSIX threads for their pool. A second
+            # The weight-format matmuls: the same flags, and POSIX threads for their team. A second
             # extension so that a failure to build it (no pthreads) leaves the kernels above in place.
             extra_compile_args=["-O3", "-g0", "-std=c99", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                                 "-pthread"],

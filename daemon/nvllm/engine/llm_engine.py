@@ -94,14 +94,15 @@ class LLMEngine:
         self.last_step_s = 0.0
         self.last_step_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) for tokens/s
-        # Structured output: compiles constraints (in the tokenize pool) and fills each step's bitmask.
+        # Structured output: compiles constraints (on the threads that tokenize requests) and fills each
+        # step's bitmask.
         self.structured = structured
         # Fill the bitmask on a thread of its own while the model runs (llguidance and BLAS both let go
         # of the GIL); False fills it after the forward pass, on the engine thread.
         self.structured_overlap = True
         # (start, end) thinking tokens: a grammar then waits for the end of the thinking (structured/thinking.py).
         self.think_tokens = think_tokens
-        self._mask_pool: ThreadPoolExecutor | None = None
+        self._mask_filler: ThreadPoolExecutor | None = None
         # Pinned prompts and the persisted prefix cache (engine/warm/warmup.py), set by the factory when asked.
         self.warmup: Warmup | None = None
 
@@ -307,9 +308,9 @@ class LLMEngine:
         bits: np.ndarray | None = None
         filling: Future | None = None
         if constrained and self.structured_overlap:
-            if self._mask_pool is None:
-                self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="nvllm-mask")
-            filling = self._mask_pool.submit(self.structured.fill_ahead, items)
+            if self._mask_filler is None:
+                self._mask_filler = ThreadPoolExecutor(1, thread_name_prefix="nvllm-mask")
+            filling = self._mask_filler.submit(self.structured.fill_ahead, items)
         try:
             logits = model.forward(fb, self.kv_cache)
         finally:

@@ -1,7 +1,7 @@
 """Whose step it is: the engines of several loaded models each have their thread, but the kernels' threads
-are one team for the whole process (model/kernels' C pool), and a board's few cores do more for one step at
-a time than split between two. So each engine thread takes a turn for its step, first come first served
-(a ticket queue: a lock a busy thread could take again at once would starve the other model)."""
+are one team for the whole process (model/kernels' C thread team, csrc/team.c), and a board's few cores
+do more for one step at a time than split between two. So each engine thread takes a turn for its step,
+first come first served (a ticket queue: a lock a busy thread could take again at once would starve the other model)."""
 
 from __future__ import annotations
 

@@ -105,13 +105,13 @@ def _decode(q: np.ndarray, kv_pool: np.ndarray, meta: AttentionMetadata, out: np
     rows, tok = meta.decode_rows, meta.decode_tokens
     if ops.lib is not None and meta.paged_decode is not None and softcap is None:
         # the sequences shared out over the matmul kernels' threads, when there are several
-        pool = (threads.count, matmul.pool_run) if matmul.lib is not None else (1, None)
+        team = (threads.count, matmul.team_run) if matmul.lib is not None else (1, None)
         if meta.decode_span is not None:
             t0, t1 = meta.decode_span
-            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1], pool[0], pool[1], window)
+            meta.paged_decode(q[t0:t1], kv_pool, out[t0:t1], team[0], team[1], window)
         else:
             o = np.empty((rows.size,) + q.shape[1:], dtype=np.float32)
-            meta.paged_decode(q[tok], kv_pool, o, pool[0], pool[1], window)
+            meta.paged_decode(q[tok], kv_pool, o, team[0], team[1], window)
             out[tok] = o
         return
     nh, hd = q.shape[1], q.shape[2]
@@ -217,8 +217,8 @@ def paged_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, kv_pool
         _decode(q, kv_pool, meta, out, window, softcap)
     if meta.paged_prefill is not None and softcap is None:
         # every chunk at once, in tiles on the matmul kernels' threads, with decode's arithmetic per token
-        pool = (threads.count, matmul.pool_run) if matmul.lib is not None else (1, None)
-        meta.paged_prefill(q, kv_pool, out, pool[0], pool[1], window)
+        team = (threads.count, matmul.team_run) if matmul.lib is not None else (1, None)
+        meta.paged_prefill(q, kv_pool, out, team[0], team[1], window)
         return out
     for s in meta.prefill_rows:
         start, n = int(meta.query_starts[s]), int(meta.query_lens[s])

@@ -5,8 +5,9 @@ rotary positions on q and k in place of the position table, a SwiGLU MLP, no bia
 sequence is computed in the one step that takes it whole, and what leaves the model is one vector per sequence
 (the pooler's, model/pooler.py) or, for a cross-encoder, its classifier's score.
 
-Every linear layer is one matmul for all tokens of the step; attention runs in C on the matmul pool, a tile of a
-sequence's queries and one head a task (kernels/encoder_attention.py), and BERT's GELU in C (ops.gelu_erf).
+Every linear layer is one matmul for all tokens of the step; attention runs in C on the kernels' thread team,
+a tile of a sequence's queries and one head a task (kernels/encoder_attention.py), and BERT's GELU in C
+(ops.gelu_erf).
 """
 
 from __future__ import annotations
@@ -153,13 +154,13 @@ class Encoder:
         return x
 
     def _attention(self, qkv: np.ndarray, starts: np.ndarray, lens: np.ndarray, attn: np.ndarray) -> None:
-        """qkv [T, 3H] -> attn [T, H]: each sequence's tokens see all of it. In C on the matmul pool where built
-        (kernels/encoder_attention.py); the NumPy twin calls BLAS per sequence, whose threads then spin on the
-        cores the next matmul wants."""
+        """qkv [T, 3H] -> attn [T, H]: each sequence's tokens see all of it. In C on the kernels' thread team
+        where built (kernels/encoder_attention.py); the NumPy twin calls BLAS per sequence, whose threads then
+        spin on the cores the next matmul wants."""
         c = self.config
         nh, hd = c.num_heads, c.head_dim
         if ops.lib is not None and matmul.lib is not None:
-            encoder_attention(qkv, starts, lens, nh, hd, float(self.scale), attn, threads.count, matmul.pool_run)
+            encoder_attention(qkv, starts, lens, nh, hd, float(self.scale), attn, threads.count, matmul.team_run)
             return
         for a, n in zip(starts, lens):
             q, k, v = qkv[a:a + n].reshape(n, 3, nh, hd).transpose(1, 2, 0, 3)   # [nh, n, hd] each

@@ -1,6 +1,6 @@
 """An encoder's attention in C (kernels/encoder_attention.py) against its NumPy twin: softmax(q k^T scale) v within
 each sequence of a packed batch, for sequences shorter and longer than a block of keys (64) and a tile of
-queries (16), head sizes with and without a whole number of 8-lane vectors, on one part and on the pool;
+queries (16), head sizes with and without a whole number of 8-lane vectors, on one part and on the thread team;
 and the shapes it refuses."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_each_sequence_attends_to_all_of_itself_and_nothing_else(hd: int, parts:
     qkv = rng.standard_normal((int(lens.sum()), 3 * nh * hd)).astype(np.float32)
     out = np.full((qkv.shape[0], nh * hd), np.nan, np.float32)
     scale = hd ** -0.5
-    encoder_attention(qkv, starts, lens, nh, hd, scale, out, parts, matmul.pool_run)
+    encoder_attention(qkv, starts, lens, nh, hd, scale, out, parts, matmul.team_run)
     np.testing.assert_allclose(out, twin(qkv, starts, lens, nh, hd, scale), rtol=0, atol=2e-5)
 
 

@@ -1,6 +1,6 @@
 """The C kernels (nvllm/model/kernels/csrc/ops.c) against their NumPy twins, on shapes the models do not
 have as well as those they do: odd head sizes, one-token pages, contexts of one token and of exactly
-full pages, padded block tables, extreme activations; paged decode attention split over the matmul pool
+full pages, padded block tables, extreme activations; paged decode attention split over the thread team
 changing no bit, and the split by work it uses."""
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ def test_decode_attention_matches_numpy(S, nh, nkv, hd, bs, monkeypatch):
 
 @needs_kernels
 @pytest.mark.parametrize("parts", [2, 3, 8, 40])
-def test_decode_attention_split_over_the_matmul_pool_changes_no_bit(parts):
+def test_decode_attention_split_over_the_thread_team_changes_no_bit(parts):
     """The sequences shared out over the matmul kernels' threads (more parts than sequences too) give
     every sequence the bits of one call over all of them."""
     from nvllm.model.kernels import matmul as mk
 
     if mk.lib is None:
-        pytest.skip("the C matmul library (its thread pool) was not built")
+        pytest.skip("the C matmul library (its thread team) was not built")
     rng = np.random.default_rng(parts)
     q, pool, meta = random_decode_case(rng, 32, 9, 3, 64, 16)
     whole, split = np.full_like(q, np.nan), np.full_like(q, np.nan)
@@ -52,7 +52,7 @@ def test_decode_attention_split_over_the_matmul_pool_changes_no_bit(parts):
     pd = kernels.PagedDecode(meta.block_tables, meta.context_lens)
     for _ in range(2):   # the job made for this many parts, then used again
         split[:] = np.nan
-        pd(q, pool, split, parts, mk.pool_run)
+        pd(q, pool, split, parts, mk.team_run)
         np.testing.assert_array_equal(split, whole)
 
 

@@ -88,7 +88,7 @@ def test_decode_attention_reads_each_format_as_numpy_does(name, S, nh, nkv, hd, 
     ours = np.full_like(q, np.nan)
     _decode(q, pool, meta, ours)
     kernels.PagedDecode(meta.block_tables, meta.context_lens)(q, pool, split := np.full_like(q, np.nan), 3,
-                                                              _pool_run())
+                                                              _team_run())
     np.testing.assert_array_equal(split, ours)   # split over threads: the same bits
     numpy_path(monkeypatch)
     ref = np.full_like(q, np.nan)
@@ -99,12 +99,12 @@ def test_decode_attention_reads_each_format_as_numpy_does(name, S, nh, nkv, hd, 
     np.testing.assert_allclose(ref, exact, atol=1e-6, rtol=1e-5)
 
 
-def _pool_run():
+def _team_run():
     from nvllm.model.kernels import matmul as mk
 
     if mk.lib is None:
-        pytest.skip("the C matmul library (its thread pool) was not built")
-    return mk.pool_run
+        pytest.skip("the C matmul library (its thread team) was not built")
+    return mk.team_run
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -237,7 +237,7 @@ def test_bad_weights_are_refused_naming_them() -> None:
 
 @needs_lib
 def test_calls_from_several_python_threads_at_once_get_their_own_results() -> None:
-    # ctypes lets go of the GIL: the C pool takes one call at a time, the others wait their turn
+    # ctypes lets go of the GIL: the C thread team takes one call at a time, the others wait their turn
     from concurrent.futures import ThreadPoolExecutor
 
     rng = rng_for("concurrent")

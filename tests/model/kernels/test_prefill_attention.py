@@ -90,9 +90,9 @@ def test_each_token_gets_the_bits_decode_gives_it(parts: int, window: int) -> No
         pp(q, pool, out, window=window)
     else:
         if mk.lib is None:
-            pytest.skip("the C matmul library (its thread pool) was not built")
+            pytest.skip("the C matmul library (its thread team) was not built")
         for _ in range(2):   # the tasks made once, then handed out again
-            pp(q, pool, out, parts, mk.pool_run, window)
+            pp(q, pool, out, parts, mk.team_run, window)
     seq = np.repeat(np.arange(len(chunks)), meta.query_lens)
     decode = kernels.PagedDecode(np.ascontiguousarray(meta.block_tables[seq]), meta.positions + 1)
     one_by_one = np.full_like(q, np.nan)

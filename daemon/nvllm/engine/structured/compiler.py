@@ -67,7 +67,8 @@ def words(vocab_size: int) -> int:
 
 
 class StructuredCompiler:
-    """Turns a StructuredSpec into a fresh llguidance matcher; one per engine, shared by the tokenize pool."""
+    """Turns a StructuredSpec into a fresh llguidance matcher; one per engine, shared by the threads that
+    tokenize requests."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Iterable[int],
                  cache_size: int = CACHE_SIZE, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
@@ -79,7 +80,7 @@ class StructuredCompiler:
         self._lock = threading.Lock()
         self._lltokenizer: LLTokenizer | None = None
         self._cache: OrderedDict[tuple[str, object, str | None], Future] = OrderedDict()
-        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="nvllm-grammar")
+        self._compilers = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="nvllm-grammar")
         self._executor: LLExecutor | None = None
 
     # -- compiling ----------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class StructuredCompiler:
         with self._lock:
             fut = self._cache.get(key)
             if fut is None:
-                fut = self._pool.submit(self._compile, spec)
+                fut = self._compilers.submit(self._compile, spec)
                 self._cache[key] = fut
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
@@ -221,7 +222,7 @@ class StructuredCompiler:
         return self._executor
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._compilers.shutdown(wait=False, cancel_futures=True)
 
 
 def build_lltokenizer(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> LLTokenizer:

@@ -1,6 +1,6 @@
 """An encoder's attention in C (csrc/attention.c's encoder_attention_part): every token of a sequence sees all
 of it, keys and values read in place from the step's qkv rows, in tasks of TILE query rows and one head shared
-out over the matmul pool's threads, each row's softmax online as the paged kernels keep it."""
+out over the kernels' thread team, each row's softmax online as the paged kernels keep it."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def tasks(starts: np.ndarray, lens: np.ndarray, nh: int) -> np.ndarray:
 
 
 def encoder_attention(qkv: np.ndarray, starts: np.ndarray, lens: np.ndarray, nh: int, hd: int, scale: float,
-                      out: np.ndarray, parts: int = 1, pool_run: Callable[[int, int, int], None] | None = None) -> None:
+                      out: np.ndarray, parts: int = 1, team_run: Callable[[int, int, int], None] | None = None) -> None:
     """qkv [T, 3 nh hd] float32 (each token's q, k, v; q unscaled), the sequences rows starts[s] ..
     starts[s] + lens[s] - 1 -> out [T, nh hd]: softmax(q k^T scale) v within each sequence."""
     _check(qkv, np.float32, "qkv", ndim=2)
@@ -46,7 +46,7 @@ def encoder_attention(qkv: np.ndarray, starts: np.ndarray, lens: np.ndarray, nh:
     job = _EncoderJob(qkv=_ptr(qkv), out=_ptr(out), tasks=_ptr(work), n_tasks=work.shape[0], tile=TILE, nh=nh,
                       hd=hd, scale=scale, failed=0, next=0)
     assert lib is not None  # callers run this only with the library loaded
-    run_parts(lib.encoder_attention_part, _PART, job, min(int(parts), work.shape[0]), pool_run, "encoder_attention")
+    run_parts(lib.encoder_attention_part, _PART, job, min(int(parts), work.shape[0]), team_run, "encoder_attention")
 
 
 _PART: int = (ctypes.cast(lib.encoder_attention_part, ctypes.c_void_p).value or 0) if lib is not None else 0

@@ -143,19 +143,19 @@ def set_activations(kind: str) -> str:
     return name
 
 
-def pool_run(fn: int, arg: int, parts: int) -> None:
+def team_run(fn: int, arg: int, parts: int) -> None:
     """Runs the C function at address fn, void fn(void *arg, int part), for part = 0 .. parts - 1 on the
-    matmul pool's threads (the caller's among them): other kernels' way to share these threads
-    (kernels.PagedDecode). fn must not call back into this library."""
-    assert lib is not None  # passed as pool_run only with the library loaded
-    lib.matmul_pool_run(fn, arg, int(parts))
+    kernels' thread team (csrc/team.c; the caller's thread among them): other kernels' way to share these
+    threads (ops.PagedDecode). fn must not call back into this library."""
+    assert lib is not None  # passed as team_run only with the library loaded
+    lib.matmul_team_run(fn, arg, int(parts))
 
 
 _pinned = False
 
 
 def pin_threads(on: bool) -> None:
-    """model.pin_threads: pins the pool's thread i (the calling thread, which joins every team, being 0) to
+    """model.pin_threads: pins the team's thread i (the calling thread, which joins every team, being 0) to
     the i-th CPU of the process's allowed set, or unpins them (back to that set). Nothing to do without the
     library, nor to unpin what was never pinned."""
     global _pinned
@@ -318,7 +318,7 @@ def dequantized_matmul(w: Matrix, x: np.ndarray, out: np.ndarray | None = None) 
     the C decoders, each value exactly quant/dequantize.py's): for many rows of x (prefill), where BLAS's packed
     GEMM beats the tiles of quant_matmul. The NumPy twin is BlockMatrix.matmul itself, with NumPy's
     decoder. Into `out` when given (as quant_matmul takes it). The decoding (7 G values/s, 2-3% of the GEMM
-    at 512 rows) stays on the calling thread: the pool's threads would compete with BLAS's, which spin a
+    at 512 rows) stays on the calling thread: the team's threads would compete with BLAS's, which spin a
     while after each GEMM (measured: up to 2x slower on 2 cores)."""
     _decode_args(w)
     n_out, n_in = w.shape

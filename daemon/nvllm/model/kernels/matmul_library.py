@@ -9,7 +9,7 @@ import ctypes
 
 from nvllm.model.kernels.library import load_library
 
-ABI = 17  # must equal matmul_abi() in csrc/matmul.c
+ABI = 18  # must equal matmul_abi() in csrc/matmul.c
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -23,10 +23,10 @@ def load() -> tuple[ctypes.CDLL | None, str]:
         lib.quant_matmul.restype = ctypes.c_int
         lib.quant_dequantize.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, ctypes.c_int]
         lib.quant_dequantize.restype = ctypes.c_int
-        lib.matmul_pool_run.argtypes = [_P, _P, ctypes.c_int]
-        lib.matmul_pool_run.restype = ctypes.c_int
-        lib.matmul_pool_threads.argtypes = []
-        lib.matmul_pool_threads.restype = ctypes.c_int
+        lib.matmul_team_run.argtypes = [_P, _P, ctypes.c_int]
+        lib.matmul_team_run.restype = ctypes.c_int
+        lib.matmul_team_threads.argtypes = []
+        lib.matmul_team_threads.restype = ctypes.c_int
         lib.matmul_pin_threads.argtypes = [ctypes.c_int]
         lib.matmul_pin_threads.restype = ctypes.c_int
         lib.matmul_float_variants.argtypes = []

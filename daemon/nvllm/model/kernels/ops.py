@@ -196,9 +196,9 @@ class PagedDecode:
         return self._fixed
 
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
-                 pool_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
-        """With pool_run (matmul.pool_run) and parts > 1, the sequences are split into `parts` runs
-        of about equal work, run on that pool's threads: the same bits as one call. window > 0: each
+                 team_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
+        """With team_run (matmul.team_run) and parts > 1, the sequences are split into `parts` runs
+        of about equal work, run on the kernels' thread team: the same bits as one call. window > 0: each
         query sees only its last `window` keys (a sliding-window layer)."""
         nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
         S = self.num_seqs
@@ -206,7 +206,7 @@ class PagedDecode:
         tables, width, ctx = self.addresses(nb, bs)
         k = _ptr(kv_pool)
         parts = min(int(parts), S)
-        if pool_run is None or parts < 2:
+        if team_run is None or parts < 2:
             assert lib is not None  # callers run this only with the library loaded
             rc = lib.paged_decode_attention(_ptr(q), q.strides[0] // 4, k, k + kv_pool[0].nbytes, tables, width, ctx,
                                             _ptr(out), S, nh, nkv, hd, bs, fmt.code, max(0, int(window)))
@@ -220,7 +220,7 @@ class PagedDecode:
             job.k_pool, job.v_pool = k, k + kv_pool[0].nbytes
             job.nh, job.nkv, job.hd, job.bs, job.failed, job.fmt = nh, nkv, hd, bs, 0, fmt.code
             job.window = max(0, int(window))
-            pool_run(_PART, ctypes.addressof(job), parts)
+            team_run(_PART, ctypes.addressof(job), parts)
             rc = job.failed
         if rc != 0:
             raise MemoryError("paged_decode_attention: could not allocate its scratch")
@@ -231,14 +231,14 @@ _PART: int = (ctypes.cast(lib.paged_decode_part, ctypes.c_void_p).value or 0) if
 
 
 def run_parts(run_part: Callable[[int, int], Any], part: int, job: ctypes.Structure, parts: int,
-              pool_run: Callable[[int, int, int], None] | None, what: str) -> None:
-    """A C job split into `parts` parts on the matmul pool's threads (pool_run with the part function's
+              team_run: Callable[[int, int, int], None] | None, what: str) -> None:
+    """A C job split into `parts` parts on the kernels' thread team (team_run with the part function's
     address, `part`), or run whole on this thread (run_part(job, 0)); MemoryError naming `what` when a part
     could not allocate its scratch (the job's `failed`)."""
-    if pool_run is None or parts < 2:
+    if team_run is None or parts < 2:
         run_part(ctypes.addressof(job), 0)
     else:
-        pool_run(part, ctypes.addressof(job), parts)
+        team_run(part, ctypes.addressof(job), parts)
     if job.failed:
         raise MemoryError(f"{what}: could not allocate its scratch")
 

@@ -1,5 +1,5 @@
 """The integer peak of the integer kernels' dot instructions (csrc/peak.h, each instruction set's loop in its
-dot_*.c), on the matmul pool's threads: what nvllm bench sets the integer kernels beside."""
+dot_*.c), on the kernels' thread team: what nvllm bench sets the integer kernels beside."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ class PeakJob(ctypes.Structure):
 
 
 def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
-    """The integer peak of `variant` (one of int_variants(), not "float") on `threads` of the pool's threads:
-    its dot instruction's multiply-accumulates per second, counted as two operations each (as a GFLOP/s
-    figure counts a multiply-add), in billions; the best of three runs of about `seconds` each."""
+    """The integer peak of `variant` (one of int_variants(), not "float") on `threads` threads of the
+    kernels' thread team: its dot instruction's multiply-accumulates per second, counted as two operations
+    each (as a GFLOP/s figure counts a multiply-add), in billions; the best of three runs of about `seconds` each."""
     if variant not in matmul.int_variants() or variant == "float":
         raise ValueError(f"variant: {variant!r} has no integer peak here (runs: {', '.join(matmul.int_variants())})")
     matmul.check_threads(threads)
@@ -39,7 +39,7 @@ def int_peak_gops(variant: str, threads: int, seconds: float = 0.1) -> float:
     best = 0.0
     for _ in range(3):
         t = time.perf_counter()
-        matmul.pool_run(part, ctypes.addressof(job), threads)
+        matmul.team_run(part, ctypes.addressof(job), threads)
         dt = time.perf_counter() - t
         best = max(best, 2 * sum(job.done[:threads]) / dt / 1e9)
     return best

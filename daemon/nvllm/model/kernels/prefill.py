@@ -1,5 +1,5 @@
 """Prefill attention in C (csrc/attention.c's paged_prefill_part): a step's prefill chunks against their
-pages, in tasks of TILE tokens and one KV head, shared out over the matmul pool's threads. Each token's
+pages, in tasks of TILE tokens and one KV head, shared out over the kernels' thread team. Each token's
 rows get the bits decode attention gives the same token (PagedDecode), whatever the chunk or the tile."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class PagedPrefill:
         return self._tasks[key]
 
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
-                 pool_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
+                 team_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
         nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)
         nh = check_q_out(q, out, self.num_tokens, nkv, hd)
         if self._checked != (nb, bs):
@@ -91,7 +91,7 @@ class PagedPrefill:
                           positions=_ptr(self._positions), out=_ptr(out), n_tasks=tasks.shape[0], tile=TILE,
                           nh=nh, nkv=nkv, hd=hd, bs=bs, window=window, fmt=fmt.code, failed=0, next=0)
         assert lib is not None  # callers run this only with the library loaded
-        run_parts(lib.paged_prefill_part, _PART, job, min(int(parts), tasks.shape[0]), pool_run, "paged_prefill")
+        run_parts(lib.paged_prefill_part, _PART, job, min(int(parts), tasks.shape[0]), team_run, "paged_prefill")
 
 
 # paged_prefill_part's address (a loaded symbol's is never NULL, so `or 0` only types it)

@@ -1,10 +1,10 @@
-"""A decode step's layers in one call into C (csrc/step.c, in the _matmul library beside the thread pool):
+"""A decode step's layers in one call into C (csrc/step.c, in the _matmul library beside the thread team):
 norm, q|k|v, bias, q/k norms, rope and the KV write, paged attention, the output projection, norm,
 gate|up, SwiGLU and down, layer after layer, with no Python between them; Gemma 3's output norms, GeGLU,
 sliding windows and the local layers' rope too.
 
 Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c runs the
-whole step as one team of the pool's threads (csrc/pool.c), each op split across them, every value computed
+whole step as one team of threads (csrc/team.c), each op split across them, every value computed
 with the same arithmetic in the same order as the whole-row kernels, so the two give the same bits
 (tests/model/kernels/test_decode_step.py). What goes is the ~10 Python calls per layer with their checks and
 temporaries, about a fifth of SmolLM2-135M's decode step on two threads.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nvllm.cgroup import CpuCount, usable_cpus
 
-MAX = 64  # the C pool's limit (csrc/matmul.c)
+MAX = 64  # the C thread team's limit (csrc/matmul.c)
 
 
 def default(cpus: CpuCount | None = None) -> int:
@@ -30,7 +30,7 @@ def configure(n: int = 0) -> int:
 
 def describe(n: int, setting: int, cpus: CpuCount | None = None) -> str:
     """The start-up log's account of n, the thread count configure() returned for model.threads =
-    setting: how many threads compute (the calling engine thread is one of the team, csrc/pool.c) and
+    setting: how many threads compute (the calling engine thread is one of the team, csrc/team.c) and
     why that many; cpus: what default() read (usable_cpus() when not given)."""
     team = min(MAX, max(1, n))
     who = "the engine's own" if team == 1 else f"the engine's and {team - 1} more"

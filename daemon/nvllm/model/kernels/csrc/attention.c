@@ -3,7 +3,7 @@
  * - paged_decode_attention: one query token per sequence against its pages, read in place through the
  *   block table.
  * - paged_prefill_part: a chunk's query tokens against their pages, a task (a tile of tokens, one KV head
- *   and its query heads) at a time, the tasks shared out over the matmul pool's threads. No score matrix is
+ *   and its query heads) at a time, the tasks shared out over the kernels' thread team. No score matrix is
  *   ever held: each tile keeps its rows' running max, sum and output, and a page of keys in scratch.
  * - softmax_causal_rows: the NumPy path's score tiles (models whose scores are soft-capped).
  *
@@ -430,7 +430,7 @@ ENTRY void softmax_causal_rows(float *scores, int64_t rows, int64_t width, const
 }
 
 /* An encoder's attention (BERT's: every token of a sequence sees all of it, nothing cached) as tasks for a
- * pool of threads: each task a tile of one sequence's query rows and one head, its keys and values read in
+ * team of threads: each task a tile of one sequence's query rows and one head, its keys and values read in
  * place from the step's qkv rows, a block of EB keys at a time with the same online softmax as the paged
  * kernels (page_rows). encoder_job_t: ops.h. */
 #define EB 64

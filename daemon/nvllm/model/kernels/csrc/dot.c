@@ -187,8 +187,8 @@ int64_t dot_peak(int v, int64_t reps) {
     return v > V_EXACT ? macs / 2 : macs;
 }
 
-/* dot_peak on the matmul pool's threads (matmul_pool_run): part p runs job->reps iterations into job->done[p]. */
-#define PEAK_PARTS 64   /* pool.c's MAX_THREADS, and peak.py's PeakJob */
+/* dot_peak on the kernels' thread team (matmul_team_run): part p runs job->reps iterations into job->done[p]. */
+#define PEAK_PARTS 64   /* team.c's MAX_THREADS, and peak.py's PeakJob */
 typedef struct {
     int v;
     int64_t reps;

@@ -13,7 +13,7 @@
  * or 16, per dot_variant; by the team itself for prefill-sized x), for any number of rows of x, unless
  * dot_variant is 0; then these tiles decode their rows from the panels, and the caller sends only
  * decode-sized x here (up to 64 rows): prefill goes to BLAS on rows that quant_dequantize decodes (the
- * same decoders, on the same pool), as it does for F16 and BF16.
+ * same decoders, on the same team), as it does for F16 and BF16.
  *
  * Fixed order: each output is summed in VL lanes, lane j taking the products at k = j mod VL in
  * increasing k, and the lanes are added in one fixed tree at the end. That order does not depend on
@@ -22,7 +22,7 @@
  * build: the AVX2 clone below fuses each multiply-add (FMA), the baseline one does not.
  *
  * Threads: the output rows are handed out in chunks of PANEL-row panels to a team of `threads` threads
- * of pool.c's persistent pool, the caller's being one of them ("on the pool", below). step.c runs a
+ * of team.c's persistent team, the caller's being one of them ("on the team", below). step.c runs a
  * whole decode step as one team and calls matmul_rows for its chunks.
  *
  * Plain C99 with GCC vector extensions (one vector type, lowered to SSE2, AVX2 or NEON by the compiler)
@@ -37,7 +37,7 @@
 #include "blocks.h"
 #include "matmul.h"
 #include "packed.h"
-#include "pool.h"
+#include "team.h"
 
 /* As in ops.c: on x86-64 the entry points are also built for AVX2+FMA and picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -49,20 +49,21 @@
  * and no less exact. Only there: the decoders keep dequantize.py's separate roundings (d * q, then + m). */
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
-/* Bumped with every change to the entry point's arguments or meaning (matmul.py checks it). */
-int matmul_abi(void) { return 17; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+/* Bumped with every change to the entry point's arguments or meaning (matmul_library.py checks it). */
+int matmul_abi(void) { return 18; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
                                          13: the step's NoPE layers and partial rotary order;
                                          14: its slots and block tables per group of layers;
-                                         15: one team per step (pool.c), qk_scratch per row, pinning;
+                                         15: one team per step (team.c), qk_scratch per row, pinning;
                                          16: packed weights (PACKED_FLAG in the format id);
-                                         17: F16 and BF16 packed too */
+                                         17: F16 and BF16 packed too;
+                                         18: the thread team's entry points named for it (team.c) */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
 #define TT 64      /* rows of x per tile */
 #define KC 1024    /* values of a row decoded at a time: RT * KC floats = 16 KiB, in L1 */
-#define MAX_THREADS POOL_MAX_THREADS
+#define MAX_THREADS TEAM_MAX_THREADS
 /* A product is handed out in chunks of whole panels (packed.h's PANEL rows: a multiple of RT and FR_MAX). */
 #define CHUNKS_PER_THREAD 4   /* chunks per thread and product: the first static, the rest for whoever is free */
 
@@ -695,10 +696,10 @@ ENTRY void job_rows(const job_t *j, int64_t r0, int64_t r1) {
     }
 }
 
-/* ---------------------------------------------------------------- on the pool (pool.c)
+/* ---------------------------------------------------------------- on the team (team.c)
  *
  * A product is split by output panels of PANEL rows, handed out a chunk of panels at a time: each
- * thread's first chunk is its own, the rest go by an atomic counter to whoever is free (pool_chunk),
+ * thread's first chunk is its own, the rest go by an atomic counter to whoever is free (team_chunk),
  * so a thread slowed by another process does not hold the others up. No lock per product: a team runs
  * a whole decode step (step.c); a call from Python is a team run of one product. */
 
@@ -716,7 +717,7 @@ void matmul_rows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
     job_rows(&j, r0, r1);
 }
 
-/* A product on the pool: its job, and where x is to be quantized by the team first (NULL where it was
+/* A product on the team: its job, and where x is to be quantized by the team first (NULL where it was
  * before the run, or stays float). */
 typedef struct {
     job_t j;
@@ -727,17 +728,17 @@ typedef struct {
  * thread does it before the run (a decode-sized x, where a barrier costs more than it saves). */
 #define TEAM_QUANTIZE_ROWS 8
 
-static void product_team(void *arg, pool_ctx_t *ctx) {
+static void product_team(void *arg, team_ctx_t *ctx) {
     const product_t *pr = arg;
     const job_t *j = &pr->j;
     if (pr->qx_by_team) {
         const int64_t t0 = j->T * ctx->index / ctx->count, t1 = j->T * (ctx->index + 1) / ctx->count;
         if (t1 > t0) dot_quantize_x(j->qv, j->x, j->x_stride, j->in, t0, t1 - t0, pr->qx_by_team);
-        pool_barrier(ctx);
+        team_barrier(ctx);
     }
     const int64_t step = matmul_chunk_rows(j->rows, ctx->count), n = (j->rows + step - 1) / step;
     int64_t state = -1;
-    for (int64_t c; (c = pool_chunk(ctx, 0, n, &state)) >= 0;) job_rows(j, c * step, (c + 1) * step);
+    for (int64_t c; (c = team_chunk(ctx, 0, n, &state)) >= 0;) job_rows(j, c * step, (c + 1) * step);
 }
 
 /* y [T, rows] (row stride y_stride) = x [T, in] (row stride x_stride) @ W.T, W of `rows` rows of
@@ -766,7 +767,7 @@ int quant_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, int
             pr.j.qx = qx;
         }
     }
-    pool_team_run(product_team, &pr, parts);
+    team_run(product_team, &pr, parts);
     free(qx);
     return 0;
 }
@@ -822,7 +823,7 @@ ENTRY static void dequant_part(const dequant_job_t *j, int64_t r0, int64_t r1) {
     free(blocks);
 }
 
-static void dequant_team(void *arg, pool_ctx_t *ctx) {
+static void dequant_team(void *arg, team_ctx_t *ctx) {
     const dequant_job_t *j = arg;
     dequant_part(j, j->rows * ctx->index / ctx->count, j->rows * (ctx->index + 1) / ctx->count);
 }
@@ -843,7 +844,7 @@ int quant_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, int64_t r0, i
     int parts = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (parts > most) parts = (int)most;
     dequant_job_t j = {fmt, packed, w, row_bytes, r0, r1 - r0, in, out};
-    pool_team_run(dequant_team, &j, parts);
+    team_run(dequant_team, &j, parts);
     return 0;
 }
 
@@ -853,27 +854,27 @@ typedef struct {
     int parts;
 } parts_job_t;
 
-static void parts_team(void *arg, pool_ctx_t *ctx) {
+static void parts_team(void *arg, team_ctx_t *ctx) {
     const parts_job_t *j = arg;
     for (int p = ctx->index; p < j->parts; p += ctx->count) j->fn(j->arg, p);   /* dealt round the team */
 }
 
-/* Runs fn(arg, p) for p = 0 .. parts - 1 on the pool's threads and the caller's, one part per thread
- * (several on one if the pool could not grow): for another library's kernels to share these threads
+/* Runs fn(arg, p) for p = 0 .. parts - 1 on the team's threads and the caller's, one part per thread
+ * (several on one if the team could not grow): for another library's kernels to share these threads
  * rather than start their own (ops.c's paged_decode_part, through ops.py). Returns 0. */
-int matmul_pool_run(void (*fn)(void *, int), void *arg, int parts) {
+int matmul_team_run(void (*fn)(void *, int), void *arg, int parts) {
     if (parts < 1) return 0;
     parts_job_t j = {fn, arg, parts};
-    pool_team_run(parts_team, &j, parts > MAX_THREADS ? MAX_THREADS : parts);
+    team_run(parts_team, &j, parts > MAX_THREADS ? MAX_THREADS : parts);
     return 0;
 }
 
-/* Worker threads in the pool now (for the wrapper's describe()). */
-int matmul_pool_threads(void) { return pool_workers(); }
+/* Worker threads in the team now (for the wrapper's describe()). */
+int matmul_team_threads(void) { return team_workers(); }
 
-/* 1: pin the pool's threads to the process's CPUs one each (model.pin_threads); 0: unpin. Returns 0, or -1
+/* 1: pin the team's threads to the process's CPUs one each (model.pin_threads); 0: unpin. Returns 0, or -1
  * when the allowed CPUs could not be read. */
-int matmul_pin_threads(int on) { return pool_pin(on); }
+int matmul_pin_threads(int on) { return team_pin(on); }
 
 /* Makes plain floats use variant v (a bit of matmul_float_variants) from the next call on and returns v,
  * or -1 if this machine cannot run it; a negative v changes nothing and returns the variant in use.

@@ -1,5 +1,5 @@
 /* ops.c's and attention.c's entry points, for step.c (a decode step's layers call the same kernels in one
- * pass) and for the jobs ops.py hands the matmul pool. */
+ * pass) and for the jobs ops.py hands the kernels' thread team. */
 #ifndef NVLLM_OPS_H
 #define NVLLM_OPS_H
 
@@ -33,8 +33,8 @@ void rms_scale(const float *x, const float *weight, float *out, float inv, int64
 void rope_write_kv_head(float *row, int64_t nq, int64_t nk, int64_t hd, const float *c, const float *s,
                         float q_scale, int64_t slot, void *k_pool, void *v_pool, int fmt, int64_t h);
 
-/* paged_decode_attention over a range of sequences per part, for a pool of threads to run (matmul.c's
- * matmul_pool_run): part p takes sequences bounds[p] .. bounds[p+1]. Each sequence is computed exactly
+/* paged_decode_attention over a range of sequences per part, for a team of threads to run (matmul.c's
+ * matmul_team_run): part p takes sequences bounds[p] .. bounds[p+1]. Each sequence is computed exactly
  * as alone, so the split changes no bit. failed is set when a part could not allocate its scratch. */
 typedef struct {
     const float *q;
@@ -53,7 +53,7 @@ typedef struct {
 
 void paged_decode_part(void *arg, int part);
 
-/* A step's prefill chunks' attention as tasks for a pool of threads: each task a tile of a chunk's tokens
+/* A step's prefill chunks' attention as tasks for a team of threads: each task a tile of a chunk's tokens
  * against one KV head's keys, with that head's query heads (attention.c). Every part takes tasks from
  * `next` until none is left; a token's rows get the bits paged_decode_attention gives them. */
 typedef struct {
@@ -74,7 +74,7 @@ typedef struct {
 
 void paged_prefill_part(void *arg, int part);
 
-/* An encoder's bidirectional attention as tasks for a pool of threads (attention.c): each task a tile of one
+/* An encoder's bidirectional attention as tasks for a team of threads (attention.c): each task a tile of one
  * sequence's query rows and one head against all of that sequence's keys, read in place from qkv. */
 typedef struct {
     const float *qkv;               /* [T, 3, nh, hd]: each token's q, k and v (q not yet scaled) */

@@ -5,7 +5,7 @@
  * step gives the same bits either way; what goes is ~10 Python calls per layer, their checks and
  * temporaries (~5 us each: a fifth of SmolLM2-135M's decode step on two threads).
  *
- * The whole step is one team job on pool.c's threads: every op is split across the team (norms, adds and
+ * The whole step is one team job on team.c's threads: every op is split across the team (norms, adds and
  * SwiGLU by rows, or by columns for one row; x's quantization by rows; the products by output panels,
  * handed out by an atomic counter, the parts of a fused matrix in one panel space; bias, head norms,
  * rope and the KV write by head; attention by sequence and query heads), with a barrier only where an op
@@ -24,7 +24,7 @@
 #include "ops.h"
 #include "matmul.h"
 #include "packed.h"
-#include "pool.h"
+#include "team.h"
 
 /* One storage of a matrix: `rows` output rows in GGUF type fmt, written to columns col .. col+rows of
  * the product (a fused q|k|v or gate|up whose parts the file stores in different formats has several). */
@@ -114,7 +114,7 @@ static size_t qx_plan(const run_t *r, const step_matrix_t *m, int64_t T, int64_t
  * before needs no barrier); for one row, the blocks of the columns this thread normed (r->split: dot.c
  * quantizes each block of 32 on its own, at t * nb + b). Returns 1 if anything was quantized (the team then needs a barrier
  * before the product). */
-static int quantize(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
+static int quantize(team_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
                     int64_t T) {
     int64_t at[m->count];
     qx_plan(r, m, T, at);
@@ -142,7 +142,7 @@ static int quantize(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const
 
 /* y [T, width] = x [T, in] @ W.T, part by part as FusedWeight.apply does, the parts' output rows in one
  * space of chunks (a chunk never spans two parts), handed out by the atomic counter. */
-static void product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
+static void product(team_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
                     int64_t T, float *y, int64_t width) {
     int64_t at[m->count];
     qx_plan(r, m, T, at);
@@ -152,7 +152,7 @@ static void product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const
     int64_t n = 0;
     for (int64_t i = 0; i < m->count; i++) n += (m->parts[i].rows + step - 1) / step;
     int64_t state = -1;
-    for (int64_t ch; (ch = pool_chunk(c, 0, n, &state)) >= 0;) {
+    for (int64_t ch; (ch = team_chunk(c, 0, n, &state)) >= 0;) {
         int64_t i = 0, first = ch;
         while (first >= (m->parts[i].rows + step - 1) / step) first -= (m->parts[i++].rows + step - 1) / step;
         const step_part_t *p = m->parts + i;
@@ -164,7 +164,7 @@ static void product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const
 
 /* out = rms_norm(x) [T, H]: by rows, or by columns of the one row (each thread computing the row's scale
  * itself, in the same order; in place, once every thread has read the row). */
-static void norm(pool_ctx_t *c, const float *x, const float *w, float *out, int64_t T, int64_t H, float eps) {
+static void norm(team_ctx_t *c, const float *x, const float *w, float *out, int64_t T, int64_t H, float eps) {
     int64_t a, b;
     if (T > 1) {
         share(T, c->index, c->count, 1, &a, &b);
@@ -172,13 +172,13 @@ static void norm(pool_ctx_t *c, const float *x, const float *w, float *out, int6
         return;
     }
     const float inv = rms_inv(x, H, eps);
-    if (out == x) pool_barrier(c);
+    if (out == x) team_barrier(c);
     share(H, c->index, c->count, 32, &a, &b);
     rms_scale(x, w, out, inv, a, b);
 }
 
 /* x += y over [T, H], decoder.py's x = x + y: the rows (or columns of the one row) norm gave this thread. */
-static void add(pool_ctx_t *c, float *x, const float *y, int64_t T, int64_t H) {
+static void add(team_ctx_t *c, float *x, const float *y, int64_t T, int64_t H) {
     int64_t a, b;
     share(T > 1 ? T : H, c->index, c->count, T > 1 ? 1 : 32, &a, &b);
     if (T > 1) a *= H, b *= H;
@@ -210,13 +210,13 @@ static void head_item(const step_t *s, const step_layer_t *L, int64_t t, int64_t
 
 /* Bias, head norms, rope and the KV write: by (row, head). With qk_order (partial rotary), the bias and
  * norms first, then each row's columns reordered and roped by the thread that owns the row. */
-static void heads(pool_ctx_t *c, const step_t *s, const step_layer_t *L) {
+static void heads(team_ctx_t *c, const step_t *s, const step_layer_t *L) {
     const int64_t T = s->T, nq = s->nq, nkv = s->nkv, hd = s->hd, width = (nq + 2 * nkv) * hd, per = nq + nkv;
     int64_t a, b;
     share(T * per, c->index, c->count, 1, &a, &b);
     for (int64_t k = a; k < b; k++) head_item(s, L, k / per, k % per, !s->qk_order);
     if (!s->qk_order) return;
-    pool_barrier(c);
+    team_barrier(c);
     const int64_t qk = (nq + nkv) * hd;
     share(T, c->index, c->count, 1, &a, &b);
     for (int64_t t = a; t < b; t++) {   /* as decoder.py's qkv[:, :qk] = qkv[:, rope_perm] */
@@ -234,7 +234,7 @@ static void heads(pool_ctx_t *c, const step_t *s, const step_layer_t *L) {
 
 /* Paged attention, by (sequence, query heads): whole sequences when there are enough to go round, else
  * each sequence's heads in pieces (whole KV groups where that makes enough), handed out by the counter. */
-static void attention(pool_ctx_t *c, run_t *r, const step_layer_t *L) {
+static void attention(team_ctx_t *c, run_t *r, const step_layer_t *L) {
     const step_t *s = r->s;
     const int64_t T = s->T, nq = s->nq, nkv = s->nkv, width = (nq + 2 * nkv) * s->hd;
     int64_t pieces = T >= 2 * c->count ? 1 : (2 * c->count + T - 1) / T;
@@ -243,7 +243,7 @@ static void attention(pool_ctx_t *c, run_t *r, const step_layer_t *L) {
     const int32_t *tables = s->block_tables[L->group];
     const int64_t stride = s->table_stride[L->group], g = nq / nkv;
     int64_t state = -1;
-    for (int64_t it; (it = pool_chunk(c, 0, T * pieces, &state)) >= 0;) {
+    for (int64_t it; (it = team_chunk(c, 0, T * pieces, &state)) >= 0;) {
         const int64_t t = it / pieces, p = it % pieces;
         const int64_t q0 = kv_whole ? nkv * p / pieces * g : nq * p / pieces;
         const int64_t q1 = kv_whole ? nkv * (p + 1) / pieces * g : nq * (p + 1) / pieces;
@@ -257,16 +257,16 @@ static void attention(pool_ctx_t *c, run_t *r, const step_layer_t *L) {
 /* x [T, in] -> its quantized rows (if any part takes them), a barrier, the product, a barrier. For T > 1 (and
  * for one row split by blocks) the rows or columns of x were written by their owners just before, so the
  * product waits for them all in any case; else the caller has waited already. */
-static void full_product(pool_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
+static void full_product(team_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
                          float *y, int64_t width) {
     const int64_t T = r->s->T;
-    if (quantize(c, r, m, x, x_stride, T) || T > 1 || r->split) pool_barrier(c);
+    if (quantize(c, r, m, x, x_stride, T) || T > 1 || r->split) team_barrier(c);
     product(c, r, m, x, x_stride, T, y, width);
-    pool_barrier(c);
+    team_barrier(c);
 }
 
 /* SwiGLU or GeGLU: this thread's rows, or its columns of the one row. */
-static void glu(pool_ctx_t *c, const step_t *s) {
+static void glu(team_ctx_t *c, const step_t *s) {
     const int64_t T = s->T, I = s->inter;
     int64_t a, b;
     share(T > 1 ? T : I, c->index, c->count, T > 1 ? 1 : 32, &a, &b);
@@ -277,7 +277,7 @@ static void glu(pool_ctx_t *c, const step_t *s) {
     }
 }
 
-static void layers_team(void *arg, pool_ctx_t *c) {
+static void layers_team(void *arg, team_ctx_t *c) {
     run_t *r = arg;
     const step_t *s = r->s;
     const int64_t T = s->T, H = s->H, q_width = s->nq * s->hd, width = (s->nq + 2 * s->nkv) * s->hd;
@@ -285,25 +285,25 @@ static void layers_team(void *arg, pool_ctx_t *c) {
         const step_layer_t *L = s->layers + l;
         /* T > 1: the norms, adds, SwiGLU and quantizing of a row are all its owner's: no barrier between them */
         norm(c, s->x, L->input_norm, s->h, T, H, s->eps);
-        if (T == 1 && !r->split) pool_barrier(c);
+        if (T == 1 && !r->split) team_barrier(c);
         full_product(c, r, &L->qkv, s->h, H, s->qkv, width);
         heads(c, s, L);
-        pool_barrier(c);
+        team_barrier(c);
         attention(c, r, L);
-        pool_barrier(c);
+        team_barrier(c);
         full_product(c, r, &L->o, s->attn, q_width, s->h, H);
         if (L->attn_out_norm) norm(c, s->h, L->attn_out_norm, s->h, T, H, s->eps);
         add(c, s->x, s->h, T, H);
-        if (T == 1) pool_barrier(c);
+        if (T == 1) team_barrier(c);
         norm(c, s->x, L->post_norm, s->h, T, H, s->eps);
-        if (T == 1 && !r->split) pool_barrier(c);
+        if (T == 1 && !r->split) team_barrier(c);
         full_product(c, r, &L->gate_up, s->h, H, s->gu, 2 * s->inter);
         glu(c, s);
-        if (T == 1 && !r->split) pool_barrier(c);
+        if (T == 1 && !r->split) team_barrier(c);
         full_product(c, r, &L->down, s->act, s->inter, s->h, H);
         if (L->ffn_out_norm) norm(c, s->h, L->ffn_out_norm, s->h, T, H, s->eps);
         add(c, s->x, s->h, T, H);
-        if (T == 1) pool_barrier(c);
+        if (T == 1) team_barrier(c);
     }
 }
 
@@ -322,7 +322,7 @@ int decode_layers(const step_t *s) {
         }
     }
     if (bytes && !(r.qx = malloc(bytes))) return -3;
-    pool_team_run(layers_team, &r, (int)s->threads);
+    team_run(layers_team, &r, (int)s->threads);
     free(r.qx);
     return r.failed ? -4 : 0;
 }

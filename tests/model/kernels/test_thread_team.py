@@ -1,5 +1,5 @@
-"""The pool a decode step runs on (csrc/pool.c): a step gives the same bits on 1, 2, 3 and 4 threads, for one
-row and for many (each op split across the team: rows, columns, heads, output panels), matmul_pool_run still
+"""The thread team a decode step runs on (csrc/team.c): a step gives the same bits on 1, 2, 3 and 4 threads, for one
+row and for many (each op split across the team: rows, columns, heads, output panels), matmul_team_run still
 runs every part, and model.pin_threads pins thread i to the i-th allowed CPU and unpins them again."""
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def test_a_step_gives_the_same_bits_on_any_number_of_threads(tiny_models: dict[s
             assert not bad.size, f"{n} threads, prompt {i}: positions {bad.tolist()} differ from one thread's"
 
 
-def test_matmul_pool_run_runs_every_part_once() -> None:
+def test_matmul_team_run_runs_every_part_once() -> None:
     """dot.c's peak measurement: each part writes its count, here on fewer threads than parts too."""
     job = peak.PeakJob(matmul.INT_VARIANTS["scalar"], 1)
     part = ctypes.cast(matmul.lib.dot_peak_part, ctypes.c_void_p).value or 0   # type: ignore[union-attr]
-    matmul.pool_run(part, ctypes.addressof(job), 5)
+    matmul.team_run(part, ctypes.addressof(job), 5)
     assert [job.done[i] > 0 for i in range(6)] == [True] * 5 + [False]
 
 
@@ -58,7 +58,7 @@ from nvllm.model.kernels import matmul
 w = matmul.float_blocks(np.ones((256, 64), np.float32))
 x = np.ones((1, 64), np.float32)
 before = set(os.listdir("/proc/self/task"))
-matmul.quant_matmul(w, x, 3)                     # grows the pool to two workers
+matmul.quant_matmul(w, x, 3)                     # grows the team to two workers
 workers = sorted(int(t) for t in set(os.listdir("/proc/self/task")) - before)
 allowed = sorted(os.sched_getaffinity(0))
 matmul.pin_threads(True)

@@ -1,4 +1,4 @@
-/* The persistent thread pool of the _matmul library (pool.h): a team of threads runs one function at once,
+/* The persistent thread team of the _matmul library (team.h): a team of threads runs one function at once,
  * the caller being thread 0, so that a whole decode step (step.c) is one job: its ops split across the
  * team with a barrier between dependent ones, not a job (two lock round trips and a wake-up) per matrix.
  *
@@ -16,7 +16,7 @@
  * Plain C99 and POSIX threads (sched_setaffinity for pinning, where the C library has it).
  */
 #define _GNU_SOURCE
-#include "pool.h"
+#include "team.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -28,8 +28,8 @@
 #define IDLE_NS 100000   /* spin this long (100 us) before sleeping */
 #define YIELD_EVERY 16
 
-struct pool_team {
-    void (*fn)(void *, pool_ctx_t *);
+struct team {
+    void (*fn)(void *, team_ctx_t *);
     void *arg;
     int count;
     /* the barrier */
@@ -38,24 +38,24 @@ struct pool_team {
     int sleepers;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int64_t counters[POOL_COUNTERS];
+    int64_t counters[TEAM_COUNTERS];
 };
 
-static pool_team_t team = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+static team_t team = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;   /* one team at a time */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* workers' creation and sleep */
+static pthread_mutex_t workers_lock = PTHREAD_MUTEX_INITIALIZER;   /* workers' creation and sleep */
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER;
 static int workers;                      /* threads 1 .. workers exist */
 /* The job: generation << 8 | team size, in one word so a worker reads both at once (a worker outside a
  * team must not mistake the next team's size for this one's). */
 static unsigned long job;
 static int job_sleepers;
-static unsigned long born[POOL_MAX_THREADS];   /* the job word each worker was created at */
+static unsigned long born[TEAM_MAX_THREADS];   /* the job word each worker was created at */
 static int atfork_set;
 static __thread int in_team;             /* 1 on a thread running a team's function */
 
-/* Pinning: pin_gen bumped by every pool_pin; each thread applies it when it next joins a team. */
+/* Pinning: pin_gen bumped by every team_pin; each thread applies it when it next joins a team. */
 static int pin_on, pin_gen, pin_ncpus, pin_have_set;
 static int pin_cpus[CPU_SETSIZE];
 static cpu_set_t pin_allowed;
@@ -109,8 +109,8 @@ static void apply_pin(int index) {
     sched_setaffinity(0, sizeof set, &set);
 }
 
-void pool_barrier(pool_ctx_t *ctx) {
-    pool_team_t *t = ctx->team;
+void team_barrier(team_ctx_t *ctx) {
+    team_t *t = ctx->team;
     if (ctx->count <= 1) {
         memset(t->counters, 0, sizeof t->counters);
         return;
@@ -118,7 +118,7 @@ void pool_barrier(pool_ctx_t *ctx) {
     const unsigned g = __atomic_load_n(&t->gen, __ATOMIC_ACQUIRE);   /* cannot move before we arrive */
     if (__atomic_add_fetch(&t->arrived, 1, __ATOMIC_ACQ_REL) == ctx->count) {   /* the last: release all */
         __atomic_store_n(&t->arrived, 0, __ATOMIC_RELAXED);
-        for (int i = 0; i < POOL_COUNTERS; i++) __atomic_store_n(&t->counters[i], 0, __ATOMIC_RELAXED);
+        for (int i = 0; i < TEAM_COUNTERS; i++) __atomic_store_n(&t->counters[i], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&t->gen, g + 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&t->sleepers, __ATOMIC_SEQ_CST)) {
             pthread_mutex_lock(&t->lock);
@@ -145,7 +145,7 @@ void pool_barrier(pool_ctx_t *ctx) {
     }
 }
 
-int64_t pool_chunk(pool_ctx_t *ctx, int slot, int64_t n, int64_t *state) {
+int64_t team_chunk(team_ctx_t *ctx, int slot, int64_t n, int64_t *state) {
     if (*state < 0) {   /* the first: this thread's own chunk */
         *state = 0;
         if (ctx->index < n) return ctx->index;
@@ -159,29 +159,29 @@ static void *worker(void *arg) {
     unsigned long seen = born[me];
     for (;;) {
         if (!spin_while(&job, seen)) {
-            pthread_mutex_lock(&pool_lock);
+            pthread_mutex_lock(&workers_lock);
             __atomic_add_fetch(&job_sleepers, 1, __ATOMIC_SEQ_CST);
-            while (__atomic_load_n(&job, __ATOMIC_SEQ_CST) == seen) pthread_cond_wait(&go, &pool_lock);
+            while (__atomic_load_n(&job, __ATOMIC_SEQ_CST) == seen) pthread_cond_wait(&go, &workers_lock);
             __atomic_sub_fetch(&job_sleepers, 1, __ATOMIC_SEQ_CST);
-            pthread_mutex_unlock(&pool_lock);
+            pthread_mutex_unlock(&workers_lock);
         }
         seen = __atomic_load_n(&job, __ATOMIC_ACQUIRE);
         const int count = (int)(seen & 0xff);
         if (me >= count) continue;   /* not needed this time */
         apply_pin(me);
-        pool_ctx_t ctx = {me, count, &team};
+        team_ctx_t ctx = {me, count, &team};
         in_team = 1;
         team.fn(team.arg, &ctx);
-        pool_barrier(&ctx);   /* the caller returns once every member has finished */
+        team_barrier(&ctx);   /* the caller returns once every member has finished */
         in_team = 0;
     }
     return NULL;
 }
 
-/* In a forked child only the forking thread exists: start the pool afresh. */
-static void pool_after_fork(void) {
+/* In a forked child only the forking thread exists: start the team afresh. */
+static void team_after_fork(void) {
     pthread_mutex_init(&call_lock, NULL);
-    pthread_mutex_init(&pool_lock, NULL);
+    pthread_mutex_init(&workers_lock, NULL);
     pthread_cond_init(&go, NULL);
     pthread_mutex_init(&team.lock, NULL);
     pthread_cond_init(&team.cond, NULL);
@@ -192,9 +192,9 @@ static void pool_after_fork(void) {
 
 /* Threads 1 .. want-1 exist when this returns, or as many as could be made; returns the team size usable.
  * Under call_lock (no job runs). */
-static int grow_pool(int want) {
+static int grow_team(int want) {
     if (!atfork_set) {
-        pthread_atfork(NULL, NULL, pool_after_fork);
+        pthread_atfork(NULL, NULL, team_after_fork);
         atfork_set = 1;
     }
     if (want <= workers + 1) return want;
@@ -205,25 +205,25 @@ static int grow_pool(int want) {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 1 << 20);
-    pthread_mutex_lock(&pool_lock);
+    pthread_mutex_lock(&workers_lock);
     while (workers + 1 < want) {
         pthread_t th;
         born[workers + 1] = __atomic_load_n(&job, __ATOMIC_RELAXED);
         if (pthread_create(&th, &attr, worker, (void *)(intptr_t)(workers + 1)) != 0) break;
         workers++;
     }
-    pthread_mutex_unlock(&pool_lock);
+    pthread_mutex_unlock(&workers_lock);
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return workers + 1 < want ? workers + 1 : want;
 }
 
-int pool_team_run(void (*fn)(void *, pool_ctx_t *), void *arg, int threads) {
-    int n = threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads;
-    pool_ctx_t ctx = {0, 1, NULL};
+int team_run(void (*fn)(void *, team_ctx_t *), void *arg, int threads) {
+    int n = threads < 1 ? 1 : threads > TEAM_MAX_THREADS ? TEAM_MAX_THREADS : threads;
+    team_ctx_t ctx = {0, 1, NULL};
     const int repin = __atomic_load_n(&pin_on, __ATOMIC_RELAXED) || pin_seen != __atomic_load_n(&pin_gen, __ATOMIC_RELAXED);
-    if (in_team || (n == 1 && !repin)) {   /* no lock, no pool: a team of one (inside a team: always) */
-        pool_team_t solo;
+    if (in_team || (n == 1 && !repin)) {   /* no lock, no workers: a team of one (inside a team: always) */
+        team_t solo;
         memset(solo.counters, 0, sizeof solo.counters);
         ctx.team = &solo;
         const int was = in_team;
@@ -233,7 +233,7 @@ int pool_team_run(void (*fn)(void *, pool_ctx_t *), void *arg, int threads) {
         return 1;
     }
     pthread_mutex_lock(&call_lock);
-    n = grow_pool(n);
+    n = grow_team(n);
     apply_pin(0);
     team.fn = fn, team.arg = arg, team.count = n;
     team.arrived = 0;
@@ -243,22 +243,22 @@ int pool_team_run(void (*fn)(void *, pool_ctx_t *), void *arg, int threads) {
         const unsigned long next = ((job >> 8) + 1) << 8 | (unsigned long)n;
         __atomic_store_n(&job, next, __ATOMIC_SEQ_CST);   /* what spinning workers see */
         if (__atomic_load_n(&job_sleepers, __ATOMIC_SEQ_CST)) {
-            pthread_mutex_lock(&pool_lock);
+            pthread_mutex_lock(&workers_lock);
             pthread_cond_broadcast(&go);
-            pthread_mutex_unlock(&pool_lock);
+            pthread_mutex_unlock(&workers_lock);
         }
     }
     in_team = 1;
     fn(arg, &ctx);
-    pool_barrier(&ctx);
+    team_barrier(&ctx);
     in_team = 0;
     pthread_mutex_unlock(&call_lock);
     return n;
 }
 
-static void nothing(void *arg, pool_ctx_t *ctx) { (void)arg, (void)ctx; }
+static void nothing(void *arg, team_ctx_t *ctx) { (void)arg, (void)ctx; }
 
-int pool_pin(int on) {
+int team_pin(int on) {
     pthread_mutex_lock(&call_lock);
     if (!pin_have_set) {   /* the allowed set, read once: later it may be a pinned thread's one CPU */
         if (sched_getaffinity(0, sizeof pin_allowed, &pin_allowed) != 0) {
@@ -274,13 +274,13 @@ int pool_pin(int on) {
     __atomic_add_fetch(&pin_gen, 1, __ATOMIC_RELEASE);
     const int n = workers + 1;
     pthread_mutex_unlock(&call_lock);
-    pool_team_run(nothing, NULL, n);   /* every thread there is applies it now */
+    team_run(nothing, NULL, n);   /* every thread there is applies it now */
     return 0;
 }
 
-int pool_workers(void) {
-    pthread_mutex_lock(&pool_lock);
+int team_workers(void) {
+    pthread_mutex_lock(&workers_lock);
     const int n = workers;
-    pthread_mutex_unlock(&pool_lock);
+    pthread_mutex_unlock(&workers_lock);
     return n;
 }
