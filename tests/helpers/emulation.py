@@ -1,6 +1,6 @@
 """deploy/aarch64-check.sh in the background from the start of a session that runs its test.
 
-The emulated run spends most of its ten minutes on one core (gcc on qdot.c under qemu) while the rest of
+The emulated run spends most of its ten minutes on one core (gcc on the kernels' C under qemu) while the rest of
 the suite keeps the other busy, so tests/conftest.py starts it as soon as the test is collected and moves
 the test last, and the test only waits for what ran beside everything else. Its output goes to a file,
 never a pipe nobody reads; a session that ends early kills it with everything it started.

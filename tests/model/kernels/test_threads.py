@@ -168,7 +168,7 @@ def test_blas_threads_sleep_soon_unless_the_environment_says_otherwise():
      "less one for the event loop)"),
     (CpuCount(2, "affinity 2 cores"), 2, 2, "2 matmul threads (the engine's and 1 more; model.threads = 2)"),
     (CpuCount(2, "affinity 2 cores"), 100, 100,
-     "64 matmul threads (the engine's and 63 more; model.threads = 100, the C pool's most 64)"),
+     "64 matmul threads (the engine's and 63 more; model.threads = 100, the C team's most 64)"),
 ])
 def test_the_start_up_line_says_how_many_threads_compute_and_why(cpus, setting, n, line) -> None:
     from nvllm.model.kernels import threads

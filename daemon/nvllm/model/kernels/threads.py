@@ -35,7 +35,7 @@ def describe(n: int, setting: int, cpus: CpuCount | None = None) -> str:
     team = min(MAX, max(1, n))
     who = "the engine's own" if team == 1 else f"the engine's and {team - 1} more"
     if setting:
-        why = f"model.threads = {setting}" + (f", the C pool's most {MAX}" if n > MAX else "")
+        why = f"model.threads = {setting}" + (f", the C team's most {MAX}" if n > MAX else "")
     else:
         cpus = cpus or usable_cpus()
         why = f"model.threads = 0: {cpus.source}, " + ("less one for the event loop" if cpus.count > 1

@@ -1,4 +1,4 @@
-"""The daemon's watch on the board's heat ([power]): every interval_s a reading (server/heat.py) taken in an
+"""The daemon's watch on the board's heat ([power]): every interval_s a reading (board/heat.py) taken in an
 executor thread, the `Throttle` updated, and on a change one log line (a warning when it throttles, info
 when it clears) and the state sent to every engine loaded (`AsyncEngine.set_throttle`: fewer matmul
 threads and a smaller step budget, applied between steps).
