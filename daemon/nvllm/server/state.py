@@ -92,8 +92,7 @@ class DaemonState:
         self._tasks: set[asyncio.Task] = set()
         self.startup_s = 0.0
         self.metrics = Metrics(model_name, self)   # every front door reports its requests here
-        self.tokenize_pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS,
-                                                                   thread_name_prefix="nvllm-tokenize")
+        self.tokenizing = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="nvllm-tokenize")
 
     # -- transitions (event loop thread) ----------------------------------------------------
     async def set_ready(self, engine: AsyncEngine | ModelSet, watchdog: MemoryWatchdog | None) -> None:
@@ -248,7 +247,7 @@ class DaemonState:
             ids = [request_id] if len(choices) == 1 else [f"{request_id}-{i}" for i in range(len(choices))]
             _default_overflow(choices, self.context_overflow)
             pending = await asyncio.get_running_loop().run_in_executor(
-                self.tokenize_pool, _prepare, lease.engine, ids, choices, priority)
+                self.tokenizing, _prepare, lease.engine, ids, choices, priority)
             self.check_admission(lease)
             streams = _hand_over(lease.engine, pending)
         except (Refused, InvalidParameter, EngineDead, UnknownModel, _Unread) as e:
@@ -296,7 +295,7 @@ class DaemonState:
         lease = await self.lease(model)
         try:
             done = await asyncio.get_running_loop().run_in_executor(
-                self.tokenize_pool, lease.engine.tokenize, prompt, add_special_tokens, add_generation_prompt,
+                self.tokenizing, lease.engine.tokenize, prompt, add_special_tokens, add_generation_prompt,
                 return_token_strs)
             return done, lease.engine.max_model_len
         finally:
@@ -306,7 +305,7 @@ class DaemonState:
         """Token ids as text (InvalidParameter for an id outside the vocabulary), off the event loop."""
         lease = await self.lease(model)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, lease.engine.detokenize, ids)
+            return await asyncio.get_running_loop().run_in_executor(self.tokenizing, lease.engine.detokenize, ids)
         finally:
             lease.release(keep_alive_s)
 
