@@ -42,7 +42,7 @@ from collections.abc import Callable
 import numpy as np
 
 from nvllm.model.kernels.matmul_checks import check_out, check_threads, check_weight, check_x, float_blocks, ptr
-from nvllm.model.kernels.matmul_library import load
+from nvllm.model.kernels.matmul_library import open_matmul_library
 from nvllm.model.quant.blocks import BlockMatrix, chunked_matmul
 from nvllm.model.quant.formats import BlockFormat
 from nvllm.model.quant.packed import PackedMatrix, pack_twin, packable, unpack_twin
@@ -61,7 +61,7 @@ INT_VARIANTS = {"float": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 2, 
 
 
 
-lib, _why_not = load()
+lib, _why_not = open_matmul_library()
 
 
 def describe() -> str:

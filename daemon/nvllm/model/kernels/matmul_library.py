@@ -15,7 +15,7 @@ _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
 
 
-def load() -> tuple[ctypes.CDLL | None, str]:
+def open_matmul_library() -> tuple[ctypes.CDLL | None, str]:
     """The matmul library with each function's C types declared, or None and why not (library.py)."""
     lib, why_not = load_library("_matmul", "matmul_abi", ABI, "C matmul kernels")
     if lib is not None:
