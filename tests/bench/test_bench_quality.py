@@ -101,6 +101,7 @@ def test_the_table_names_each_figure(q8):
     (["--formats", "Q8_0"], "must be an F32 or F16 file"),
     (["--formats", "Q9_9"], "--formats: a GGUF's are the file types"),
     (["--text-tokens", "1"], "--text-tokens must be 0 (all) or at least 2"),
+    (["--activations", "float"], "--activations float is --quality's reference"),
 ])
 def test_bad_quality_flags_are_refused_naming_the_flag(q8, args, says):
     r = nvllm("bench", "--quality", "--model", str(q8), *args)

@@ -178,8 +178,12 @@ def _quality(args: argparse.Namespace) -> int:
     if args.text_tokens < 0 or args.text_tokens == 1:
         print(f"nvllm bench: --text-tokens must be 0 (all) or at least 2, got {args.text_tokens}", file=sys.stderr)
         return 2
+    if args.activations == "float":
+        print("nvllm bench: --activations float is --quality's reference; give exact or int8, or neither for both",
+              file=sys.stderr)
+        return 2
     model = Path(args.model)
-    modes = (args.activations,) if args.activations and args.activations != "float" else ("exact", "int8")
+    modes = (args.activations,) if args.activations else ("exact", "int8")
     with tempfile.TemporaryDirectory(prefix="nvllm-quality-") as scratch:
         try:
             sources = _quality_sources(model, args.formats, Path(scratch)) if args.formats else None
