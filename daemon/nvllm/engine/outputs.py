@@ -24,6 +24,22 @@ class TokenLogprob:
 
 
 @dataclass
+class Segment:
+    """A stretch of a transcription: Whisper's segment, with its times in seconds from the audio's start and
+    what its window's decoding said of it (Whisper's transcribe() fields, OpenAI's verbose_json)."""
+    id: int
+    seek: int                      # the window's first mel frame (10 ms each)
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float             # what its window was decoded at (above 0 after a fallback)
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass
 class RequestOutput:
     """What one step added to one request; the last one has `finished` and the usage counts."""
     request_id: str
@@ -46,3 +62,8 @@ class RequestOutput:
     pooled: list[float] | None = None
     # Prompt tokens a chat's context_overflow "drop_oldest" dropped (whole turns), on the finished output.
     dropped_prompt_tokens: int = 0
+    # A transcription's segments as each ends (its text came before in `text`), its language (given or
+    # detected) and the audio's length; None for other requests.
+    segments: list[Segment] | None = None
+    language: str | None = None
+    audio_seconds: float | None = None
