@@ -202,6 +202,14 @@ class ServerSettings:
     # The model a request without a model field gets; empty: the first named (--model, then [[models]]),
     # else the first of model.serve_dir in sorted order.
     default_model: str = ""
+    # Speech (server/models/speech_slot.py): the served model that transcribes a chat's audio (the voice
+    # query) and a transcription that names no model; empty: the only speech model served.
+    speech_model: str = ""
+    # An upload to /v1/audio/transcriptions or Transcribe's audio (all its chunks) larger than this is
+    # refused (HTTP 413) before it is read further: 25 MiB, OpenAI's limit.
+    max_audio_bytes: int = field(default=25 << 20, metadata=between(1024, 2**31 - 1))
+    # Audio longer than this many seconds is refused from its header, before it is decoded.
+    max_audio_seconds: float = field(default=600.0, metadata=above(0.0))
 
 
 @dataclass
