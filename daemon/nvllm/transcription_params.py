@@ -28,7 +28,6 @@ class TranscriptionParams:
     no_speech_threshold: float | None = 0.6
     condition_on_previous_text: bool = True
     seed: int | None = None                # the sampling seed of windows decoded at a temperature above 0
-    max_seconds: float | None = None       # longer audio is refused from its header (server.max_audio_seconds)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -45,9 +44,6 @@ class TranscriptionParams:
                 isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 1
                 for t in temps):
             raise InvalidParameter("temperature", temps, "a number from 0 to 1 (or a rising list of them)")
-        if self.max_seconds is not None and (isinstance(self.max_seconds, bool) or not isinstance(
-                self.max_seconds, (int, float)) or not self.max_seconds > 0):
-            raise InvalidParameter("max_seconds", self.max_seconds, "a number of seconds above 0")
         for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
