@@ -25,6 +25,9 @@ from nvllm.engine.speculation.speculator import Speculator
 from nvllm.engine.stops import append_token, request_output
 from nvllm.engine.structured.compiler import StructuredCompiler
 from nvllm.engine.structured.thinking import prompt_ends_thinking
+from nvllm.engine.transcription.request import transcription_sequence
+from nvllm.engine.transcription.transcriber import Transcriber
+from nvllm.engine.transcription.transcriber import output as transcription_output
 from nvllm.engine.warm.warmup import Warmup
 from nvllm.model.decoder import Model
 from nvllm.model.encoder import Encoder
@@ -35,6 +38,7 @@ from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
 from nvllm.text.tokenizer import Tokenizer
+from nvllm.transcription_params import TranscriptionParams
 
 log = logging.getLogger("nvllm.engine")
 
@@ -54,7 +58,7 @@ class Backing(Protocol):
 class LLMEngine:
     """Built by engine/assembly/factory.py, which loads the model, merges the EOS ids and sizes the pool."""
 
-    def __init__(self, model: Model | Encoder, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
+    def __init__(self, model: Model | Encoder | Any, tokenizer: Tokenizer, kv_cache: KVCache, settings: Settings,
                  max_model_len: int, speculator: Speculator, structured: StructuredCompiler,
                  generation_defaults: Mapping[str, Any] | None = None, eos_token_ids: Iterable[int] = (),
                  backing: Backing | None = None, think_tokens: tuple[int, int] | None = None) -> None:
@@ -105,6 +109,9 @@ class LLMEngine:
         self._mask_filler: ThreadPoolExecutor | None = None
         # Pinned prompts and the persisted prefix cache (engine/warm/warmup.py), set by the factory when asked.
         self.warmup: Warmup | None = None
+        # A speech model's step (engine/transcription/): its windows' encoder, decoder and Whisper's rules.
+        self.transcriber = Transcriber(model, self.scheduler) if self.task == "transcribe" else None
+        self.whisper_tokens = Transcriber.tokens_of(model, tokenizer) if self.transcriber is not None else None
 
     @property
     def chat_template(self) -> str | None:
@@ -149,12 +156,21 @@ class LLMEngine:
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
+    def make_sequence(self, request_id: str, prompt: Prompt,
+                      params: SamplingParams | PoolingParams | TranscriptionParams | None = None,
                       priority: int = 0) -> Sequence:
         """Validate a request, render and tokenize its prompt, and build its sequence. Reads no engine
         state that steps change, so another thread may call it while the engine runs. PoolingParams (or
-        none, for a pooling model) make a pooling request."""
+        none, for a pooling model) make a pooling request, TranscriptionParams a transcription (its prompt
+        {"audio": bytes}, decoded here)."""
         priority = check_priority(priority)
+        if isinstance(params, TranscriptionParams) or (params is None and self.task == "transcribe"):
+            if self.whisper_tokens is None:
+                raise wrong_task("transcribe", self.task)
+            seed = params.seed if params is not None and params.seed is not None else secrets.randbits(63)
+            return transcription_sequence(request_id, prompt, params or TranscriptionParams(), self.tokenizer,
+                                          self.whisper_tokens, self.model.config.num_mel_bins,
+                                          getattr(self.settings.server, "max_audio_seconds", None), seed, priority)
         if isinstance(params, PoolingParams) or (params is None and self.task != "generate"):
             return self._pooling_sequence(request_id, prompt, params or PoolingParams(), priority)
         if self.task != "generate":
@@ -256,6 +272,8 @@ class LLMEngine:
         for seq in pooled:   # computed whole this step: answered, and its pages given back
             self._finish(seq, "stop")
             outputs.append(request_output(seq))
+        if self.transcriber is not None:
+            return self._transcribed(sampled, outputs)
         row = generated = 0
         while row < len(sampled):
             assert result is not None     # _run samples whenever a sequence is due a token
@@ -279,6 +297,22 @@ class LLMEngine:
         self._recent.append((now, generated))
         return outputs
 
+    def _transcribed(self, chosen: list, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """A speech model's rows: each token appended, or its window ended (the next queued, or the end)."""
+        assert self.transcriber is not None
+        for seq, token in chosen:
+            if token is not None:
+                seq.token_ids.append(token)
+                self.num_generated_tokens += 1
+                continue
+            more, out = self.transcriber.window_ended(seq)
+            if out is not None:
+                outputs.append(out)
+            if not more:
+                self._finish(seq, "stop")
+                outputs.append(transcription_output(seq, [], finished=True))
+        return outputs
+
     def _logprob(self, seq: Sequence, result: SamplerOutput, row: int) -> TokenLogprob | None:
         if seq.params.logprobs is None:
             return None
@@ -297,6 +331,8 @@ class LLMEngine:
         """Pack the batch (packing.py), run the model, sample the rows of sequences whose last token was
         computed, each constrained row under its matcher's mask."""
         (fb, rows), model = pack(batch, self.kv_cache.block_size, self.kv_cache.layout.num_groups), self.model
+        if self.transcriber is not None:   # Whisper's rows choose their own tokens (transcription/)
+            return self.transcriber.run(batch.seqs, fb, rows, self.kv_cache), None  # type: ignore[return-value]
         if self.task != "generate" or isinstance(model, Encoder):   # a pooling step: a vector per sequence
             vectors = model.pool(fb, self.kv_cache, [s.pooling.dimensions if s.pooling else None for s in batch.seqs])
             for seq, v in zip(batch.seqs, vectors):

@@ -10,12 +10,13 @@ from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
 from nvllm.text.tokenizer import Tokenizer
 
-_WHAT = {"generate": "generates text", "embed": "gives embeddings", "rerank": "scores documents for a query"}
-_ASKS = {"generate": "text", "embed": "embeddings", "rerank": "scores"}
+_WHAT = {"generate": "generates text", "embed": "gives embeddings", "rerank": "scores documents for a query",
+         "transcribe": "transcribes speech"}
+_ASKS = {"generate": "text", "embed": "embeddings", "rerank": "scores", "transcribe": "a transcript of audio"}
 
 
 def wrong_task(asked: str, task: str) -> InvalidParameter:
-    """A request for `asked` ("generate", "embed", "rerank") to a model whose task is `task`."""
+    """A request for `asked` ("generate", "embed", "rerank", "transcribe") to a model whose task is `task`."""
     return InvalidParameter("model", task, f"a model that {_WHAT[asked]}",
                             message=f"model: this model {_WHAT[task]}; it cannot serve a request that asks for "
                                     f"{_ASKS[asked]}")

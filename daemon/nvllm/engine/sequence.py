@@ -76,6 +76,8 @@ class Sequence:
         self.pooling: PoolingParams | None = None
         self.token_types: list[int] | None = None
         self.pooled: list[float] | None = None
+        # A transcription's state over its windows (engine/transcription/transcript.py); None otherwise.
+        self.transcript: Any = None
         # The scheduler's bookkeeping: arrival order, the step it last began waiting, and while it
         # runs the rank it was admitted at and its admission order.
         self.arrival = 0
@@ -86,6 +88,19 @@ class Sequence:
         # handed out, its time to first token split into queueing and prefill (RequestOutput.queued_s, prefill_s).
         self.added_at = time.monotonic()
         self.scheduled_at: float | None = None
+
+    def restart(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Begin again from a new prompt (a transcription's next window): the caller has freed its pages."""
+        assert not self.block_tables, "restarted with pages held"
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.prompt_array = np.asarray(prompt_token_ids, dtype=np.int64)
+        self._array_len = 0
+        self.block_hashes = []
+        self.num_computed_tokens = 0
+        self.num_tokens_sent = 0
+        self.params = params
+        self.status = SequenceStatus.WAITING
 
     @property
     def text(self) -> str:

@@ -58,6 +58,7 @@ from nvllm.engine.assembly.pooling_model import (
     set_decoder_task,
     settings_for,
 )
+from nvllm.engine.assembly.speech_model import is_speech, load_speech
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.engine.speculation.speculator import Speculator
 from nvllm.engine.structured.compiler import StructuredCompiler
@@ -96,6 +97,9 @@ def load_model(settings: Settings) -> LoadedModel:
     kind = check_quantization(settings, path)
     t0 = time.monotonic()
     try:
+        if is_speech(path):
+            whisper, tokenizer, info = load_speech(settings, path, kind)
+            return LoadedModel(whisper, tokenizer, {}, frozenset(), info, time.monotonic() - t0)
         pooling_type, f = None, open_gguf(path) if is_gguf(path) else None
         if f is not None and is_gguf_encoder(f.metadata) or f is None and folder_is_encoder(path):
             encoder, tokenizer = load_encoder_gguf(f) if f is not None else load_encoder_folder(path, kind)

@@ -38,7 +38,9 @@ class ModelInfo:
     draft_pool_bytes: int = 0     # the draft model's own pool (speculative.draft_model), taken off the reading
     kv_slots: int = 0             # layers per page (model/kv_layout.py; 0: every layer)
     kv_windows: tuple[int, ...] = (0,)   # per group of layers: the keys a query sees (0: all)
-    task: str = "generate"        # or "embed", "rerank": a pooling model's (bytes_per_token 0 for an encoder)
+    task: str = "generate"        # or "embed", "rerank": a pooling model's (bytes_per_token 0 for an encoder);
+    #                               "transcribe": a speech model's (engine/assembly/speech_model.py)
+    cross_bytes: int = 0          # a speech model's cross-attention keys and values, every seat's, beside the pool
 
     @classmethod
     def of(cls, path: Path, c: ModelConfig, weight_bytes: int | None = None,

@@ -19,6 +19,7 @@ from nvllm.engine.assembly.pooling_model import (
     read_encoder_config,
     settings_for,
 )
+from nvllm.engine.assembly.speech_model import is_speech, load_speech
 from nvllm.model.config import ModelConfig, ModelLoadError, load_config
 from nvllm.model.kv_layout import KVLayout
 from nvllm.model.quant.kv_format import FORMATS_BY_NAME as KV_FORMATS
@@ -54,7 +55,7 @@ def is_gguf(path: Path) -> bool:
 def model_path(settings: Settings) -> Path:
     """The model the settings name, a folder or a .gguf file, checked to exist (EngineBuildError otherwise)."""
     path = settings.model_path()
-    if is_gguf(path) and path.is_file() or (path / "config.json").is_file():
+    if is_gguf(path) and path.is_file() or (path / "config.json").is_file() or is_speech(path):
         return path
     m = settings.model
     what = ("a file that is not a .gguf" if path.is_file() else
@@ -122,6 +123,8 @@ def read_model_info(settings: Settings) -> ModelInfo:
     path = model_path(settings)
     kind = check_quantization(settings, path)
     try:
+        if is_speech(path):   # its config is read with its weights (mapped, not copied)
+            return load_speech(settings, path, kind)[2]
         if is_gguf(path):
             f = open_gguf(path)
             if is_gguf_encoder(f.metadata):
@@ -186,10 +189,12 @@ def plan_pool(settings: Settings, info: ModelInfo, reading: MemoryReading, fmt: 
         return PoolPlan(counting_pool(settings, reading, per_seq), max_len, per_seq)
     try:
         per_token = info.bytes_per_token if fmt is None else info.kv_bytes_per_token(fmt)
-        sizing = size_pool(per_token * cache.block_size, max(0, reading.available_bytes - info.draft_pool_bytes),
+        beside = info.draft_pool_bytes + info.cross_bytes
+        sizing = size_pool(per_token * cache.block_size, max(0, reading.available_bytes - beside),
                            cache.memory_fraction, cache.reserve_mb << 20, cache.max_pool_mb << 20,
                            cache.num_blocks, per_seq, block_size=cache.block_size,
-                           source=reading.source + (" less the draft's pool" if info.draft_pool_bytes else ""),
+                           source=reading.source + (" less the draft's pool" if info.draft_pool_bytes else "")
+                           + (" less the seats' cross-attention" if info.cross_bytes else ""),
                            max_model_len=max_len, max_num_seqs=settings.scheduler.max_num_seqs,
                            held_blocks=info.pinned_blocks,
                            longest=lambda n: info.longest_in(n, cache.block_size, chunk))

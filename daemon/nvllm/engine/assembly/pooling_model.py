@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nvllm.config import Settings
+from nvllm.engine.assembly import speech_model
 from nvllm.engine.assembly.memory import MemoryReading, PoolSizing
 from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.model.config import read_json
@@ -79,6 +80,8 @@ def settings_for(settings: Settings, info: ModelInfo) -> Settings:
     scheduler.max_num_seqs counts a board's streams, not the texts of one embedding request."""
     if info.task == "generate":
         return settings
+    if info.task == speech_model.TASK:
+        return speech_model.settings_for(settings, info)
     budget = settings.scheduler.max_num_batched_tokens
     longest = min(settings.scheduler.max_model_len or info.max_position_embeddings, budget)
     seats = max(settings.scheduler.max_num_seqs, POOLING_SEQS)

@@ -54,7 +54,7 @@ class ModelLoader:
         s = spec.settings
         loaded = await loop.run_in_executor(None, factory.load_model, s)
         info = loaded.info
-        room = free_bytes - info.weight_bytes - info.draft_pool_bytes
+        room = free_bytes - info.weight_bytes - info.draft_pool_bytes - info.cross_bytes
         if room < MiB:
             raise factory.EngineBuildError(
                 f"model {spec.name}: its weights ({format_bytes(info.weight_bytes)}) leave no room for a page "
@@ -73,7 +73,7 @@ class ModelLoader:
         async_engine = AsyncEngine(engine, heartbeat_s=self.heartbeat_s,
                                    on_step=None if on_step is None else lambda s, t: on_step(s, t, name))
         async_engine.start(loop)
-        return async_engine, info.weight_bytes + info.draft_pool_bytes + plan.sizing.pool_bytes
+        return async_engine, info.weight_bytes + info.draft_pool_bytes + info.cross_bytes + plan.sizing.pool_bytes
 
     async def unload(self, engine: AsyncEngine) -> None:
         """Its thread and pool backing stopped, what it ran aborted; the memory goes back once the last
