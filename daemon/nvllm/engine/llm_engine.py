@@ -170,7 +170,7 @@ class LLMEngine:
             seed = params.seed if params is not None and params.seed is not None else secrets.randbits(63)
             return transcription_sequence(request_id, prompt, params or TranscriptionParams(), self.tokenizer,
                                           self.whisper_tokens, self.model.config.num_mel_bins,
-                                          getattr(self.settings.server, "max_audio_seconds", None), seed, priority)
+                                          self.settings.server.max_audio_seconds, seed, priority)
         if isinstance(params, PoolingParams) or (params is None and self.task != "generate"):
             return self._pooling_sequence(request_id, prompt, params or PoolingParams(), priority)
         if self.task != "generate":
