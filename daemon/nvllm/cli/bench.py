@@ -11,14 +11,17 @@ from nvllm.bench.counts import thread_counts
 from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag
 from nvllm.config import DEFAULT_MODEL_FILE
 
+DEFAULT_SPEECH_MODEL = "whisper-tiny.en"   # `nvllm models pull whisper-tiny.en` puts it there
+
 if TYPE_CHECKING:
     from nvllm.bench.quality import Source
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b = sub.add_parser("bench", help="throughput and latency beside this machine's own floors")
-    b.add_argument("--model", default=f"models/{DEFAULT_MODEL_FILE}",
-                   help="a model folder or .gguf file (in-process run)")
+    b.add_argument("--model", default=None,
+                   help=f"a model folder or .gguf file (in-process run; default models/{DEFAULT_MODEL_FILE}, and "
+                        f"with --transcribe or --voice-query the speech model, default models/{DEFAULT_SPEECH_MODEL})")
     b.add_argument("--concurrency", default="1,8,32", help="comma-separated numbers of requests in flight")
     b.add_argument("--prompt-len", type=int, default=128)
     b.add_argument("--gen-len", type=int, default=64)
@@ -52,7 +55,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "q4_0, q4_k)")
     b.add_argument("--text-tokens", type=int, default=0, metavar="N",
                    help="with --quality: read only the held text's first N tokens (default: all, about 2k)")
-    b.add_argument("--repeats", type=int, default=5, help="questions --query times (default 5)")
+    b.add_argument("--transcribe", default=None, metavar="FILE",
+                   help="a speech model's (--model) speed on this audio file, in process: real-time factor, the "
+                        "front end / encoder / decoder split, and --clips copies at once")
+    b.add_argument("--clips", default=None, metavar="N[,N...]",
+                   help="with --transcribe: copies of the clip transcribed at once, each count a row (default 1,16)")
+    b.add_argument("--voice-query", default=None, metavar="FILE",
+                   help="a spoken question (this audio file) asked through a daemon serving --model (speech) and "
+                        "--chat-model, one streamed HTTP chat completion with an input_audio part: upload, "
+                        "transcription, the answer's first token and the rest")
+    b.add_argument("--chat-model", default=None, metavar="PATH",
+                   help=f"with --voice-query: the chat model (default models/{DEFAULT_MODEL_FILE})")
+    b.add_argument("--repeats", type=int, default=None,
+                   help="questions --query times (default 5); runs of each row of --transcribe (the best kept) and "
+                        "questions --voice-query times (their mean; default 3 for both)")
     b.add_argument("--api-key-file", default=None, help="with --query: the daemon's HTTP API key, in a file")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--threads", "--blas-threads", dest="threads", type=thread_counts, default="0", metavar="N[,N...]",
@@ -69,6 +85,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from nvllm.bench import throughput
     from nvllm.config import ConfigError
     from nvllm.engine.assembly.factory import EngineBuildError
+
+    speech = args.transcribe or args.voice_query
+    refused = _speech_flags_refused(args)
+    if refused:
+        print(f"nvllm bench: {refused}", file=sys.stderr)
+        return 2
+    args.model = args.model or (f"models/{DEFAULT_SPEECH_MODEL}" if speech else f"models/{DEFAULT_MODEL_FILE}")
+    args.repeats = args.repeats if args.repeats is not None else 3 if speech else 5
+    if args.transcribe:
+        return _transcribe(args)
+    if args.voice_query:
+        return _voice_query(args)
 
     def numbers(text: str, flag: str) -> list[int]:
         try:
@@ -105,6 +133,75 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ConfigError, EngineBuildError) as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _speech_flags_refused(args: argparse.Namespace) -> str | None:
+    """Why the speech benches' flags cannot go together as given, naming them; None where they can."""
+    if args.transcribe and args.voice_query:
+        return "--transcribe and --voice-query are two benches: give one"
+    speech = "--transcribe" if args.transcribe else "--voice-query" if args.voice_query else None
+    if speech is None:
+        if args.chat_model:
+            return "--chat-model goes with --voice-query"
+        if args.clips is not None:
+            return "--clips goes with --transcribe"
+        return None
+    others = [flag for flag, on in (("--query", args.query), ("--target", args.target), ("--embed", args.embed),
+                                    ("--quality", args.quality), ("--speculation", args.speculation)) if on]
+    if others:
+        return f"{speech} is a bench of its own: drop {', '.join(others)}"
+    if args.transcribe and args.chat_model:
+        return "--chat-model goes with --voice-query"
+    if args.voice_query and args.clips is not None:
+        return "--clips goes with --transcribe"
+    if args.voice_query and len(args.threads) > 1:
+        return f"--threads takes one count with --voice-query, got {','.join(map(str, args.threads))}"
+    if args.repeats is not None and args.repeats < 1:
+        return f"--repeats must be at least 1, got {args.repeats}"
+    if not Path(args.transcribe or args.voice_query).is_file():
+        return f"{speech}: {args.transcribe or args.voice_query}: no such file"
+    return None
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    import json
+
+    from nvllm.bench.progress import Progress
+    from nvllm.bench.transcription import bench_transcribe, format_transcribe
+    from nvllm.config import ConfigError
+    from nvllm.engine.assembly.factory import EngineBuildError
+
+    try:
+        clips = [int(x) for x in (args.clips or "1,16").split(",") if x.strip()]
+    except ValueError:
+        clips = []
+    if not clips or min(clips) < 1 or len(set(clips)) != len(clips):
+        print(f"nvllm bench: --clips takes positive whole numbers separated by commas, each once, got {args.clips!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        results = bench_transcribe(Path(args.model), Path(args.transcribe), args.threads, clips, args.repeats,
+                                   args.quantization or "", Progress(enabled=not args.json))
+    except (ConfigError, EngineBuildError, ValueError) as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(results[0] if len(results) == 1 else results) if args.json else format_transcribe(results))
+    return 0
+
+
+def _voice_query(args: argparse.Namespace) -> int:
+    import json
+
+    from nvllm.bench.voice_query import VoiceQueryError, format_voice_query, voice_query
+
+    try:
+        result = voice_query(Path(args.voice_query), Path(args.model),
+                             Path(args.chat_model or f"models/{DEFAULT_MODEL_FILE}"), args.threads[0], args.repeats)
+    except VoiceQueryError as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else format_voice_query(result))
     return 0
 
 
