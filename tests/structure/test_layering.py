@@ -19,7 +19,7 @@ from helpers.paths import ROOT
 
 PACKAGE = ROOT / "daemon" / "nvllm"
 SHARED = {"nvllm", "nvllm.config", "nvllm.config_values", "nvllm.sampling_params", "nvllm.pooling_params",
-          "nvllm.v1", "nvllm.cgroup"}
+          "nvllm.transcription_params", "nvllm.v1", "nvllm.cgroup"}
 TEXT = "nvllm.text"
 
 # layer or room of the package root -> the nvllm packages (by prefix) it may import besides itself and the
@@ -104,10 +104,12 @@ SERVER_ROOMS = {
     "reading": set(),                                            # what a front door's reader hands submit
     "state": {S + r for r in ("board", "health", "metrics", "models", "reading", "submission")},  # the way in
     "pooling": {S + "state"},                                    # embed and rerank through submit
+    "transcribing": {S + r for r in ("reading", "state", "submission")},   # speech to text through submit
+    "voice": {S + r for r in ("models", "state", "transcribing")},   # a chat's audio heard, through submit
     "grpc": {S + r for r in ("chat", "clients", "health", "logs", "models", "pooling", "reading", "state",
-                             "submission")},                     # the gRPC front door
+                             "submission", "transcribing", "voice")},   # the gRPC front door
     "http": {S + r for r in ("chat", "clients", "health", "listen", "logs", "metrics", "models", "pooling",
-                             "reading", "state", "submission")},  # the HTTP front door
+                             "reading", "state", "submission", "transcribing", "voice")},  # the HTTP front door
     "daemon": {S + r for r in ("board", "grpc", "http", "listen", "logs", "metrics_listener", "models",
                                "state", "systemd")},             # the daemon's life
 }

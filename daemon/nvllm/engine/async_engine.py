@@ -29,6 +29,7 @@ from nvllm.engine.sequence import Sequence
 from nvllm.engine.turns import STEPS
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
+from nvllm.transcription_params import TranscriptionParams
 
 log = logging.getLogger("nvllm.engine.async")
 
@@ -159,7 +160,8 @@ class AsyncEngine:
             snap["waiting"] = snap.get("waiting", 0) + self._pending_adds
         return snap
 
-    def prepare(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
+    def prepare(self, request_id: str, prompt: Prompt,
+                params: SamplingParams | PoolingParams | TranscriptionParams | None = None,
                 priority: int = 0) -> PendingRequest:
         """Validate, render and tokenize, compile a constraint (InvalidParameter on a bad request); safe off
         the engine thread, and meant for a pool of its own: a long prompt or a grammar takes a while."""

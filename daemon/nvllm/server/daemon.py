@@ -56,6 +56,7 @@ from nvllm.server.metrics_listener import MetricsListener
 from nvllm.server.models.model_loader import ModelLoader
 from nvllm.server.models.model_set import ModelSet, NoRoom
 from nvllm.server.models.served_models import memory_budget, model_specs, served_name
+from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
 from nvllm.server.systemd import Notifier, WatchdogPinger
 from nvllm.v1 import nvllm_pb2
@@ -89,6 +90,7 @@ class Daemon:
                                  s.server.max_streams_per_client)
         self.state.reasoning_parser = s.server.reasoning_parser
         self.state.context_overflow = s.server.context_overflow
+        self.state.speech = SpeechSlot(s.server.speech_model, s.server.max_audio_bytes, s.server.max_audio_seconds)
         self.specs, self.default_model = model_specs(settings)     # ConfigError for a bad list of models
         self.models: ModelSet | None = None
         self._seen_progress: dict[int, int] = {}

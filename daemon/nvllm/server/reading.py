@@ -10,8 +10,10 @@ from nvllm.engine.async_engine import AsyncEngine
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
+from nvllm.transcription_params import TranscriptionParams
 
-Params = SamplingParams | PoolingParams   # a generation request's, or a pooling request's (embed, rerank)
+# a generation request's, a pooling request's (embed, rerank), or a transcription's ({"audio": bytes})
+Params = SamplingParams | PoolingParams | TranscriptionParams
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from nvllm.server.board.memory_watchdog import MemoryWatchdog
 from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING, Health, process_start_time
 from nvllm.server.metrics import Metrics
 from nvllm.server.models.model_set import Lease, ModelSet, NoRoom, UnknownModel
+from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.reading import Params, Reading, Served
 from nvllm.server.submission import Submission
 
@@ -83,6 +84,7 @@ class DaemonState:
         self.max_streams_per_client = max_streams_per_client   # 0: no limit
         self.reasoning_parser = ""       # server.reasoning_parser: chat answers' thinking apart (chat/reasoning.py)
         self.context_overflow = "error"  # server.context_overflow: a chat's, where the request sets none
+        self.speech = SpeechSlot()       # which served model transcribes, the audio limits (server.speech_model...)
         self.streams_by_client: dict[str, int] = {}             # client key -> Generate calls open
         self.phase = Phase.STARTING
         self.heat: HeatMonitor | None = None    # the board's heat ([power]); None when power.enabled is off

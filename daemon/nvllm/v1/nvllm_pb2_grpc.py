@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class GeneratorStub:
-    """Generates text for one request, tokenizes, and reports the daemon's health.
+    """Generates text for one request, tokenizes, embeds and reranks, transcribes speech, and reports the daemon's
+    health.
     """
 
     def __init__(self, channel):
@@ -60,10 +61,16 @@ class GeneratorStub:
                 request_serializer=nvllm_dot_v1_dot_nvllm__pb2.RerankRequest.SerializeToString,
                 response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.RerankResponse.FromString,
                 _registered_method=True)
+        self.Transcribe = channel.stream_stream(
+                '/nvllm.v1.Generator/Transcribe',
+                request_serializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeRequest.SerializeToString,
+                response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServicer:
-    """Generates text for one request, tokenizes, and reports the daemon's health.
+    """Generates text for one request, tokenizes, embeds and reranks, transcribes speech, and reports the daemon's
+    health.
     """
 
     def Generate(self, request, context):
@@ -122,6 +129,23 @@ class GeneratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Transcribe(self, request_iterator, context):
+        """Speech to text with a speech model (Whisper): the audio file (WAV, FLAC, OGG/Opus or MP3) sent in one
+        message or in a stream of chunks, the first carrying the options (a file larger than
+        server.max_message_bytes must come in chunks; all of them together at most server.max_audio_bytes).
+        The transcript streams back as it is decoded: each response carries the text, and the segments,
+        accepted since the previous one (a clip under 30 s arrives at once); the last one carries
+        finish_reason, the language, the audio's duration and usage.
+
+        Errors: INVALID_ARGUMENT names the field (audio that is not audio, empty, truncated, longer than
+        server.max_audio_seconds or larger than server.max_audio_bytes, in a codec not read; an option on a
+        later message; a language the model does not know; a model that does not transcribe: model);
+        NOT_FOUND for a model not served; RESOURCE_EXHAUSTED and UNAVAILABLE as for Generate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -150,6 +174,11 @@ def add_GeneratorServicer_to_server(servicer, server):
                     request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.RerankRequest.FromString,
                     response_serializer=nvllm_dot_v1_dot_nvllm__pb2.RerankResponse.SerializeToString,
             ),
+            'Transcribe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Transcribe,
+                    request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeRequest.FromString,
+                    response_serializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'nvllm.v1.Generator', rpc_method_handlers)
@@ -159,7 +188,8 @@ def add_GeneratorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Generator:
-    """Generates text for one request, tokenizes, and reports the daemon's health.
+    """Generates text for one request, tokenizes, embeds and reranks, transcribes speech, and reports the daemon's
+    health.
     """
 
     @staticmethod
@@ -287,6 +317,33 @@ class Generator:
             '/nvllm.v1.Generator/Rerank',
             nvllm_dot_v1_dot_nvllm__pb2.RerankRequest.SerializeToString,
             nvllm_dot_v1_dot_nvllm__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Transcribe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/nvllm.v1.Generator/Transcribe',
+            nvllm_dot_v1_dot_nvllm__pb2.TranscribeRequest.SerializeToString,
+            nvllm_dot_v1_dot_nvllm__pb2.TranscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

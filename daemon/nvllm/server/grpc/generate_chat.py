@@ -31,6 +31,8 @@ def chat_messages(chat: pb.ChatMessages) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(chat.messages):
         at = f"chat.messages[{i}]"
+        if m.audio:    # Generate hears it first (chat_audio.py); anywhere else it is not read
+            raise bad_field(f"{at}.audio", f"{at}.audio is heard only by Generate (the voice query)")
         message: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
             if m.role != "assistant":

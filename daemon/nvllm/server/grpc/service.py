@@ -1,5 +1,6 @@
-"""The gRPC servicer for nvllm.v1.Generator: Generate, Tokenize, Embed, Rerank and Health, on the daemon's state
-(server/state.py). Embed and Rerank read their proto (pooling_rpc.py) and run through server/pooling.py.
+"""The gRPC servicer for nvllm.v1.Generator: Generate, Tokenize, Embed, Rerank, Transcribe and Health, on the
+daemon's state (server/state.py). Embed and Rerank read their proto (pooling_rpc.py) and run through
+server/pooling.py; Transcribe is transcribe_rpc.py's, and a Generate chat's audio is heard first (chat_audio.py).
 
 Generate is a translation, as the HTTP handlers are: bytes that do not decode, an oversized request or a bad
 id are refused first (INVALID_ARGUMENT naming the field); then `DaemonState.submit`, the one way in, leases
@@ -35,6 +36,7 @@ from nvllm.sampling_params import InvalidParameter
 from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStream
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.clients import client_key
+from nvllm.server.grpc.chat_audio import ChatAudioRefused, hear_chat
 from nvllm.server.grpc.generate_request import (
     BadRequest,
     GenerateArgs,
@@ -46,6 +48,7 @@ from nvllm.server.grpc.generate_request import (
 from nvllm.server.grpc.health_reply import health_reply
 from nvllm.server.grpc.pooling_rpc import PoolingArgs, pooling_message, read_embed, read_rerank
 from nvllm.server.grpc.tokenize_rpc import read_tokenize
+from nvllm.server.grpc.transcribe_rpc import decode_transcribe_request, transcribe
 from nvllm.server.grpc.wire import (
     UndecodableRequest,
     decode_embed_request,
@@ -115,6 +118,9 @@ def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server)
         "Rerank": grpc.unary_unary_rpc_method_handler(
             servicer.Rerank, request_deserializer=decode_rerank_request,
             response_serializer=pb.RerankResponse.SerializeToString),
+        "Transcribe": grpc.stream_stream_rpc_method_handler(
+            servicer.Transcribe, request_deserializer=decode_transcribe_request,
+            response_serializer=pb.TranscribeResponse.SerializeToString),
         "Health": grpc.unary_unary_rpc_method_handler(
             servicer.Health, request_deserializer=pb.HealthRequest.FromString,
             response_serializer=pb.HealthResponse.SerializeToString),
@@ -205,6 +211,13 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 failed = isinstance(e, PoolingFailed) and not e.aborted
                 await _abort(context, grpc.StatusCode.INTERNAL if failed else grpc.StatusCode.UNAVAILABLE, str(e))
 
+    # -- Transcribe ---------------------------------------------------------------------------
+    async def Transcribe(self, requests: Any, context: grpc.aio.ServicerContext
+                         ) -> AsyncGenerator[pb.TranscribeResponse, None]:
+        async with contextlib.aclosing(transcribe(self.state, requests, context)) as responses:
+            async for response in responses:
+                yield response
+
     # -- Generate -----------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest | UndecodableRequest,
                        context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.GenerateResponse, None]:
@@ -222,6 +235,10 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 st.metrics.request("grpc", t0).refused("invalid")
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, unread)
             assert isinstance(request, pb.GenerateRequest)
+            try:     # the voice query: a chat's audio transcribed first (the request then holds the text)
+                heard = await hear_chat(st, request, client_key(context.peer()), rid, t0)
+            except ChatAudioRefused as e:
+                await _abort(context, e.code, e.details)
             args: GenerateArgs | None = None
 
             def read(served: Served) -> Reading:
@@ -248,6 +265,9 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 answer = chat_answer(st.reasoning_parser, args.input_field, args.prompt, sub.thinks, args.tool_plan)
                 async with contextlib.aclosing(self._responses(sub, context, rid, t0, answer)) as responses:
                     async for response in responses:
+                        if heard:     # what was heard, on the first response
+                            response.transcripts.extend(heard)
+                            heard = []
                         yield response
 
     async def _responses(self, sub: Submission, context: grpc.aio.ServicerContext, rid: str, t0: float,

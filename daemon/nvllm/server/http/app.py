@@ -5,7 +5,8 @@ POST /tokenize and POST /detokenize (the prompt's token ids as a generation requ
 an embedding model POST /v1/embeddings, for a reranker POST /v1/rerank and /rerank (server/pooling.py).
 OpenAI's Responses API, stateless: POST /v1/responses (responses_request.py, responses_response.py).
 Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens (anthropic_request.py,
-anthropic_response.py), its errors in Anthropic's shape.
+anthropic_response.py), its errors in Anthropic's shape. Speech: POST /v1/audio/transcriptions and
+/v1/audio/translations (transcription_api.py), and a chat's input_audio parts heard first (input_audio.py).
 
 A generation request goes in as the gRPC API's do, through `DaemonState.submit`: the key (401), starting
 or draining (503), the body's size (413) and its JSON are checked here; submit leases the model named (404
@@ -45,6 +46,7 @@ from nvllm.server.http.body import parse_json
 from nvllm.server.http.delivery import event_stream, whole
 from nvllm.server.http.dialect import Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
+from nvllm.server.http.input_audio import HeardAnswer, hear_chat
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_reader import parse_embeddings, parse_rerank, pooling_refusal
@@ -52,6 +54,7 @@ from nvllm.server.http.pooling_response import embeddings_response, rerank_respo
 from nvllm.server.http.responses_request import read_responses
 from nvllm.server.http.responses_response import ResponsesAnswer
 from nvllm.server.http.tokenize_reader import parse_detokenize, parse_tokenize
+from nvllm.server.http.transcription_api import TranscriptionApi
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
 from nvllm.server.models.keep_alive import keep_alive_seconds
@@ -106,6 +109,7 @@ class OpenAIApi:
         self.metrics = metrics
 
     def app(self) -> Starlette:
+        speech = TranscriptionApi(self.state, self.check_key, refusal, http_client_key)
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -116,6 +120,8 @@ class OpenAIApi:
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
             Route("/rerank", self.rerank, methods=["POST"]),
+            Route("/v1/audio/transcriptions", speech.transcriptions, methods=["POST"]),
+            Route("/v1/audio/translations", speech.translations, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
@@ -256,7 +262,7 @@ class OpenAIApi:
                                                                              served.reasoning_parser, thinks))
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self.generate(request, self._openai(self._read_chat))
+        return await self.generate(request, self._openai(self._read_chat), hears=True)
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, self._openai(
@@ -289,17 +295,18 @@ class OpenAIApi:
         """OpenAI's Responses API, stateless: the whole conversation comes as input items every time."""
         return await self.generate(request, Dialect(read_responses, ResponsesAnswer.start))
 
-    async def generate(self, request: Request, dialect: Dialect) -> Response:
+    async def generate(self, request: Request, dialect: Dialect, hears: bool = False) -> Response:
         """A generation request in any of the API's dialects: its body read, handed in through
-        DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape."""
+        DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape. hears:
+        the chat's audio parts are transcribed first (the voice query, input_audio.py)."""
         try:
-            return await self._generate(request, dialect)
+            return await self._generate(request, dialect, hears)
         except ApiError as e:
             if e.status >= 500:
                 log.warning("HTTP %d: %s", e.status, e.message)
             return dialect.refused(e)
 
-    async def _generate(self, request: Request, dialect: Dialect) -> Response:
+    async def _generate(self, request: Request, dialect: Dialect, hears: bool = False) -> Response:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         st = self.state
@@ -313,6 +320,7 @@ class OpenAIApi:
                 err = refusal(e) if isinstance(e, Refused) else e
                 st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(err.status, "invalid"))
                 raise err from None
+            heard = await hear_chat(st, body, http_client_key(request), rid, t0, refusal) if hears else []
             asked: Asked | None = None
             served: Served | None = None
 
@@ -331,6 +339,8 @@ class OpenAIApi:
                 raise ApiError(503, str(e), code="unavailable") from None
             assert asked is not None and served is not None    # submit read it
             answering = dialect.answering(asked, rid, served, sub.thinks)
+            if heard:
+                answering = HeardAnswer(answering, heard)
             if asked.stream:
                 return event_stream(sub, answering, rid, t0)
             async with sub:

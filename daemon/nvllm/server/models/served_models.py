@@ -69,6 +69,9 @@ def model_specs(settings: Settings) -> tuple[list[ModelSpec], str]:
     if default not in {s.name for s in specs}:
         raise ConfigError(f"server.default_model {default!r} is not served (served: "
                           f"{', '.join(s.name for s in specs)})")
+    speech = settings.server.speech_model
+    if speech and speech not in {s.name for s in specs}:
+        raise ConfigError(f"server.speech_model {speech!r} is not served (served: {', '.join(s.name for s in specs)})")
     for i, spec in enumerate(specs):
         if spec.name != default:    # speculation and the persisted cache: the default model's alone
             s = spec.settings
