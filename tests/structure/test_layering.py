@@ -21,16 +21,18 @@ PACKAGE = ROOT / "daemon" / "nvllm"
 SHARED = {"nvllm", "nvllm.config", "nvllm.config_values", "nvllm.sampling_params", "nvllm.pooling_params",
           "nvllm.transcription_params", "nvllm.v1", "nvllm.cgroup"}
 TEXT = "nvllm.text"
+AUDIO = "nvllm.audio"      # an upload's bytes -> samples and Whisper's features: input, as text is; never server/'s
 
 # layer or room of the package root -> the nvllm packages (by prefix) it may import besides itself and the
 # shared bottom. Every folder and module of daemon/nvllm is one of these or the shared bottom.
 ALLOWED = {
     "server": {"nvllm.engine"},
-    "engine": {"nvllm.model", TEXT},
-    "model": {TEXT},
+    "engine": {"nvllm.model", TEXT, AUDIO},
+    "model": {TEXT, AUDIO},
     "text": set(),
-    "llm": {"nvllm.engine"},                                    # the offline API (LLM)
-    "bench": {"nvllm.engine", "nvllm.model"},                   # the benchmarks
+    "audio": set(),
+    "llm": {"nvllm.engine", AUDIO},                             # the offline API (LLM)
+    "bench": {"nvllm.engine", "nvllm.model", AUDIO},            # the benchmarks
     "model_files": {"nvllm.model"},                             # pull, list, synthesize, quantize
     "cli": {"nvllm.server", "nvllm.engine", "nvllm.llm", "nvllm.bench", "nvllm.model_files"},
 }
