@@ -44,12 +44,13 @@ ROOMS = {
     "quant": set(),                                              # block formats, NumPy only
     "config": set(),                                             # ModelConfig from config.json
     "encoder_config": {M + "config"},                            # EncoderConfig from config.json
+    "whisper_config": {M + "config"},                            # WhisperConfig from config.json
     "pooler": set(),                                             # token states -> one vector
     "sampling": set(),                                           # logits -> tokens
     "kernels": {M + "quant"},                                    # C and its wrappers and twins
     "matrix": {M + "kernels", M + "quant"},                      # a weight that multiplies itself
-    "weights": {M + "config", M + "encoder_config", M + "pooler", M + "matrix", M + "kernels",
-                M + "quant"},                                    # weight files -> weights
+    "weights": {M + "config", M + "encoder_config", M + "whisper_config", M + "pooler", M + "matrix",
+                M + "kernels", M + "quant"},                     # weight files -> weights
 }
 
 # engine/'s rooms, bottom first -> the other rooms of engine/ each may import. The step loop stays directly in
@@ -64,6 +65,7 @@ ENGINE_ROOMS = {
     "block_manager": {E + "block_audit"},                        # the page books
     "prompt": set(),                                             # a request's prompt -> token ids
     "pooling_request": {E + "prompt"},                           # a pooling request's input, checked
+    "transcription": {E + r for r in ("outputs", "sequence", "scheduler", "sampling_rows")},   # speech's windows
     "structured": set(),                                         # constraints -> matchers and masks
     "speculation": {E + "sequence"},                             # proposals, verified
     "warm": _BOOKS,                                              # pinned prompts, the persisted cache
@@ -72,13 +74,13 @@ ENGINE_ROOMS = {
     "packing": {E + "scheduler", E + "sampling_rows"},           # a step's tokens -> the model's batch
     "stops": {E + "outputs", E + "sequence"},                    # a token appended, stops checked, outputs
     "llm_engine": _BOOKS | {E + r for r in ("scheduler", "sampling_rows", "packing", "stops", "structured",
-                                            "speculation", "warm", "pooling_request")},   # the step
+                                            "speculation", "warm", "pooling_request", "transcription")},  # the step
     "turns": set(),                                              # one engine's step at a time
     "request_stream": {E + "outputs", E + "sequence"},           # one request, pending or streamed
     "async_engine": _BOOKS | {E + "llm_engine", E + "turns", E + "request_stream"},   # the engine thread
     "assembly": {E + r for r in ("outputs", "sequence", "block_manager", "prompt", "structured", "speculation",
                                  "warm", "scheduler", "sampling_rows", "packing", "llm_engine", "async_engine",
-                                 "pooling_request")},
+                                 "pooling_request", "transcription")},
 }
 
 # What server/ may know of the engine: its asyncio side and what it hands back, the prompt's type, the factory
@@ -302,10 +304,11 @@ def test_every_module_of_engine_is_in_a_room() -> None:
 
 
 def test_every_module_of_model_is_in_a_room_or_is_a_layer_of_the_forward_pass() -> None:
-    one_file_rooms = {"config", "encoder_config", "pooler"}
+    one_file_rooms = {"config", "encoder_config", "whisper_config", "pooler"}
     loose = {p.stem for p in (PACKAGE / "model").glob("*.py")} - {"__init__"} - one_file_rooms
     rooms = {p.name for p in (PACKAGE / "model").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert loose == {"attention", "decoder", "encoder", "kv_cache", "kv_layout", "workspace"}
+    assert loose == {"attention", "decoder", "encoder", "kv_cache", "kv_layout", "workspace", "whisper",
+                     "whisper_encoder", "whisper_cross"}
     assert rooms == set(ROOMS) - one_file_rooms
 
 

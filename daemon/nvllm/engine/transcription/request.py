@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from nvllm.audio.clip import SAMPLE_RATE, AudioError, decode
+from nvllm.audio.features import CHUNK_SAMPLES, HOP, log_mel
 from nvllm.engine.sequence import Sequence
 from nvllm.engine.transcription.tokens import WhisperTokens
 from nvllm.engine.transcription.transcript import MAX_TEXT_CONTEXT, SAMPLE_LEN, Transcript
@@ -31,7 +33,6 @@ def audio_of(prompt: Any) -> bytes:
 def features_of(samples: np.ndarray, n_mels: int) -> tuple[np.ndarray, int]:
     """(mel features, frames of audio): up to 30 s, one chunk padded as the reference feature extractor pads
     it; longer audio whole, with 30 s of silence after it (openai-whisper's long-form reading)."""
-    from nvllm.audio.features import CHUNK_SAMPLES, HOP, log_mel
     frames = len(samples) // HOP
     if len(samples) <= CHUNK_SAMPLES:
         return log_mel(samples, n_mels, pad_to_chunk=True), max(frames, 1)
@@ -48,7 +49,6 @@ def transcription_sequence(request_id: str, prompt: Any, params: TranscriptionPa
         raise InvalidParameter("model", "translate", "a multilingual speech model for translation (this one knows "
                                "English only)", message="model: this speech model knows English only; translation "
                                "needs a multilingual one")
-    from nvllm.audio.clip import SAMPLE_RATE, AudioError, decode
     language = tokens.language(params.language)
     data = audio_of(prompt)
     try:
