@@ -498,7 +498,7 @@ class RerankResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class TranscribeRequest(_message.Message):
-    __slots__ = ("request_id", "model", "audio", "task", "language", "prompt", "temperature", "timestamps", "priority", "keep_alive")
+    __slots__ = ("request_id", "model", "audio", "task", "language", "prompt", "temperature", "timestamps", "priority", "keep_alive", "seed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
@@ -509,6 +509,7 @@ class TranscribeRequest(_message.Message):
     TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     audio: bytes
@@ -519,7 +520,8 @@ class TranscribeRequest(_message.Message):
     timestamps: bool
     priority: int
     keep_alive: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., audio: _Optional[bytes] = ..., task: _Optional[str] = ..., language: _Optional[str] = ..., prompt: _Optional[str] = ..., temperature: _Optional[float] = ..., timestamps: _Optional[bool] = ..., priority: _Optional[int] = ..., keep_alive: _Optional[str] = ...) -> None: ...
+    seed: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., audio: _Optional[bytes] = ..., task: _Optional[str] = ..., language: _Optional[str] = ..., prompt: _Optional[str] = ..., temperature: _Optional[float] = ..., timestamps: _Optional[bool] = ..., priority: _Optional[int] = ..., keep_alive: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class TranscribeResponse(_message.Message):
     __slots__ = ("request_id", "text", "segments", "finish_reason", "language", "duration_s", "usage")

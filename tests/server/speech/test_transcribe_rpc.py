@@ -51,12 +51,14 @@ def read(items: Sequence[Any], max_audio: int = 1000, max_message: int = 500) ->
 
 def test_the_stream_is_the_first_messages_options_and_every_chunk_in_order() -> None:
     args = read([pb.TranscribeRequest(model="m", language="de", prompt="p", temperature=0.5, timestamps=True,
-                                      task="translate", priority=-1, keep_alive="5m", request_id="r1", audio=b"ab"),
+                                      task="translate", priority=-1, keep_alive="5m", request_id="r1", audio=b"ab",
+                                      seed=9),
                  pb.TranscribeRequest(audio=b"cd"), pb.TranscribeRequest(audio=b"e")])
     assert (args.model, args.audio, args.request_id, args.priority, args.keep_alive_s) == ("m", b"abcde", "r1", -1,
                                                                                             300.0)
     p = args.params
-    assert (p.task, p.language, p.prompt, p.temperature, p.timestamps) == ("translate", "de", "p", (0.5,), True)
+    assert (p.task, p.language, p.prompt, p.temperature, p.timestamps, p.seed) == \
+        ("translate", "de", "p", (0.5,), True, 9)
     greedy = read([pb.TranscribeRequest(audio=b"x", temperature=0)])
     assert greedy.params.temperature[0] == 0.0 and len(greedy.params.temperature) == 6 and greedy.request_id
 
@@ -71,6 +73,7 @@ def test_the_stream_is_the_first_messages_options_and_every_chunk_in_order() -> 
     ([pb.TranscribeRequest(audio=b"a", task="summarize")], "task", "transcribe, translate"),
     ([pb.TranscribeRequest(audio=b"a", temperature=3)], "temperature", "from 0 to 1"),
     ([pb.TranscribeRequest(audio=b"a", keep_alive="soon")], "keep_alive", "duration"),
+    ([pb.TranscribeRequest(audio=b"a", seed=-3)], "seed", "at least 0"),
     ([pb.TranscribeRequest(audio=b"a", request_id="r" * 200)], "request_id", "at most"),
     ([UndecodableRequest("prompt", "prompt: must be valid UTF-8")], "prompt", "UTF-8"),
 ])

@@ -61,15 +61,15 @@ def test_the_forms_fields_reach_the_request(engine: LLMEngine) -> None:
         c = client_of(http)
         await c.audio.transcriptions.create(file=("a.wav", WAV), model=SPEECH, language="de", prompt="Zeppelin",
                                             temperature=0.4, response_format="verbose_json",
-                                            timestamp_granularities=["segment"])
+                                            timestamp_granularities=["segment"], extra_body={"seed": 7})
         await c.audio.transcriptions.create(file=("a.wav", WAV), model=SPEECH, temperature=0)
         t = await c.audio.translations.create(file=("a.wav", WAV), model=SPEECH, prompt="p", response_format="json")
         v = await c.audio.translations.create(file=("a.wav", WAV), model=SPEECH, response_format="verbose_json")
         return speech.asked, t, v
     asked, t, v = run(engine, body)
     first, greedy, translated = asked[0][1], asked[1][1], asked[2][1]
-    assert (first.task, first.language, first.prompt, first.temperature, first.timestamps) == \
-        ("transcribe", "de", "Zeppelin", (0.4,), True)
+    assert (first.task, first.language, first.prompt, first.temperature, first.timestamps, first.seed) == \
+        ("transcribe", "de", "Zeppelin", (0.4,), True, 7)
     assert greedy.temperature == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)   # 0: Whisper's fallback from 0, as OpenAI's
     assert (translated.task, translated.prompt) == ("translate", "p")
     assert t.text == HEARD and v.language == "english" and v.task == "translate"
@@ -119,6 +119,8 @@ REFUSED = [   # (form fields, files, status, param, in the message)
     ({"language": "english-of-england"}, None, 400, "language", "language code"),
     ({"keep_alive": "soon"}, None, 400, "keep_alive", "duration"),
     ({"priority": "high"}, None, 400, "priority", "integer"),
+    ({"seed": "-1"}, None, 400, "seed", "[0, 2**63)"),
+    ({"seed": "x"}, None, 400, "seed", "integer"),
     ({"speaker": "me"}, None, 400, "speaker", "unknown parameter"),
     ({}, {"file": ("a.wav", b"")}, 400, "file", "empty"),
     ({}, {"file": ("a.txt", b"hello, not audio")}, 400, "file", "not an audio file"),

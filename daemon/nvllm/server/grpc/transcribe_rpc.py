@@ -86,11 +86,18 @@ async def read_stream(requests: AsyncIterator[Any], max_audio_bytes: int, max_me
         temperature = first.temperature if first.HasField("temperature") else None
         params = TranscriptionParams.at_temperature(temperature, task=first.task or "transcribe",
                                                     language=first.language or None, prompt=first.prompt or None,
-                                                    timestamps=first.timestamps)
+                                                    timestamps=first.timestamps,
+                                                    seed=_seed(first.seed) if first.HasField("seed") else None)
     except InvalidParameter as e:
         raise BadRequest(e.field, str(e)) from None
     return TranscribeArgs(first.request_id or uuid.uuid4().hex, first.model, b"".join(chunks), params,
                           first.priority, read_keep_alive(first.keep_alive))
+
+
+def _seed(seed: int) -> int:
+    if seed < 0:
+        raise BadRequest("seed", f"seed must be at least 0, got {seed}")
+    return seed
 
 
 def refused(e: InvalidParameter) -> BadRequest:

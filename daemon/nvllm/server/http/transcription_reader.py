@@ -5,7 +5,8 @@ a 400 naming it. The audio itself is the engine's to decode (and to refuse, nami
 
 Mapped: file, model, language, prompt, response_format (json, text, srt, vtt, verbose_json), temperature (0:
 Whisper's fallback from 0, as OpenAI's; above 0: that alone), timestamp_granularities[] (segment), stream
-(transcriptions: transcript.text.delta and .done events). nvllm's own: priority, keep_alive. Refused with a
+(transcriptions: transcript.text.delta and .done events). nvllm's own: priority, keep_alive, seed (of the
+draws of a window decoded above temperature 0, so that a fallback is reproducible). Refused with a
 400 naming them: word timestamps, include[] logprobs, diarized_json, a chunking_strategy other than auto, and
 every field OpenAI's translations do not take on /translations.
 """
@@ -35,8 +36,8 @@ MAX_FIELDS = 32
 TRUE, FALSE = ("true", "1"), ("false", "0")
 TRANSCRIPTION_FIELDS = {"file", "model", "language", "prompt", "response_format", "temperature",
                         "timestamp_granularities[]", "timestamp_granularities", "stream", "include[]", "include",
-                        "chunking_strategy", "priority", "keep_alive"}
-TRANSLATION_FIELDS = {"file", "model", "prompt", "response_format", "temperature", "priority", "keep_alive"}
+                        "chunking_strategy", "priority", "keep_alive", "seed"}
+TRANSLATION_FIELDS = {"file", "model", "prompt", "response_format", "temperature", "priority", "keep_alive", "seed"}
 _REPEATED = {"timestamp_granularities[]", "timestamp_granularities", "include[]", "include"}
 
 
@@ -128,7 +129,7 @@ async def read_transcription(form: FormData, task: str, max_audio_bytes: int) ->
     try:
         params = TranscriptionParams.at_temperature(
             temperature, task=task, language=_text(form, "language") or None, prompt=_text(form, "prompt") or None,
-            timestamps=fmt in TIMED or "segment" in granularities)
+            timestamps=fmt in TIMED or "segment" in granularities, seed=_seed(form))
     except InvalidParameter as e:
         raise bad_request(e.field, str(e)) from None
     keep_alive = None
@@ -182,6 +183,17 @@ def _number(form: FormData, key: str) -> float | None:
     if not math.isfinite(value) or not 0 <= value <= 1:
         raise bad_request(key, f"{key} must be a number from 0 to 1, got {text[:32]}")
     return value
+
+
+def _seed(form: FormData) -> int | None:
+    text = _text(form, "seed")
+    try:
+        seed = int(text) if text else None
+    except ValueError:
+        raise bad_request("seed", f"seed must be an integer, got {text[:32]!r}") from None
+    if seed is not None and not 0 <= seed < 2**63:
+        raise bad_request("seed", f"seed must be in [0, 2**63), got {text[:32]}")
+    return seed
 
 
 def _priority(form: FormData) -> int:
