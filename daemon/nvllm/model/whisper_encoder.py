@@ -1,0 +1,76 @@
+"""Whisper's encoder: a window's log-mel frames [n_mels, 3000] -> its states [1500, d].
+
+Two convolutions (kernel 3, padding 1; the second of stride 2), each a matrix product over an im2col of its
+input (the three taps' shifted copies side by side), so they run on the matmul kernels as every linear layer
+does; exact GELU (ops.gelu_erf); the sinusoidal positions the checkpoint stores; then pre-norm layers of
+bidirectional attention (kernels/encoder_attention.py, as the BERT encoder's) and a GELU MLP; a final LayerNorm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nvllm.model.encoder import gelu, layer_norm
+from nvllm.model.kernels import matmul, ops, threads
+from nvllm.model.kernels.encoder_attention import encoder_attention
+from nvllm.model.matrix.weight import Weight
+from nvllm.model.weights.whisper_layout import Attention, Mlp, WhisperWeights
+from nvllm.model.whisper_config import LAYER_NORM_EPS, WhisperConfig
+
+
+def im2col(x: np.ndarray, stride: int) -> np.ndarray:
+    """x [frames, channels] -> [frames / stride, 3 channels]: row t holds frames stride t - 1, stride t and
+    stride t + 1 (zeros past either end), the three taps of a kernel-3 convolution with padding 1."""
+    frames, channels = x.shape
+    padded = np.zeros((frames + 2, channels), np.float32)
+    padded[1:-1] = x
+    out = (frames - 1) // stride + 1
+    return np.concatenate([padded[k:k + stride * out:stride] for k in range(3)], axis=1)
+
+
+def linear(w: Weight, bias: np.ndarray, x: np.ndarray) -> np.ndarray:
+    y = w.apply(x)
+    y += bias
+    return y
+
+
+def encode_states(w: WhisperWeights, c: WhisperConfig, features: np.ndarray) -> np.ndarray:
+    """features [n_mels, 2 * max_source_positions] float32 -> the encoder's states [max_source_positions, d]."""
+    features = np.asarray(features, dtype=np.float32)
+    if features.shape != (c.num_mel_bins, c.num_frames):
+        raise ValueError(f"features: need [{c.num_mel_bins}, {c.num_frames}] (mel bins, frames of 30 s), got "
+                         f"{list(features.shape)}")
+    if not np.isfinite(features).all():
+        raise ValueError("features: NaN or inf among the log-mel values")
+    x = gelu(linear(w.conv1, w.conv1_bias, im2col(features.T, 1)))            # [3000, d]
+    x = gelu(linear(w.conv2, w.conv2_bias, im2col(x, 2)))                     # [1500, d]
+    x += w.encoder_positions
+    heads = c.encoder_attention_heads
+    for layer in w.encoder_layers:
+        x += _attention(layer.attn, layer_norm(x, layer.attn_norm, LAYER_NORM_EPS), heads)
+        x += _mlp(layer.ffn, layer_norm(x, layer.ffn_norm, LAYER_NORM_EPS))
+    return layer_norm(x, w.encoder_norm, LAYER_NORM_EPS)
+
+
+def _attention(a: Attention, h: np.ndarray, heads: int) -> np.ndarray:
+    """Every frame sees every frame: one sequence of all the rows."""
+    T, d = h.shape
+    hd = d // heads
+    qkv = linear(a.qkv, a.qkv_bias, h)                                        # [T, 3d], q unscaled
+    out = np.empty((T, d), np.float32)
+    scale = float(hd ** -0.5)
+    if ops.lib is not None and matmul.lib is not None:
+        encoder_attention(qkv, np.zeros(1, np.int64), np.array([T], np.int64), heads, hd, scale, out,
+                          threads.count, matmul.team_run)
+    else:
+        q, k, v = qkv.reshape(T, 3, heads, hd).transpose(1, 2, 0, 3)          # [heads, T, hd] each
+        s = np.matmul(q * np.float32(scale), k.transpose(0, 2, 1))
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        out[...] = np.matmul(s, v).transpose(1, 0, 2).reshape(T, d)
+    return linear(a.o, a.o_bias, out)
+
+
+def _mlp(m: Mlp, h: np.ndarray) -> np.ndarray:
+    return linear(m.fc2, m.fc2_bias, gelu(linear(m.fc1, m.fc1_bias, h)))
