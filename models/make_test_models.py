@@ -16,6 +16,8 @@ BPE tokenizer trained by `tokenizers` on a fixed built-in corpus, one thread. Te
                   and reranking folders with a WordPiece tokenizer, float32 (tiny_encoders.py)
   tiny-xlmr-reranker  XLMRobertaForSequenceClassification with a SentencePiece Unigram tokenizer (tiny_xlmr.py)
   tiny-nomic-bert NomicBertModel (rotary, SwiGLU) as nomic-embed-text-v1.5's folder, mean pooling (tiny_nomic.py)
+  tiny-whisper, tiny-whisper-f16, tiny-whisper-multi, tiny-whisper-v3  WhisperForConditionalGeneration with
+                  Whisper's real tokenizer (tiny_whisper.py); made by --only NAME or on demand by the tests
   --qwen05b       qwen2.5-0.5b-random: Qwen2.5-0.5B's shapes, random float32 (about 2 GB), for speed
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ import tiny_encoders  # noqa: E402
 import tiny_gemma3  # noqa: E402
 import tiny_nomic  # noqa: E402
 import tiny_rope_models  # noqa: E402
+import tiny_whisper  # noqa: E402
 import tiny_xlmr  # noqa: E402
 from tiny_kit import (  # noqa: E402
     ENDOFTEXT_ID,
@@ -172,6 +175,7 @@ BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
 }
 EXTRA_BUILDERS: dict[str, Callable[[Path, Tokenizer], None]] = {
     "qwen2.5-0.5b-random": make_qwen05b_random,
+    **tiny_whisper.WHISPER_BUILDERS,
 }
 
 
