@@ -58,6 +58,15 @@ def tiny_encoders() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_whispers() -> dict[str, Path]:
+    """name -> folder of each tiny Whisper (models/tiny_whisper.py: tiny-whisper, tiny-whisper-f16,
+    tiny-whisper-multi, tiny-whisper-v3), written into models/ when missing."""
+    from helpers.whisper_models import make_whispers
+
+    return make_whispers()
+
+
+@pytest.fixture(scope="session")
 def tiny_ggufs(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> the tiny model as llama.cpp would convert it (F16 for tiny-llama-f16, F32 for the rest)."""
     import gguf
