@@ -17,6 +17,8 @@ from nvllm.config import Settings
 from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.quant.kv_format import F32
+from nvllm.model.weights.whisper_files import is_whisper
+from nvllm.model.whisper import load_whisper
 from nvllm.model.whisper_config import WhisperConfig
 from nvllm.text.tokenizer import Tokenizer
 
@@ -25,16 +27,11 @@ TASK = "transcribe"
 
 def is_speech(path: Path) -> bool:
     """Whether the path holds a Whisper model in any of the layouts read (checked by its files, not loaded)."""
-    try:   # TODO(voice): the reader lands beside this; drop the guard then
-        from nvllm.model.weights.whisper_files import is_whisper
-    except ImportError:
-        return False
     return is_whisper(path)
 
 
 def load_speech(settings: Settings, path: Path, quantization: str) -> tuple[Any, Tokenizer, ModelInfo]:
     """(the Whisper model, its tokenizer, its ModelInfo); ValueError naming a setting it cannot honour."""
-    from nvllm.model.weights.whisper_files import load_whisper
     whisper, tokenizer = load_whisper(path, quantization or None)
     words = f"{quantization} (model.quantization)" if quantization else "stored"
     info = speech_info(path, whisper.config, whisper.weights.nbytes, words, settings.scheduler.max_num_seqs)

@@ -28,13 +28,15 @@ class WhisperTokens:
     transcribe: int | None         # None on English-only models, whose prompt has no task
     translate: int | None
     sot_lm: int | None
-    languages: dict[str, int]      # code -> token; empty on English-only models
+    languages: dict[str, int]      # code -> token; empty on English-only models (whose vocabulary has them unused)
     suppress: tuple[int, ...]      # never sampled (generation_config's suppress_tokens, and the specials)
     begin_suppress: tuple[int, ...]   # not the first token of a window (a space, the end)
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer, suppress: tuple[int, ...] | list[int] = (),
+    def of(cls, tokenizer: Tokenizer, multilingual: bool, suppress: tuple[int, ...] | list[int] = (),
            begin_suppress: tuple[int, ...] | list[int] = ()) -> WhisperTokens:
+        """multilingual: the model's (its vocabulary of 51865 ids or more); an English-only vocabulary spells the
+        language tokens too, but its model was never taught them."""
         def find(*names: str) -> int | None:
             for name in names:
                 i = tokenizer.token_to_id(name)
@@ -48,7 +50,7 @@ class WhisperTokens:
                 raise ValueError(f"the speech model's vocabulary lacks {name}: not a Whisper tokenizer")
             return i
 
-        languages = {code: i for code in LANGUAGES if (i := find(f"<|{code}|>")) is not None}
+        languages = {code: i for code in LANGUAGES if (i := find(f"<|{code}|>")) is not None} if multilingual else {}
         t = cls(eot=need("<|endoftext|>"), sot=need("<|startoftranscript|>"), sot_prev=need("<|startofprev|>"),
                 no_timestamps=need("<|notimestamps|>"), timestamp_begin=need("<|0.00|>"),
                 no_speech=find("<|nospeech|>", "<|nocaptions|>"), transcribe=find("<|transcribe|>"),

@@ -32,8 +32,7 @@ class Transcriber:
     @staticmethod
     def tokens_of(model: Any, tokenizer: Any) -> WhisperTokens:
         c = model.config
-        return WhisperTokens.of(tokenizer, tuple(getattr(c, "suppress_tokens", ()) or ()),
-                                tuple(getattr(c, "begin_suppress_tokens", ()) or ()))
+        return WhisperTokens.of(tokenizer, c.is_multilingual, c.suppress_tokens, c.begin_suppress_tokens)
 
     def run(self, seqs: list[Sequence], fb: ForwardBatch, rows: list[Row], kv_cache: KVCache
             ) -> list[tuple[Sequence, int | None]]:
