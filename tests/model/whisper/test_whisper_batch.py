@@ -13,6 +13,7 @@ import pytest
 
 from helpers.whisper_models import features
 from helpers.whisper_steps import run_steps
+from nvllm.model.decoder import ForwardBatch
 from nvllm.model.kernels import matmul, ops, threads
 from nvllm.model.quant.kv_format import by_name
 from nvllm.model.whisper import load_whisper
@@ -90,3 +91,22 @@ def test_cross_keys_and_values_are_the_encoders_projections(tiny_whispers: dict[
         w = layer.cross.kv.dequantize()
         assert np.abs(cross.k(n) - states @ w[:d].T).max() <= 1e-4
         assert np.abs(cross.v(n) - (states @ w[d:].T + layer.cross.kv_bias[d:])).max() <= 1e-4
+
+
+def test_what_the_model_cannot_take_is_refused(tiny_whispers: dict[str, Path]) -> None:
+    model, _ = load_whisper(tiny_whispers["tiny-whisper"])
+    with pytest.raises(ValueError, match=r"features: need \[80, 3000\]"):
+        model.encode(np.zeros((128, 3000), np.float32))
+    bad = features(80, 0)
+    bad[3, 7] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        model.encode(bad)
+    window = model.encode(features(80, 0))
+    prompt = np.arange(449) % 1000
+    with pytest.raises(ValueError, match="up to 448 tokens"):
+        run_steps(model, [window], [prompt], [[449]])
+    cache = model.make_kv_cache(2, 16)
+    batch = ForwardBatch.build(prompt[:5], np.arange(5), np.arange(5), np.array([5]), np.array([5]),
+                               np.zeros((1, 1), np.int32), np.array([4]))
+    with pytest.raises(ValueError, match="one CrossKV per sequence"):
+        model.forward(batch, cache, [window, window])
