@@ -14,6 +14,8 @@ LANGUAGES = (
     "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la "
     "mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn yo so af oc ka be "
     "tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split()
+# Codes some vocabularies spell otherwise (Hugging Face's Whisper tokenizers write Hebrew's as <|iw|>).
+SPELLED = {"he": ("iw",), "jw": ("jv",)}
 SECONDS_PER_TIMESTAMP = 0.02   # <|0.02|> - <|0.00|>: one token is 20 ms (two mel frames)
 
 
@@ -50,7 +52,9 @@ class WhisperTokens:
                 raise ValueError(f"the speech model's vocabulary lacks {name}: not a Whisper tokenizer")
             return i
 
-        languages = {code: i for code in LANGUAGES if (i := find(f"<|{code}|>")) is not None} if multilingual else {}
+        languages = {code: i for code in LANGUAGES
+                     if (i := find(*(f"<|{c}|>" for c in (code, *SPELLED.get(code, ()))))) is not None} \
+            if multilingual else {}
         t = cls(eot=need("<|endoftext|>"), sot=need("<|startoftranscript|>"), sot_prev=need("<|startofprev|>"),
                 no_timestamps=need("<|notimestamps|>"), timestamp_begin=need("<|0.00|>"),
                 no_speech=find("<|nospeech|>", "<|nocaptions|>"), transcribe=find("<|transcribe|>"),
