@@ -51,17 +51,9 @@ def clip(name: str) -> bytes:
     return (CLIPS / f"{name}.wav").read_bytes()
 
 
-def _need_loader() -> None:
-    """Skips while the speech model's loader is not in the tree (the speech front doors were written first)."""
-    import importlib
-    if not hasattr(importlib.import_module("nvllm.model.weights.whisper_files"), "load_whisper"):
-        pytest.skip("the Whisper loader (model/weights/whisper_files.py load_whisper) is not in the tree yet")
-
-
 def tiny_whisper(name: str = "tiny-whisper") -> Path:
     """A tiny random Whisper folder (tiny-whisper: English-only; tiny-whisper-multi: multilingual), made into
     models/ when missing."""
-    _need_loader()
     path = MODELS / name
     if not (path / "config.json").exists():
         import importlib.util
@@ -77,7 +69,6 @@ def tiny_whisper(name: str = "tiny-whisper") -> Path:
 
 def real_whisper() -> Path:
     """The real tiny.en as `nvllm models pull whisper-tiny.en` leaves it; the test skips where it is not."""
-    _need_loader()
     path = MODELS / REAL
     if not (path / "model.bin").exists():
         pytest.skip(f"the default speech model is not pulled (nvllm models pull {REAL})")
