@@ -143,7 +143,8 @@ class LLMEngine:
             self.generation_defaults, max_stop_strings=limits.max_stop_strings, vocab_size=self.model.config.vocab_size,
             max_stop_string_chars=limits.max_stop_string_chars, max_model_len=self.max_model_len)
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | PoolingParams | None = None,
+    def add_request(self, request_id: str, prompt: Prompt,
+                    params: SamplingParams | PoolingParams | TranscriptionParams | None = None,
                     priority: int = 0) -> None:
         """Queue a request; refuses (InvalidParameter) one that is malformed or can never fit. Lower
         priority runs earlier (vLLM's rule)."""
@@ -165,11 +166,11 @@ class LLMEngine:
         {"audio": bytes}, decoded here)."""
         priority = check_priority(priority)
         if isinstance(params, TranscriptionParams) or (params is None and self.task == "transcribe"):
-            if self.whisper_tokens is None:
+            if self.whisper_tokens is None or self.transcriber is None:
                 raise wrong_task("transcribe", self.task)
             seed = params.seed if params is not None and params.seed is not None else secrets.randbits(63)
             return transcription_sequence(request_id, prompt, params or TranscriptionParams(), self.tokenizer,
-                                          self.whisper_tokens, self.model.config.num_mel_bins,
+                                          self.whisper_tokens, self.transcriber.num_mel_bins,
                                           self.settings.server.max_audio_seconds, seed, priority)
         if isinstance(params, PoolingParams) or (params is None and self.task != "generate"):
             return self._pooling_sequence(request_id, prompt, params or PoolingParams(), priority)

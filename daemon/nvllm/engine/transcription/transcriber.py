@@ -25,6 +25,7 @@ from nvllm.model.kv_cache import KVCache
 class Transcriber:
     def __init__(self, model: Any, scheduler: Scheduler) -> None:
         self.model = model
+        self.num_mel_bins: int = model.config.num_mel_bins
         self.scheduler = scheduler
         self.num_windows = 0          # windows encoded (a fallback's decoding again reuses its window's)
         self.encode_seconds = 0.0
