@@ -3,15 +3,19 @@
 Two convolutions (kernel 3, padding 1; the second of stride 2), each a matrix product over an im2col of its
 input (the three taps' shifted copies side by side), so they run on the matmul kernels as every linear layer
 does; exact GELU (ops.gelu_erf); the sinusoidal positions the checkpoint stores; then pre-norm layers of
-bidirectional attention (BLAS, with the softmax in C) and a GELU MLP; a final LayerNorm.
+bidirectional attention (BLAS on one thread a tile, the tiles shared over the kernels' thread count, the
+softmax in C) and a GELU MLP; a final LayerNorm.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from nvllm.model.encoder import gelu, layer_norm
-from nvllm.model.kernels import ops
+from nvllm.model.kernels import ops, threads
 from nvllm.model.matrix.weight import Weight
 from nvllm.model.weights.whisper_layout import Attention, Mlp, WhisperWeights
 from nvllm.model.whisper_config import LAYER_NORM_EPS, WhisperConfig
@@ -54,31 +58,57 @@ def encode_states(w: WhisperWeights, c: WhisperConfig, features: np.ndarray) -> 
 
 
 def _attention(a: Attention, h: np.ndarray, heads: int) -> np.ndarray:
-    """Every frame sees every frame: per head, tiles of TILE query rows against all keys by BLAS, each tile's
-    softmax in C (ops.softmax_causal_rows over whole rows). On 1500 frames this is 2-3x the online-softmax kernel
-    of kernels/encoder_attention.py, which suits the BERT encoders' short sequences (measured at one thread on
-    tiny's heads: 0.05 s against 0.10-0.16 s a layer)."""
+    """Every frame sees every frame: tiles of TILE query rows of one head against all its keys by BLAS, each
+    tile's softmax in C (ops.softmax_causal_rows over whole rows). On 1500 frames this is 2-3x the online-softmax
+    kernel of kernels/encoder_attention.py, which suits the BERT encoders' short sequences (measured at one
+    thread on tiny's heads: 0.05 s against 0.10-0.16 s a layer).
+
+    The tiles are shared out over the kernels' thread count by Python threads (BLAS lets go of the GIL), each
+    taking the next tile as it finishes, with BLAS held to one thread meanwhile: OpenBLAS's own threads spin
+    while they wait, and beside one other busy process on a 2-core machine a window's attention took 1.4-3.4 s
+    with them against 0.73 s so (0.52 s on one thread; 0.32 s and 0.40 s on an idle machine)."""
     T, d = h.shape
     hd = d // heads
     qkv = linear(a.qkv, a.qkv_bias, h)                                        # [T, 3d]
     out = np.empty((T, d), np.float32)
     q, k, v = qkv.reshape(T, 3, heads, hd).transpose(1, 2, 0, 3)              # [heads, T, hd] each
+    q = q * np.float32(hd ** -0.5)
+    kt = np.ascontiguousarray(k.transpose(0, 2, 1))                           # [heads, hd, T]
+    v = np.ascontiguousarray(v)
     whole = np.full(TILE, T, np.int64)
-    for n in range(heads):
-        qh = q[n] * np.float32(hd ** -0.5)
-        kt, vh = np.ascontiguousarray(k[n].T), np.ascontiguousarray(v[n])     # [hd, T], [T, hd]
-        for t0 in range(0, T, TILE):
-            s = qh[t0:t0 + TILE] @ kt                                         # [rows, T]
+    tiles = iter([(n, t0) for n in range(heads) for t0 in range(0, T, TILE)])
+
+    def work() -> None:
+        for n, t0 in tiles:   # a shared iterator: each thread takes the next tile (next() holds the GIL)
+            s = q[n, t0:t0 + TILE] @ kt[n]                                    # [rows, T]
             if ops.lib is not None:
                 sums = ops.softmax_causal_rows(s, whole[:s.shape[0]])
             else:
                 s -= s.max(axis=1, keepdims=True)
                 np.exp(s, out=s)
                 sums = s.sum(axis=1, keepdims=True)
-            o = s @ vh
+            o = s @ v[n]
             o /= sums
             out[t0:t0 + TILE, n * hd:(n + 1) * hd] = o
+
+    helpers = min(threads.count, heads * ((T + TILE - 1) // TILE)) - 1
+    with threadpool_limits(1, user_api="blas"):
+        done = [_helpers().submit(work) for _ in range(helpers)]
+        work()
+        for f in done:
+            f.result()
     return linear(a.o, a.o_bias, out)
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """The threads that share a window's attention tiles with the engine's own, made on first use."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(threads.MAX - 1, thread_name_prefix="nvllm-whisper")
+    return _pool
 
 
 def _mlp(m: Mlp, h: np.ndarray) -> np.ndarray:
