@@ -12,7 +12,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from nvllm.model.encoder import gelu, layer_norm
 from nvllm.model.kernels import ops, threads
@@ -47,6 +46,11 @@ def encode_states(w: WhisperWeights, c: WhisperConfig, features: np.ndarray) -> 
                          f"{list(features.shape)}")
     if not np.isfinite(features).all():
         raise ValueError("features: NaN or inf among the log-mel values")
+    with threads.blas_one_thread():   # its attention shares tiles over threads of its own
+        return _encode(w, c, features)
+
+
+def _encode(w: WhisperWeights, c: WhisperConfig, features: np.ndarray) -> np.ndarray:
     x = gelu(linear(w.conv1, w.conv1_bias, im2col(features.T, 1)))            # [3000, d]
     x = gelu(linear(w.conv2, w.conv2_bias, im2col(x, 2)))                     # [1500, d]
     x += w.encoder_positions
@@ -92,11 +96,10 @@ def _attention(a: Attention, h: np.ndarray, heads: int) -> np.ndarray:
             out[t0:t0 + TILE, n * hd:(n + 1) * hd] = o
 
     helpers = min(threads.count, heads * ((T + TILE - 1) // TILE)) - 1
-    with threadpool_limits(1, user_api="blas"):
-        done = [_helpers().submit(work) for _ in range(helpers)]
-        work()
-        for f in done:
-            f.result()
+    done = [_helpers().submit(work) for _ in range(helpers)]   # BLAS on one thread: encode_states
+    work()
+    for f in done:
+        f.result()
     return linear(a.o, a.o_bias, out)
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from nvllm.cgroup import CpuCount, usable_cpus
 
 MAX = 64  # the C thread team's limit (csrc/matmul.c)
@@ -41,3 +46,42 @@ def describe(n: int, setting: int, cpus: CpuCount | None = None) -> str:
         why = f"model.threads = 0: {cpus.source}, " + ("less one for the event loop" if cpus.count > 1
                                                        else "none to spare")
     return f"{team} matmul thread{'' if team == 1 else 's'} ({who}; {why})"
+
+
+@contextmanager
+def blas_one_thread() -> Iterator[None]:
+    """BLAS on one thread while inside, for the calling thread and any other: where the caller shares work out
+    over threads of its own. The process-wide limit alone does not reach a thread that OpenBLAS has already
+    counted for (its thread-local count): an engine thread's calls stayed threaded, and on 2 cores beside the
+    caller's own threads they queue on OpenBLAS's lock (a Whisper window's encoder took 0.8 s on the daemon's
+    engine thread against 0.4 s on the main thread)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        local = _openblas_local()
+        old = local(1) if local is not None else None
+        try:
+            yield
+        finally:
+            if local is not None and old is not None:
+                local(old)
+
+
+_local: list[Any] = []   # [openblas_set_num_threads_local or None], looked up once
+
+
+def _openblas_local() -> Any:
+    if not _local:
+        from threadpoolctl import threadpool_info
+
+        fn = None
+        for info in threadpool_info():
+            if info.get("internal_api") == "openblas":
+                try:
+                    fn = ctypes.CDLL(info["filepath"]).openblas_set_num_threads_local
+                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                except (OSError, AttributeError):
+                    fn = None
+                break
+        _local.append(fn)
+    return _local[0]
