@@ -33,10 +33,10 @@ from nvllm.v1 import nvllm_pb2 as pb
 pytestmark = [pytest.mark.stress, pytest.mark.slow]
 
 CHAT, SPEECH = "tiny-llama", "tiny-whisper"
-MAX_AUDIO = 256 << 10
+MAX_AUDIO = 512 << 10      # above the longest good clip (2.5 s of 44.1 kHz 16-bit stereo: 441 KB)
 CONFIG = config_with(BASE_CONFIG, server__max_audio_bytes=MAX_AUDIO, server__max_audio_seconds=20.0)
 BATCH = 8
-NUM_BATCHES = 40          # 320 requests
+NUM_BATCHES = 125         # 1,000 requests
 TRANSCRIBE = "/v1/audio/transcriptions"
 FIELDS = ("request", *pb.TranscribeRequest.DESCRIPTOR.fields_by_name)
 
@@ -100,7 +100,7 @@ def http_case(draw) -> Case:
         name = draw(st.sampled_from(sorted(DEFECTS)))
         key, value, status = DEFECTS[name]
         fields[key] = value
-        param = "timestamp_granularities" if key.endswith("[]") else "include" if key == "include[]" else key
+        param = key.removesuffix("[]")
         return Case("bad", "http", fields, draw(audio()), expect=param, status=status, what=name)
     how = draw(st.sampled_from(["bytes", "cut", "lying header", "too big", "body"]))
     if how == "bytes":
@@ -123,7 +123,8 @@ def http_case(draw) -> Case:
 def grpc_case(draw) -> Case:
     kind = draw(st.sampled_from(["good", "bad", "arbitrary"]))
     data = draw(audio())
-    size = draw(st.sampled_from([len(data), 4096, 20000]))
+    # one message where it fits gRPC's message limit (BASE_CONFIG's 64 KiB), else chunks
+    size = draw(st.sampled_from([len(data) if len(data) < 60000 else 32768, 4096, 20000]))
     pieces = [data[i:i + size] for i in range(0, len(data), size)]
     first = pb.TranscribeRequest(audio=pieces[0], seed=draw(st.integers(0, 9)), timestamps=draw(st.booleans()))
     rest = [pb.TranscribeRequest(audio=p) for p in pieces[1:]]
@@ -207,12 +208,15 @@ def judge(c: Case, out: Outcome) -> str | None:
         return None if named in FIELDS else f"names no field: {out.text!r}"
     if out.status >= 500:
         return f"status {out.status}: {out.text[:300]}"
-    if c.kind == "good":
-        return None if out.status == 200 else f"not served: {out.status} {out.text[:300]}"
     try:
         err = json.loads(out.text)["error"]
     except (ValueError, KeyError, TypeError):
         err = {}
+    if c.kind == "good":
+        if c.door == "voice" and out.status == 400 and err.get("param") == "messages" and \
+                "max_model_len" in err.get("message", ""):
+            return None      # a random Whisper's transcript may not fit tiny-llama's context: refused as any chat
+        return None if out.status == 200 else f"not served: {out.status} {out.text[:300]}"
     if c.kind == "bad":
         if out.status != c.status or err.get("param") != c.expect:
             return f"expected {c.status} naming {c.expect}, got {out.status} {out.text[:300]}"

@@ -149,3 +149,17 @@ def test_transcribe_with_no_speech_model_is_refused_naming_model(engine: LLMEngi
         return e.value
     e = serve_speech(engine, body, speech=False)
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details().startswith("model:")
+
+
+def test_a_refusal_reaches_a_client_still_sending(engine: LLMEngine) -> None:
+    """The call refused at its first message while the client writes more: the client gets the refusal (what it
+    still sends, up to the upload limit again, is read and dropped), not a broken stream (INTERNAL)."""
+    async def body(http, stub, state, speech) -> list[grpc.StatusCode]:
+        codes = []
+        for k in range(40):
+            bad = [pb.TranscribeRequest(audio=b"a", seed=-1)] if k % 2 else [pb.TranscribeRequest(audio=bytes(5000))]
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await collect(stub, bad + [pb.TranscribeRequest(audio=bytes(500)) for _ in range(6)])
+            codes.append(e.value.code())
+        return codes
+    assert set(serve_speech(engine, body, max_audio_bytes=4096)) == {grpc.StatusCode.INVALID_ARGUMENT}

@@ -1,7 +1,9 @@
 """Transcribe: speech to text over gRPC. The request stream read (its first message's options, every
 message's audio in order, refused as soon as the chunks together pass server.max_audio_bytes, so no more than
-the limit is held), then the audio as one engine request through DaemonState.submit (server/transcribing.py;
-the engine decodes and refuses bad audio, naming file: here audio), its outputs streamed as TranscribeResponses.
+the limit is held; what a refused client still sends is read and dropped, up to the limit again, so that it
+gets the refusal rather than a broken stream), then the audio as one engine request through
+DaemonState.submit (server/transcribing.py; the engine decodes and refuses bad audio, naming file: here audio),
+its outputs streamed as TranscribeResponses.
 
 INVALID_ARGUMENT names the field (audio, model, language, temperature, ...), NOT_FOUND a model not served,
 RESOURCE_EXHAUSTED load (a full queue, memory pressure, the client's streams) and UNAVAILABLE starting or
@@ -124,6 +126,16 @@ def response(rid: str, transcript: Transcript, delta: str, out: RequestOutput) -
     return r
 
 
+async def _drain(requests: AsyncIterator[Any], budget: int, most: int = 1024) -> None:
+    """What the client is still sending, read and dropped (at most budget bytes in most messages): a call ended
+    while its client still writes reaches the client as INTERNAL, not as the refusal."""
+    async for message in requests:
+        budget -= 0 if isinstance(message, UndecodableRequest) else message.ByteSize()
+        most -= 1
+        if budget < 0 or most <= 0:
+            return
+
+
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
     await context.abort(code, details)
     raise AssertionError("context.abort returned")
@@ -138,6 +150,7 @@ async def transcribe(state: DaemonState, requests: AsyncIterator[Any],
         args = await read_stream(requests, st.speech.max_audio_bytes, st.max_message_bytes)
         model = args.model or await st.speech.model(st.models)
     except (BadRequest, NoSpeechModel, Refused) as e:
+        await _drain(requests, st.speech.max_audio_bytes)
         log.info("refused: %s", e)
         st.metrics.request("grpc", t0).refused("unavailable" if isinstance(e, Refused) else "invalid")
         await _abort(context, grpc.StatusCode.UNAVAILABLE if isinstance(e, Refused)
