@@ -32,8 +32,24 @@ def im2col(x: np.ndarray, stride: int) -> np.ndarray:
     return np.concatenate([padded[k:k + stride * out:stride] for k in range(3)], axis=1)
 
 
+# Formats whose products over a window's rows go to BLAS (the packed integer ones run on the kernels' team).
+BLAS_FORMATS = frozenset({"F32", "F16", "BF16"})
+
+
 def linear(w: Weight, bias: np.ndarray, x: np.ndarray) -> np.ndarray:
-    y = w.apply(x)
+    """x @ w.T + bias. A float matrix over many rows is shared out by rows over the kernels' thread count (BLAS
+    is held to one thread in the encoder: encode_states), each part decoding w's rows for itself: the decode is
+    w's size, the product the window's frames times that."""
+    parts = threads.count
+    if parts < 2 or x.shape[0] < 64 * parts or not set(w.formats) <= BLAS_FORMATS:
+        y = w.apply(x)
+    else:
+        y = np.empty((x.shape[0], w.shape[0]), np.float32)
+        cuts = np.linspace(0, x.shape[0], parts + 1).astype(int)
+        done = [_helpers().submit(w.apply, x[a:b], y[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
+        w.apply(x[:cuts[1]], y[:cuts[1]])
+        for f in done:
+            f.result()
     y += bias
     return y
 
