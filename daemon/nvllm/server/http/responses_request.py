@@ -214,7 +214,7 @@ def _content(content: Any, at: str) -> str | list[dict[str, Any]]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text"):
             raise bad_request(f"{where}.type", f"{where}.type must be 'input_text' or 'output_text', got "
-                                               f"{show(kind, repr)} (nvllm serves text models)")
+                                               f"{show(kind, repr)} (audio: chat completions' input_audio)")
         _keys(part, where, {"type", "text", "annotations", "logprobs"})
         parts.append({"type": "text", "text": need(f"{where}.text", part.get("text"), STRING)})
     return parts
