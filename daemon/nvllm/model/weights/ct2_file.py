@@ -21,6 +21,7 @@ import numpy as np
 
 from nvllm.model.config import ModelLoadError
 from nvllm.model.quant.formats import FORMATS, QK, BlockFormat
+from nvllm.model.weights.bounded_reader import BoundedReader
 
 LATEST_BINARY_VERSION = 6
 DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")   # by type id (types.h's DataType)
@@ -148,25 +149,8 @@ def _q8_0(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return blocks.reshape(-1)
 
 
-class _Reader:
-    """Reads the file from its mapping; every read is checked against the bytes left."""
-
-    def __init__(self, buf: memoryview, path: Path) -> None:
-        self.buf, self.path, self.pos = buf, path, 0
-
-    def fail(self, what: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.path}: {what}")
-
-    def left(self) -> int:
-        return len(self.buf) - self.pos
-
-    def take(self, n: int, what: str) -> memoryview:
-        if n > self.left():
-            raise self.fail(f"{what} needs {n} bytes at offset {self.pos} but the file ends {self.left()} bytes "
-                            "later (truncated or corrupt)")
-        b = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return b
+class _Reader(BoundedReader):
+    """model.bin's fields: little-endian integers and length-prefixed strings."""
 
     def uint(self, size: int, what: str) -> int:
         return int.from_bytes(self.take(size, what), "little")

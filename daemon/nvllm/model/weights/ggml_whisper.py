@@ -27,6 +27,7 @@ import numpy as np
 
 from nvllm.model.config import ModelLoadError
 from nvllm.model.quant.formats import UnsupportedTensorType, block_format, raw_nbytes
+from nvllm.model.weights.bounded_reader import BoundedReader
 from nvllm.model.weights.ct2_file import Tensor
 from nvllm.model.weights.mapped_tensors import FileTensors, MappedTensors, file_reader
 from nvllm.model.weights.whisper_hf_config import (
@@ -74,25 +75,8 @@ class GGMLWhisper:
         return self.hparams["ftype"] // QNT_VERSION_FACTOR
 
 
-class _Reader:
-    """Reads the file from its mapping; every read is checked against the bytes left."""
-
-    def __init__(self, buf: memoryview, path: Path) -> None:
-        self.buf, self.path, self.pos = buf, path, 0
-
-    def fail(self, what: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.path}: {what}")
-
-    def left(self) -> int:
-        return len(self.buf) - self.pos
-
-    def take(self, n: int, what: str) -> memoryview:
-        if n > self.left():
-            raise self.fail(f"{what} needs {n} bytes at offset {self.pos} but the file ends {self.left()} bytes "
-                            "later (truncated or corrupt)")
-        b = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return b
+class _Reader(BoundedReader):
+    """ggml's fields: little-endian int32s and counts within bounds."""
 
     def int32(self, what: str) -> int:
         return int.from_bytes(self.take(4, what), "little", signed=True)
