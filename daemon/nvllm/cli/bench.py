@@ -55,6 +55,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "q4_0, q4_k)")
     b.add_argument("--text-tokens", type=int, default=0, metavar="N",
                    help="with --quality: read only the held text's first N tokens (default: all, about 2k)")
+    b.add_argument("--profile", action="store_true",
+                   help="where a decode step's time goes: each part of the step in microseconds, at each "
+                        "--concurrency, --gen-len steps after a --prompt-len prompt")
     b.add_argument("--transcribe", default=None, metavar="FILE",
                    help="a speech model's (--model) speed on this audio file, in process: real-time factor, the "
                         "front end / encoder / decoder split, and --clips copies at once")
@@ -107,10 +110,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"nvllm bench: {flag} takes positive whole numbers separated by commas, got {text!r}")
         return values
 
-    if len(args.threads) > 1 and (args.query or args.speculation or args.target or args.embed or args.quality):
-        print(f"nvllm bench: --threads takes one count with --query, --speculation, --embed, --quality or --target, "
-              f"got {','.join(map(str, args.threads))}", file=sys.stderr)
+    if len(args.threads) > 1 and (args.query or args.speculation or args.target or args.embed or args.quality
+                                  or args.profile):
+        print(f"nvllm bench: --threads takes one count with --query, --speculation, --embed, --quality, --profile "
+              f"or --target, got {','.join(map(str, args.threads))}", file=sys.stderr)
         return 2
+    if args.profile:
+        return _profile(args, numbers(args.concurrency, "--concurrency"))
     if args.query:
         return _query(args)
     if args.speculation:
@@ -240,6 +246,29 @@ def _speculation(args: argparse.Namespace) -> int:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else format_speculation(result))
+    return 0
+
+
+def _profile(args: argparse.Namespace, concurrency: list[int]) -> int:
+    import json
+
+    from nvllm.bench.step_profile import bench_profile, format_profile
+    from nvllm.config import ConfigError
+    from nvllm.engine.assembly.factory import EngineBuildError
+
+    if args.prompt_len < 1 or args.gen_len < 1:
+        print(f"nvllm bench: --prompt-len and --gen-len must be at least 1 with --profile, got {args.prompt_len} "
+              f"and {args.gen_len}", file=sys.stderr)
+        return 2
+    try:
+        result = bench_profile(args.model, concurrency, args.prompt_len, args.gen_len, args.threads[0],
+                               args.quantization or "", args.activations or "")
+    except (ConfigError, EngineBuildError) as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else
+          f"{result['model']}, {result['machine']['threads']} thread(s)\n" +
+          "\n".join(format_profile(r) for r in result["runs"]))
     return 0
 
 

@@ -1,0 +1,69 @@
+"""nvllm bench --profile (bench/step_profile.py): each part of a decode step timed, the parts within the step,
+the wrappers taken off after, the step's answers unchanged by them, and bad flags refused naming them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nvllm.engine.llm_engine as llm_engine
+from helpers.engines import backed_engine
+from nvllm.bench.step_profile import OWN, profile, timed_parts
+from nvllm.config import Settings
+from nvllm.engine.llm_engine import LLMEngine
+from nvllm.sampling_params import SamplingParams
+
+
+def engine(path: Path) -> LLMEngine:
+    s = Settings()
+    s.model.path = str(path)
+    s.model.threads = 1
+    s.cache.enable_prefix_caching = False
+    return backed_engine(s)
+
+
+def test_every_part_is_timed_within_the_step(tiny_models: dict[str, Path]) -> None:
+    r = profile(engine(tiny_models["tiny-llama"]), 3, prompt_len=12, steps=10)
+    parts = r["parts_us"]
+    assert {"schedule", "pack", "forward", "sampling rows", "sample", "append and stops", "outputs", OWN} <= set(parts)
+    assert all(us > 0 for part, us in parts.items() if part not in ("speculation", OWN))
+    assert sum(parts.values()) <= r["step_us"] * 1.001 + 1
+    assert r["tokens_per_s"] > 0 and r["streams"] == 3 and r["steps"] == 10
+
+
+def test_the_wrappers_come_off_and_change_no_answer(tiny_models: dict[str, Path]) -> None:
+    e = engine(tiny_models["tiny-llama"])
+    originals = (llm_engine.pack, llm_engine.sample, llm_engine.request_output, llm_engine.sampling_batch)
+
+    def greedy(rid: str) -> list[int]:
+        e.add_request(rid, [5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        out: list[int] = []
+        while e.has_unfinished():
+            out += [t for o in e.step() for t in o.token_ids]
+        return out
+
+    plain = greedy("plain")
+    with timed_parts(e) as parts:
+        timed = greedy("timed")
+        assert parts["forward"] > 0
+    assert timed == plain
+    assert (llm_engine.pack, llm_engine.sample, llm_engine.request_output, llm_engine.sampling_batch) == originals
+    for owner, name in ((e, "_append"), (e.model, "forward"), (e.scheduler, "schedule"), (e.speculator, "propose")):
+        assert name not in vars(owner), name     # the class's method again
+
+
+def test_the_cli_prints_a_table_or_json_and_refuses_bad_lengths(tiny_models: dict[str, Path]) -> None:
+    base = [sys.executable, "-m", "nvllm.cli", "bench", "--profile", "--model", str(tiny_models["tiny-llama"]),
+            "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--threads", "1"]
+    res = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert [r["streams"] for r in result["runs"]] == [1, 2]
+    table = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0 and "us a decode step" in table.stdout and "forward" in table.stdout
+    bad = subprocess.run([*base[:-6], "--gen-len", "0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--gen-len" in bad.stderr
+    two = subprocess.run([*base[:-2], "--threads", "1,2"], capture_output=True, text=True, timeout=300)
+    assert two.returncode == 2 and "--profile" in two.stderr
