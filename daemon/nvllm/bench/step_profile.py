@@ -5,8 +5,8 @@ are this bench's, put on for the measured steps and taken off after; they cost a
 which the figures include.
 
 The parts, in the order the step runs them: the speculator's proposals, the scheduler, packing the batch,
-the model's forward pass, the sampler's rows, sampling, appending each token and checking the stops, and the
-outputs handed back.
+the model's forward pass (a decoder's as its layers, its logits and the rest of it), the sampler's rows,
+sampling, appending each token and checking the stops, and the outputs handed back.
 """
 
 from __future__ import annotations
@@ -29,10 +29,17 @@ from nvllm.sampling_params import SamplingParams
 OWN = "the step's own"
 
 
+# A decoder's forward pass in two parts beside the rest of it: its layers (a decode step's are one C call) and
+# the logits (the final norm and the vocabulary's matmul).
+INSIDE_FORWARD = (("_layers", "forward: layers"), ("_logits", "forward: logits"))
+
+
 def _parts(engine: LLMEngine) -> list[tuple[Any, str, str]]:
     """(owner, attribute, part): what the step calls, on the engine's objects or as llm_engine's names."""
+    model = engine.model
     return [(engine.speculator, "propose", "speculation"), (engine.scheduler, "schedule", "schedule"),
-            (llm_engine, "pack", "pack"), (engine.model, "forward", "forward"),
+            (llm_engine, "pack", "pack"), (model, "forward", "forward"),
+            *((model, name, part) for name, part in INSIDE_FORWARD if hasattr(model, name)),
             (llm_engine, "sampling_batch", "sampling rows"), (llm_engine, "sample", "sample"),
             (engine, "_append", "append and stops"), (llm_engine, "request_output", "outputs")]
 
@@ -91,6 +98,9 @@ def profile(engine: LLMEngine, streams: int, prompt_len: int, steps: int, seed: 
     while engine.has_unfinished():
         engine.step()
     per = {part: 1e6 * s / steps for part, s in parts.items()}
+    inside = [per[part] for _, part in INSIDE_FORWARD if part in per]
+    if inside:   # the forward pass's own Python, less its parts timed inside it
+        per["forward: the rest"] = max(0.0, per.pop("forward") - sum(inside))
     per[OWN] = max(0.0, 1e6 * wall / steps - sum(per.values()))
     return {"streams": streams, "steps": steps, "step_us": 1e6 * wall / steps, "parts_us": per,
             "tokens_per_s": streams * steps / wall}
