@@ -102,7 +102,10 @@ def test_the_default_settings_serve_the_pulled_gguf_by_the_models_name(tmp_path:
     s.model.path = NAME                                   # the float32 folder, pulled with --folder
     assert served_name(s) == NAME
     assert cli.build_parser().parse_args(["generate", "hi"]).model == f"models/{NAME}.gguf"
-    assert cli.build_parser().parse_args(["bench"]).model == f"models/{NAME}.gguf"
+    # bench picks its model per mode (the speech benches the speech model's): the text benches' is the pull's
+    assert cli.build_parser().parse_args(["bench"]).model is None
+    from nvllm.cli.bench import DEFAULT_MODEL_FILE
+    assert f"models/{DEFAULT_MODEL_FILE}" == f"models/{NAME}.gguf"
 
 
 def test_an_encoder_gguf_is_listed_from_its_header(tmp_path: Path):
