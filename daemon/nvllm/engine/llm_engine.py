@@ -328,12 +328,13 @@ class LLMEngine:
         return (self.tokenizer.id_to_token(token_id) or "",
                 self.tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def _run(self, batch: ScheduledBatch) -> tuple[list[Row], SamplerOutput | None]:
+    def _run(self, batch: ScheduledBatch) -> tuple[list[Row] | list[tuple[Sequence, int | None]], SamplerOutput | None]:
         """Pack the batch (packing.py), run the model, sample the rows of sequences whose last token was
-        computed, each constrained row under its matcher's mask."""
+        computed, each constrained row under its matcher's mask: the sampler's rows and its output. A speech
+        model's rows are (sequence, its next token or None where its window ended), chosen by Whisper's rules."""
         (fb, rows), model = pack(batch, self.kv_cache.block_size, self.kv_cache.layout.num_groups), self.model
         if self.transcriber is not None:   # Whisper's rows choose their own tokens (transcription/)
-            return self.transcriber.run(batch.seqs, fb, rows, self.kv_cache), None  # type: ignore[return-value]
+            return self.transcriber.run(batch.seqs, fb, rows, self.kv_cache), None
         if self.task != "generate" or isinstance(model, Encoder):   # a pooling step: a vector per sequence
             vectors = model.pool(fb, self.kv_cache, [s.pooling.dimensions if s.pooling else None for s in batch.seqs])
             for seq, v in zip(batch.seqs, vectors):
