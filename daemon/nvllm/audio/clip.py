@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import soundfile as sf
-import soxr
 
 from nvllm.audio.audio_error import AudioError
 from nvllm.audio.claims import duration, too_long
 from nvllm.audio.headers import read_header
+
+if TYPE_CHECKING:
+    import soundfile as sf
 
 __all__ = ["SAMPLE_RATE", "AudioError", "AudioInfo", "decode", "probe"]
 
@@ -58,9 +60,11 @@ def _check_limit(max_seconds: float | None) -> None:
 
 def _open(data: bytes, max_seconds: float | None) -> tuple[sf.SoundFile, bool]:
     """The file opened by libsndfile once its header passed, and whether its frame count is exact."""
+    import soundfile  # imported on a first upload: with soxr and cffi, which a daemon without speech never needs
+
     header = read_header(data, max_seconds)
     try:
-        f = sf.SoundFile(io.BytesIO(data))
+        f = soundfile.SoundFile(io.BytesIO(data))
     except (RuntimeError, ValueError, TypeError) as e:
         raise AudioError(f"a malformed or truncated {header.container} file{_said(e)}") from None
     try:
@@ -105,6 +109,8 @@ def decode(data: bytes, max_seconds: float | None = None) -> np.ndarray:
         info = _info(f)
         block = max(1, BLOCK_SAMPLES // info.channels)
         limit = None if max_seconds is None else int(max_seconds * info.rate)
+        import soxr
+
         stream = None if info.rate == SAMPLE_RATE else \
             soxr.ResampleStream(info.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
         buffer = np.empty((block, info.channels), np.float32)
