@@ -3,9 +3,16 @@ ask for no more than the file holds (CTranslate2's model.bin, whisper.cpp's ggml
 
 from __future__ import annotations
 
+import mmap
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from nvllm.model.config import ModelLoadError
+
+R = TypeVar("R", bound="BoundedReader")
+T = TypeVar("T")
 
 
 class BoundedReader:
@@ -25,3 +32,28 @@ class BoundedReader:
         b = self.buf[self.pos:self.pos + n]
         self.pos += n
         return b
+
+
+def read_mapped(path: Path, min_bytes: int, what: str, reader: type[R], read: Callable[[R, mmap.mmap], T]) -> T:
+    """The file mapped (refused below min_bytes, `what` naming the kind of model) and read by `read` through a
+    `reader` over the mapping; on any failure the mapping is closed before the error goes on."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < min_bytes:
+                raise ModelLoadError(f"{path}: {size} bytes is too short for {what} (truncated?)")
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        buf = memoryview(mm)
+        try:
+            return read(reader(buf, path), mm)
+        finally:
+            buf.release()
+    except BaseException:
+        try:
+            mm.close()
+        except BufferError:   # a view is still referenced (by the traceback): the GC unmaps it later
+            pass
+        raise

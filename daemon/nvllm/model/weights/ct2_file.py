@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from nvllm.model.config import ModelLoadError
 from nvllm.model.quant.formats import FORMATS, QK, BlockFormat
-from nvllm.model.weights.bounded_reader import BoundedReader
+from nvllm.model.weights.bounded_reader import BoundedReader, read_mapped
 
 LATEST_BINARY_VERSION = 6
 DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")   # by type id (types.h's DataType)
@@ -170,34 +169,10 @@ class _Reader(BoundedReader):
             raise self.fail(f"{what} is not valid UTF-8") from None
 
 
-def _map(path: Path) -> mmap.mmap:
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < 4:
-                raise ModelLoadError(f"{path}: {os.fstat(f.fileno()).st_size} bytes is too short for a "
-                                     "CTranslate2 model (truncated?)")
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
-
-
 def open_ct2(path: str | Path) -> CT2File:
     """Map model.bin and check all of it (header, every variable's rank, dimensions, type and bytes, the
     aliases) against the file's size; the variables are views of the mapping, nothing is copied."""
-    path = Path(path)
-    mm = _map(path)
-    try:
-        buf = memoryview(mm)
-        try:
-            return _read(_Reader(buf, path), mm)
-        finally:
-            buf.release()
-    except BaseException:
-        try:
-            mm.close()
-        except BufferError:   # a view is still referenced (by the traceback): the GC unmaps it later
-            pass
-        raise
+    return read_mapped(Path(path), 4, "a CTranslate2 model", _Reader, _read)
 
 
 def _read(r: _Reader, mm: mmap.mmap) -> CT2File:

@@ -18,7 +18,6 @@ places them; the suppress tables are openai-whisper's, computed from that tokeni
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 
 from nvllm.model.config import ModelLoadError
 from nvllm.model.quant.formats import UnsupportedTensorType, block_format, raw_nbytes
-from nvllm.model.weights.bounded_reader import BoundedReader
+from nvllm.model.weights.bounded_reader import BoundedReader, read_mapped
 from nvllm.model.weights.ct2_file import Tensor
 from nvllm.model.weights.mapped_tensors import FileTensors, MappedTensors, file_reader
 from nvllm.model.weights.whisper_hf_config import (
@@ -91,27 +90,7 @@ class _Reader(BoundedReader):
 def open_ggml_whisper(path: str | Path) -> GGMLWhisper:
     """Map the file and check all of it: header, filters, vocabulary, and every tensor's type, dimensions,
     name and bytes; the tensors are views of the mapping."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size < 4 + 4 * len(HPARAMS):
-                raise ModelLoadError(f"{path}: {os.fstat(fh.fileno()).st_size} bytes is too short for a whisper.cpp "
-                                     "model (truncated?)")
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        buf = memoryview(mm)
-        try:
-            return _read(_Reader(buf, path), mm)
-        finally:
-            buf.release()
-    except BaseException:
-        try:
-            mm.close()
-        except BufferError:   # a view is still referenced (by the traceback): the GC unmaps it later
-            pass
-        raise
+    return read_mapped(Path(path), 4 + 4 * len(HPARAMS), "a whisper.cpp model", _Reader, _read)
 
 
 def _read(r: _Reader, mm: mmap.mmap) -> GGMLWhisper:
