@@ -18,7 +18,7 @@ from nvllm.engine.outputs import RequestOutput, TokenLogprob, TopLogprob
 from nvllm.engine.packing import pack
 from nvllm.engine.pooling_request import pooling_input, wrong_task
 from nvllm.engine.prompt import Prompt, generation_ids
-from nvllm.engine.sampling_rows import Row, sampling_batch
+from nvllm.engine.sampling_rows import Row, plain_greedy, sampling_batch
 from nvllm.engine.scheduler import ScheduledBatch, Scheduler
 from nvllm.engine.sequence import Sequence, check_priority
 from nvllm.engine.speculation.speculator import Speculator
@@ -33,7 +33,7 @@ from nvllm.model.decoder import Model
 from nvllm.model.encoder import Encoder
 from nvllm.model.kernels import matmul, threads
 from nvllm.model.kv_cache import KVCache
-from nvllm.model.sampling.sampler import SamplerOutput, sample
+from nvllm.model.sampling.sampler import SamplerOutput, greedy, sample
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter, SamplingParams
 from nvllm.text.detokenizer import IncrementalDetokenizer
@@ -359,6 +359,8 @@ class LLMEngine:
         if constrained and bits is None:
             bits = self.structured.fill_ahead(items)
         self.speculator.before_sampling(batch.seqs)
+        if not constrained and plain_greedy(rows):   # the common step: no per-row arrays to build
+            return rows, greedy(logits)
         return rows, sample(logits, sampling_batch(rows, constrained, bits))
 
     # -- after sampling (stops.py) -------------------------------------------------------------

@@ -7,12 +7,25 @@ import numpy as np
 
 from nvllm.engine.sequence import Sequence
 from nvllm.model.sampling.batch import SamplingBatch
+from nvllm.model.sampling.sampler import GREEDY_EPS
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 # A row: the sequence, and the proposed tokens that come before this row's position (none for a plain
 # decode row), which count as output for its penalties and min_tokens.
 Row = tuple[Sequence, list[int]]
+
+
+def plain_greedy(rows: list[Row]) -> bool:
+    """Whether every row takes its argmax with nothing applied first (sampler.greedy's rows): temperature 0, no
+    penalties, bias, logprobs, constraint, or stop tokens banned by min_tokens."""
+    for s, ahead in rows:
+        p = s.params
+        if (p.temperature is None or p.temperature >= GREEDY_EPS or p.logprobs is not None or p.logit_bias
+                or s.structured is not None or p.presence_penalty != 0 or p.frequency_penalty != 0
+                or p.repetition_penalty != 1 or s.num_output_tokens + len(ahead) < p.min_tokens):
+            return False
+    return True
 
 
 def sampling_batch(rows: list[Row], constrained: list[int] | None = None,

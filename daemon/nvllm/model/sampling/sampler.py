@@ -87,6 +87,15 @@ def sample(logits: np.ndarray, batch: SamplingBatch) -> SamplerOutput:
     return SamplerOutput(tokens, logprobs, top)
 
 
+def greedy(logits: np.ndarray) -> SamplerOutput:
+    """Each row's argmax: what sample() gives rows at temperature 0 with nothing applied before it (no mask,
+    bias, penalty, banned token or logprobs; engine/sampling_rows.plain_greedy says when), without the
+    per-row arrays of a SamplingBatch: the common decode step's sampling in one pass over the logits."""
+    n = logits.shape[0]
+    return SamplerOutput(np.argmax(logits, axis=1).astype(np.int64, copy=False), np.full(n, np.nan, dtype=_F32),
+                         [None] * n)
+
+
 # ---------------------------------------------------------------- greedy rows
 
 
