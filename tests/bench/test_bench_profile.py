@@ -10,9 +10,10 @@ from pathlib import Path
 
 import nvllm.engine.llm_engine as llm_engine
 from helpers.engines import backed_engine
-from nvllm.bench.step_profile import OWN, profile, timed_parts
+from nvllm.bench.step_profile import OWN, format_profile, profile, timed_parts
 from nvllm.config import Settings
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.model.kernels import matmul
 from nvllm.sampling_params import SamplingParams
 
 
@@ -69,3 +70,27 @@ def test_the_cli_prints_a_table_or_json_and_refuses_bad_lengths(tiny_models: dic
     assert bad.returncode == 2 and "--gen-len" in bad.stderr
     two = subprocess.run([*base[:-2], "--threads", "1,2"], capture_output=True, text=True, timeout=300)
     assert two.returncode == 2 and "--profile" in two.stderr
+
+
+def test_the_teams_barriers_are_counted_apart_from_the_timed_steps(tiny_models: dict[str, Path],
+                                                                   smollm2_gguf: Path) -> None:
+    s = Settings()
+    s.model.path = str(smollm2_gguf)   # big enough that a decode step's ops are shared over two threads
+    s.model.threads = 2
+    s.cache.enable_prefix_caching = False
+    e = backed_engine(s)
+    r = profile(e, 1, prompt_len=12, steps=6)
+    t = r["team"]
+    layers = e.model.config.num_layers
+    assert t["threads"] == 2 and t["barriers_per_step"] >= layers   # a decode step's layers: one C call
+    assert t["barriers_per_layer"] == t["barriers_per_step"] / layers
+    assert 0 < t["wait_us_per_step"] < 2 * t["counted_step_us"]
+    e.add_request("after", [5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    while e.has_unfinished():
+        e.step()
+    barriers, _, sleeps = matmul.team_stats(False)
+    assert barriers == sleeps == 0   # counting was turned off: nothing since (a last wait may trail in)
+    assert "barriers a step" in format_profile(r)
+    one = profile(engine(tiny_models["tiny-llama"]), 1, prompt_len=12, steps=4)["team"]
+    assert one["threads"] == 1 and one["barriers_per_step"] == 0 and "barriers" not in format_profile(
+        {**r, "team": one})

@@ -24,9 +24,11 @@ from nvllm.bench.floors import machine_info
 from nvllm.config import load_settings
 from nvllm.engine.assembly.factory import build_engine
 from nvllm.engine.llm_engine import LLMEngine
+from nvllm.model.kernels import matmul
 from nvllm.sampling_params import SamplingParams
 
 OWN = "the step's own"
+COUNTED_STEPS = 32   # steps after the timed ones whose barriers the team counts
 
 
 # A decoder's forward pass in two parts beside the rest of it: its layers (a decode step's are one C call) and
@@ -40,7 +42,8 @@ def _parts(engine: LLMEngine) -> list[tuple[Any, str, str]]:
     return [(engine.speculator, "propose", "speculation"), (engine.scheduler, "schedule", "schedule"),
             (llm_engine, "pack", "pack"), (model, "forward", "forward"),
             *((model, name, part) for name, part in INSIDE_FORWARD if hasattr(model, name)),
-            (llm_engine, "sampling_batch", "sampling rows"), (llm_engine, "sample", "sample"),
+            (llm_engine, "sampling_batch", "sampling rows"), (llm_engine, "plain_greedy", "sampling rows"),
+            (llm_engine, "sample", "sample"), (llm_engine, "greedy", "sample"),
             (engine, "_append", "append and stops"), (llm_engine, "request_output", "outputs")]
 
 
@@ -81,7 +84,8 @@ def profile(engine: LLMEngine, streams: int, prompt_len: int, steps: int, seed: 
     {"streams", "steps", "step_us", "parts_us": {part: microseconds per step}, "tokens_per_s"}."""
     rng = np.random.default_rng(seed)
     vocab = engine.model.config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    counted = min(steps, COUNTED_STEPS)
+    params = SamplingParams(temperature=0, max_tokens=steps + counted + 2, ignore_eos=True)
     ids = [f"profile-{time.monotonic_ns()}-{i}" for i in range(streams)]
     for rid in ids:
         engine.add_request(rid, rng.integers(100, min(vocab, 30000), prompt_len).tolist(), params)
@@ -93,6 +97,13 @@ def profile(engine: LLMEngine, streams: int, prompt_len: int, steps: int, seed: 
         for _ in range(steps):
             engine.step()
         wall = time.perf_counter() - t0
+    # The team's barriers over a few more steps, counted apart so that their clock reads stay off the timed ones.
+    matmul.team_stats(True)
+    t1 = time.perf_counter()
+    for _ in range(counted):
+        engine.step()
+    counted_wall = time.perf_counter() - t1
+    barriers, waited_s, sleeps = matmul.team_stats(False)
     for rid in ids:
         engine.abort_request(rid)
     while engine.has_unfinished():
@@ -102,8 +113,13 @@ def profile(engine: LLMEngine, streams: int, prompt_len: int, steps: int, seed: 
     if inside:   # the forward pass's own Python, less its parts timed inside it
         per["forward: the rest"] = max(0.0, per.pop("forward") - sum(inside))
     per[OWN] = max(0.0, 1e6 * wall / steps - sum(per.values()))
+    layers = engine.model.config.num_layers
     return {"streams": streams, "steps": steps, "step_us": 1e6 * wall / steps, "parts_us": per,
-            "tokens_per_s": streams * steps / wall}
+            "tokens_per_s": streams * steps / wall,
+            "team": {"threads": engine.threads, "barriers_per_step": barriers / counted,
+                     "barriers_per_layer": barriers / counted / layers, "wait_us_per_step": 1e6 * waited_s / counted,
+                     "counted_step_us": 1e6 * counted_wall / counted,
+                     "sleeps_per_step": sleeps / counted}}
 
 
 def bench_profile(model: str, concurrency: list[int], prompt_len: int, steps: int, threads: int = 0,
@@ -128,4 +144,11 @@ def format_profile(result: dict[str, Any]) -> str:
              f"  {'part':<18}{'us/step':>10}{'share':>8}"]
     for part, us in sorted(result["parts_us"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {part:<18}{us:>10,.1f}{us / step:>8.1%}")
+    t = result["team"]
+    if t["threads"] > 1:
+        lines.append(f"  the team of {t['threads']} threads: {t['barriers_per_step']:,.0f} barriers a step "
+                     f"({t['barriers_per_layer']:.1f} a layer); the threads waited at them "
+                     f"{t['wait_us_per_step']:,.0f} us a step in all, of {t['threads']} x "
+                     f"{t['counted_step_us']:,.0f} us (those steps' own time), and fell asleep "
+                     f"{t['sleeps_per_step']:.2f} times a step")
     return "\n".join(lines)

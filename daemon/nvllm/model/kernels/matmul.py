@@ -168,6 +168,17 @@ def pin_threads(on: bool) -> None:
     _pinned = on
 
 
+def team_stats(on: bool) -> tuple[int, float, int]:
+    """The thread team's barriers since the last call: (barriers passed, seconds the threads waited at them
+    summed over the threads, times a thread fell asleep there), then counting turned on or off (off until a
+    bench asks: a serving step reads no clock for it). (0, 0.0, 0) without the library."""
+    if lib is None:
+        return 0, 0.0, 0
+    out = np.zeros(3, np.int64)
+    lib.matmul_team_stats(int(on), out.ctypes.data)
+    return int(out[0]), float(out[1]) / 1e9, int(out[2])
+
+
 def pack(w: BlockMatrix) -> PackedMatrix:
     """w's blocks repacked into panels (quant/packed.py's layout) by csrc/pack.c; by the NumPy twin without
     the library."""

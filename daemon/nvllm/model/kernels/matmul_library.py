@@ -9,7 +9,7 @@ import ctypes
 
 from nvllm.model.kernels.library import load_library
 
-ABI = 18  # must equal matmul_abi() in csrc/matmul.c
+ABI = 19  # must equal matmul_abi() in csrc/matmul.c
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -29,6 +29,8 @@ def open_matmul_library() -> tuple[ctypes.CDLL | None, str]:
         lib.matmul_team_threads.restype = ctypes.c_int
         lib.matmul_pin_threads.argtypes = [ctypes.c_int]
         lib.matmul_pin_threads.restype = ctypes.c_int
+        lib.matmul_team_stats.argtypes = [ctypes.c_int, _P]
+        lib.matmul_team_stats.restype = None
         lib.matmul_float_variants.argtypes = []
         lib.matmul_float_variants.restype = ctypes.c_int
         lib.matmul_float_variant.argtypes = [ctypes.c_int]

@@ -50,14 +50,15 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul_library.py checks it). */
-int matmul_abi(void) { return 18; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+int matmul_abi(void) { return 19; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
                                          13: the step's NoPE layers and partial rotary order;
                                          14: its slots and block tables per group of layers;
                                          15: one team per step (team.c), qk_scratch per row, pinning;
                                          16: packed weights (PACKED_FLAG in the format id);
                                          17: F16 and BF16 packed too;
-                                         18: the thread team's entry points named for it (team.c) */
+                                         18: the thread team's entry points named for it (team.c);
+                                         19: the team's barrier counts (matmul_team_stats) */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */
@@ -875,6 +876,9 @@ int matmul_team_threads(void) { return team_workers(); }
 /* 1: pin the team's threads to the process's CPUs one each (model.pin_threads); 0: unpin. Returns 0, or -1
  * when the allowed CPUs could not be read. */
 int matmul_pin_threads(int on) { return team_pin(on); }
+
+/* The team's barrier counts since the last call (team_stats), counting on or off from now. */
+void matmul_team_stats(int on, int64_t *out) { team_stats(on, out); }
 
 /* Makes plain floats use variant v (a bit of matmul_float_variants) from the next call on and returns v,
  * or -1 if this machine cannot run it; a negative v changes nothing and returns the variant in use.

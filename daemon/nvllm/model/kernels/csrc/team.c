@@ -43,6 +43,13 @@ struct team {
 
 static team_t team = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
+/* What the barriers cost (team_stats): barriers passed, and summed over the threads that waited, the
+ * nanoseconds they waited and the times they fell asleep; with a member descheduled by another process
+ * the waits grow to the scheduler's time slices. Counted only while stats_on (a bench), so that a
+ * serving step reads no clock it does not need. */
+static int stats_on;
+static int64_t stat_barriers, stat_wait_ns, stat_sleeps;
+
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;   /* one team at a time */
 static pthread_mutex_t workers_lock = PTHREAD_MUTEX_INITIALIZER;   /* workers' creation and sleep */
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER;
@@ -116,7 +123,10 @@ void team_barrier(team_ctx_t *ctx) {
         return;
     }
     const unsigned g = __atomic_load_n(&t->gen, __ATOMIC_ACQUIRE);   /* cannot move before we arrive */
+    const int counted = __atomic_load_n(&stats_on, __ATOMIC_RELAXED);
+    const int64_t arrived_ns = counted ? now_ns() : 0;
     if (__atomic_add_fetch(&t->arrived, 1, __ATOMIC_ACQ_REL) == ctx->count) {   /* the last: release all */
+        if (counted) __atomic_add_fetch(&stat_barriers, 1, __ATOMIC_RELAXED);
         __atomic_store_n(&t->arrived, 0, __ATOMIC_RELAXED);
         for (int i = 0; i < TEAM_COUNTERS; i++) __atomic_store_n(&t->counters[i], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&t->gen, g + 1, __ATOMIC_SEQ_CST);
@@ -137,12 +147,23 @@ void team_barrier(team_ctx_t *ctx) {
         relax(i);
     }
     if (__atomic_load_n(&t->gen, __ATOMIC_ACQUIRE) == g) {
+        if (counted) __atomic_add_fetch(&stat_sleeps, 1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&t->lock);
         __atomic_add_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
         while (__atomic_load_n(&t->gen, __ATOMIC_SEQ_CST) == g) pthread_cond_wait(&t->cond, &t->lock);
         __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&t->lock);
     }
+    if (counted) __atomic_add_fetch(&stat_wait_ns, now_ns() - arrived_ns, __ATOMIC_RELAXED);
+}
+
+/* A worker leaving a team's last barrier may still add its wait after the caller has returned: that wait
+ * lands in the next reading (a bench's figures, not a count anything depends on). */
+void team_stats(int on, int64_t *out) {
+    __atomic_store_n(&stats_on, on, __ATOMIC_RELAXED);
+    out[0] = __atomic_exchange_n(&stat_barriers, 0, __ATOMIC_RELAXED);
+    out[1] = __atomic_exchange_n(&stat_wait_ns, 0, __ATOMIC_RELAXED);
+    out[2] = __atomic_exchange_n(&stat_sleeps, 0, __ATOMIC_RELAXED);
 }
 
 int64_t team_chunk(team_ctx_t *ctx, int slot, int64_t n, int64_t *state) {

@@ -36,6 +36,11 @@ int64_t team_chunk(team_ctx_t *ctx, int slot, int64_t n, int64_t *state);
  * Returns 0, or -1 when the allowed set could not be read. */
 int team_pin(int on);
 
+/* out[0..2]: the barriers passed, the nanoseconds threads waited at them (summed over the threads) and the
+ * times one fell asleep there, since the last call, which zeroes them; then counting is turned on or off
+ * (off by default: a serving step reads no clock for it). */
+void team_stats(int on, int64_t *out);
+
 /* Worker threads that exist now (the caller's not counted). */
 int team_workers(void);
 
