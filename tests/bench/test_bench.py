@@ -192,7 +192,7 @@ def test_structured_bench_times_each_mode_and_the_compile(tiny_models):
 
 
 def test_the_drone_querys_time_to_first_token_splits_from_the_metrics_text():
-    from nvllm.bench.query import histogram_totals, ttft_split
+    from nvllm.bench.query import SPLIT, histogram_totals, ttft_split
 
     def text(ttft: float, queue: float, prefill: float, first: float, n: int) -> str:
         return "\n".join(f'{name}_sum{{model_name="m"}} {v}\n{name}_count{{model_name="m"}} {n}'
@@ -207,4 +207,4 @@ def test_the_drone_querys_time_to_first_token_splits_from_the_metrics_text():
     assert s == pytest.approx({"ttft_ms": 300.0, "queue_ms": 10.0, "prefill_ms": 200.0, "first_decode_ms": 50.0,
                                "before_engine_ms": 90.0})
     assert ttft_split(after, after) == {}   # no request between the readings: nothing to split
-    assert histogram_totals("") == {part: (0.0, 0.0) for part in ("ttft", "queue", "prefill", "first_decode")}
+    assert histogram_totals("") == {part: (0.0, 0.0) for part in SPLIT}

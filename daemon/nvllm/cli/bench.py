@@ -27,9 +27,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--gen-len", type=int, default=64)
     b.add_argument("--prefill-len", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--target", default=None, help="measure a running daemon over gRPC instead")
-    b.add_argument("--query", default=None, metavar="URL",
-                   help="time the drone's query through a running daemon's HTTP API (e.g. http://127.0.0.1:8000): "
-                        "190 prompt tokens, the first 176 already cached, 20 answered")
+    b.add_argument("--query", default=None, metavar="URL[,URL...]",
+                   help="time the drone's query through a running daemon, each front door given: http://HOST:PORT "
+                        "(its HTTP API; its /metrics split the time) or grpc://HOST:PORT; with --model, the same "
+                        "file's decode in this process beside it: 351 prompt tokens, the first 320 already cached, "
+                        "20 answered, streamed")
     b.add_argument("--speculation", action="store_true",
                    help="one stream's time per token with n-gram speculation and without, on tasks that repeat "
                         "their input and on free text (in-process, --gen-len tokens at most)")
@@ -94,6 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if refused:
         print(f"nvllm bench: {refused}", file=sys.stderr)
         return 2
+    args.model_given = args.model is not None
     args.model = args.model or (f"models/{DEFAULT_SPEECH_MODEL}" if speech else f"models/{DEFAULT_MODEL_FILE}")
     args.repeats = args.repeats if args.repeats is not None else 3 if speech else 5
     if args.transcribe:
@@ -214,20 +217,30 @@ def _voice_query(args: argparse.Namespace) -> int:
 def _query(args: argparse.Namespace) -> int:
     import json
 
-    from nvllm.bench.query import QueryError, drone_query, format_query
+    from nvllm.bench.query import QueryError, bench_decode_ms, drone_query, format_query
+    from nvllm.config import ConfigError, load_settings
+    from nvllm.engine.assembly.factory import EngineBuildError, build_engine
 
     if args.repeats < 1:
         print(f"nvllm bench: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
         return 2
     try:
         key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
-        result = drone_query(args.query, args.repeats, key)
+        result = drone_query([u.strip() for u in args.query.split(",") if u.strip()], args.repeats, key)
+        if args.model_given:   # the same question's decode in this process, on the daemon's model and threads
+            engine = build_engine(load_settings(overrides={"model": {
+                "path": args.model, "threads": args.threads[0], "quantization": args.quantization or "",
+                **({"activations": args.activations} if args.activations else {})}}))
+            result["bench_gap_ms"] = bench_decode_ms(engine, args.repeats)
     except OSError as e:
         print(f"nvllm bench: --api-key-file: {e.strerror or e}", file=sys.stderr)
         return 2
     except QueryError as e:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 1
+    except (ConfigError, EngineBuildError) as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(result) if args.json else format_query(result))
     return 0
 
