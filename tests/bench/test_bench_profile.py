@@ -59,7 +59,7 @@ def test_the_wrappers_come_off_and_change_no_answer(tiny_models: dict[str, Path]
 
 def test_the_cli_prints_a_table_or_json_and_refuses_bad_lengths(tiny_models: dict[str, Path]) -> None:
     base = [sys.executable, "-m", "nvllm.cli", "bench", "--profile", "--model", str(tiny_models["tiny-llama"]),
-            "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--threads", "1"]
+            "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "12", "--threads", "1"]
     res = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)

@@ -131,7 +131,7 @@ def bench_profile(model: str, concurrency: list[int], prompt_len: int, steps: in
         model_settings["activations"] = activations
     engine = build_engine(load_settings(overrides={
         "model": model_settings, "cache": {"enable_prefix_caching": False},
-        "scheduler": {"max_num_seqs": max(concurrency), "max_model_len": prompt_len + steps + 8}}))
+        "scheduler": {"max_num_seqs": max(concurrency), "max_model_len": prompt_len + steps + COUNTED_STEPS + 8}}))
     profile(engine, 1, prompt_len, 4)   # warm-up: the first steps pay for what is made once
     return {"machine": {**machine_info(), "threads": engine.threads}, "model": model,
             "runs": [profile(engine, n, prompt_len, steps) for n in concurrency]}
