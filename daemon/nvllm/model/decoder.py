@@ -18,7 +18,8 @@ import numpy as np
 from nvllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from nvllm.model.config import ModelConfig, layer_rope, rope_inv_freq
 from nvllm.model.kernels import matmul, ops, threads
-from nvllm.model.kernels.step import DecodeLayers, LayerSpec
+from nvllm.model.kernels.prefill import PagedPrefill
+from nvllm.model.kernels.step import LayerSpec, StepLayers
 from nvllm.model.kv_cache import KVCache
 from nvllm.model.kv_layout import KVLayout
 from nvllm.model.matrix.weight import DECODE_ROWS
@@ -144,12 +145,13 @@ class Model:
                                if any(c.sliding_layers) and c.rope_local_theta is not None else None)
         # Which pages each layer's keys and values go in (one group, or Gemma 3's sliding and global groups).
         self.kv_layout = KVLayout.of(c)
-        # Decode steps run their layers in one C call (kernels/step.py) where every matrix allows it;
-        # False runs them layer by layer here, the twin the tests hold it to.
+        # Steps run their layers in one C call (kernels/step.py) where every matrix allows it, decode and
+        # prefill alike; False runs them layer by layer here, the twin the tests hold it to.
         self.layers_in_c = True
         # Each step's activations, in arrays made once (the engine reserves its budget's worth).
         self.workspace = Workspace(c)
-        self._steps: dict[bool, tuple[np.ndarray, DecodeLayers | None]] = {}   # by one row: (pool, plan)
+        # by what the matrices multiply in C for the step's rows (_step_layers): (pool, plan)
+        self._steps: dict[tuple[bool, bool, bool], tuple[np.ndarray, StepLayers | None]] = {}
 
     def set_context(self, max_model_len: int) -> None:
         """longrope's factors for every position, chosen once by the longest sequence served (as vLLM and
@@ -207,16 +209,18 @@ class Model:
             heads = np.ascontiguousarray(qkv[:, start:end].reshape(-1, hd))
             qkv[:, start:end] = rms_norm(heads, weight, c.rms_norm_eps).reshape(T, end - start)
 
-    def _decode_layers(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodeLayers | None:
-        """The C step for this batch, if it is decode-sized (one new token per sequence, side by side, up
-        to DECODE_ROWS) and every matrix multiplies such rows in C; built once per pool and row kind."""
+    def _step_layers(self, batch: ForwardBatch, kv_cache: KVCache) -> StepLayers | None:
+        """The C step for this batch, if every matrix multiplies its rows in C (Weight.decode_blocks): a decode
+        step (one new token per sequence, side by side, up to DECODE_ROWS) or one with prefill chunks;
+        built once per pool and kind of rows."""
         T, meta = batch.token_ids.shape[0], batch.attn
-        # Soft-capped attention is not in the paged kernel: such a model's layers run one by one.
-        if (not self.layers_in_c or matmul.lib is None or ops.lib is None or not 1 <= T <= DECODE_ROWS
-                or self.config.attn_logit_softcapping is not None
-                or meta.prefill_rows.size or meta.decode_span != (0, T)):
+        # Soft-capped attention is not in the paged kernels: such a model's layers run one by one.
+        decode = 1 <= T <= DECODE_ROWS and not meta.prefill_rows.size and meta.decode_span == (0, T)
+        if (not self.layers_in_c or matmul.lib is None or ops.lib is None or T < 1
+                or self.config.attn_logit_softcapping is not None or not (decode or meta.prefill_rows.size)):
             return None
-        key = T == 1   # what each matrix multiplies in C depends on it (Weight.decode_blocks)
+        # what each matrix multiplies in C depends on these (Weight.decode_blocks)
+        key = (T == 1, T <= DECODE_ROWS, T <= DECODE_ROWS or matmul.integer_products())
         pool, plan = self._steps.get(key, (None, None))
         if pool is not kv_cache.pool:
             plan, c = None, self.config
@@ -232,7 +236,7 @@ class Model:
                                        (c.sliding_window or 0) if sliding else 0,
                                        sliding and self.local_inv_freq is not None, nope=n in c.nope_layers))
             else:
-                plan = DecodeLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
+                plan = StepLayers(specs, kv_cache.pool, c.num_heads, c.num_kv_heads, c.head_dim,
                                     c.intermediate_size, c.rms_norm_eps, gelu=c.hidden_act != "silu",
                                     qk_order=self.rope_perm, layer_slots=kv_cache.layout.layer_slot,
                                     layer_groups=kv_cache.layout.layer_group)
@@ -312,12 +316,19 @@ class Model:
             np.multiply(w.embed.rows(batch.token_ids), np.float32(c.embed_scale), out=x)
         else:
             x[...] = w.embed.rows(batch.token_ids)                               # [T, H]
-        in_c = self._decode_layers(batch, kv_cache)
+        in_c = self._step_layers(batch, kv_cache)
         if in_c is not None:
-            decodes = [m.paged_decode for m in batch.groups]
-            assert all(d is not None for d in decodes)   # ops.lib is loaded
-            in_c(x, [writer("global", g) for g in range(layout.num_groups)], decodes,  # type: ignore[arg-type]
-                 threads.count, writer("local", 0) if "local" in c_tables else None)
+            if batch.attn.prefill_rows.size:   # prefill attention's tasks over every sequence, decode rows too
+                attentions: list[ops.PagedDecode | PagedPrefill] = [
+                    PagedPrefill(m.block_tables, m.context_lens, m.query_starts[:-1], m.query_lens,
+                                 m.positions) for m in batch.groups]
+            else:
+                decodes = [m.paged_decode for m in batch.groups]
+                assert all(d is not None for d in decodes)   # ops.lib is loaded
+                attentions = decodes  # type: ignore[assignment]
+            in_c(x, [writer("global", g) for g in range(layout.num_groups)], attentions,
+                 threads.count, writer("local", 0) if "local" in c_tables else None,
+                 (a.h, a.qkv, a.attn.reshape(T, -1), a.out, a.gate_up, a.act))
         for i, layer in enumerate(w.layers if in_c is None else ()):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps, a.h)
             qkv = layer.qkv.apply(h, a.qkv)                                     # [T, (nh+2nkv)*hd]

@@ -36,13 +36,13 @@ def prompts(vocab: int) -> list[np.ndarray]:
 def both_ways(model: Model, monkeypatch: pytest.MonkeyPatch, n_threads: int) -> tuple[list, list, int]:
     """Logits of the schedule with the layers in C and in the loop, and how many steps ran in C."""
     calls = []
-    real = step.DecodeLayers.__call__
+    real = step.StepLayers.__call__
 
     def counted(self, *args, **kwargs):
         calls.append(args[0].shape[0])
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(step.DecodeLayers, "__call__", counted)
+    monkeypatch.setattr(step.StepLayers, "__call__", counted)
     monkeypatch.setattr(threads, "count", n_threads)
     ids = prompts(model.config.vocab_size)
     model.layers_in_c = True
@@ -71,7 +71,7 @@ def test_the_c_step_gives_the_loops_bits(tiny_models: dict[str, Path], name: str
     # float32 matrices take BLAS for one row: those steps run the loop
     one_row_in_c = all("F32" not in m.formats for layer in model.weights.layers
                        for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    assert calls == len(STEPS) - 1 - (0 if one_row_in_c else 3)
+    assert calls == len(STEPS) - (0 if one_row_in_c else 3)
 
 
 def test_parts_in_different_formats_side_by_side(tiny_models: dict[str, Path],
@@ -88,17 +88,20 @@ def test_parts_in_different_formats_side_by_side(tiny_models: dict[str, Path],
                                      quantize_weight(g[len(g) // 2:], "bf16")])
     in_c, loop, calls = both_ways(model, monkeypatch, 2)
     assert_same_bits(in_c, loop)
-    assert calls == len(STEPS) - 1
+    assert calls == len(STEPS)
 
 
-def test_a_step_with_a_prefill_chunk_runs_the_loop(tiny_models: dict[str, Path],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_soft_capped_attention_runs_the_loop(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     model = Model.from_dir(tiny_models["tiny-llama"], quantization="q8_0")
     steps = [[4, 0], [1, 4], [1, 1]]
     calls = []
-    monkeypatch.setattr(step.DecodeLayers, "__call__", lambda self, x, *a: calls.append(x.shape[0]))
+    monkeypatch.setattr(step.StepLayers, "__call__", lambda self, x, *a: calls.append(x.shape[0]))
     run_schedule(model, [np.arange(6), np.arange(5)], steps)
-    assert calls == [2]   # only the last step is decode alone
+    assert calls == [4, 5, 2]   # prefill, mixed and decode steps alike
+    calls.clear()
+    model.config.attn_logit_softcapping = 50.0   # not in the paged kernels
+    run_schedule(model, [np.arange(6), np.arange(5)], steps)
+    assert calls == []
 
 
 def decode_batch(model: Model, slots: list[int], tables: list[list[int]], ctx: list[int]) -> ForwardBatch:
@@ -129,27 +132,27 @@ def test_the_plan_refuses_what_does_not_fit(q8_model: Model) -> None:
                           (layer.down,))  # type: ignore[arg-type]
     args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps)
     with pytest.raises(ValueError, match=r"layers\[0\]\.o: need parts of"):
-        step.DecodeLayers([step.LayerSpec(*(spec.input_norm, spec.qkv, spec.down, spec.post_norm, spec.gate_up,
+        step.StepLayers([step.LayerSpec(*(spec.input_norm, spec.qkv, spec.down, spec.post_norm, spec.gate_up,
                                             spec.down))], cache.pool[:1], *args)
     with pytest.raises(ValueError, match=r"layers\[0\]\.post_norm: need a contiguous float32"):
-        step.DecodeLayers([step.LayerSpec(spec.input_norm, spec.qkv, spec.o, spec.post_norm[:-1], spec.gate_up,
+        step.StepLayers([step.LayerSpec(spec.input_norm, spec.qkv, spec.o, spec.post_norm[:-1], spec.gate_up,
                                           spec.down)], cache.pool[:1], *args)
     with pytest.raises(ValueError, match=r"pool: need a writable contiguous \[1, 2, blocks"):
-        step.DecodeLayers([spec], cache.pool, *args)   # two layers' pages for one layer
-    plan = step.DecodeLayers([spec], cache.pool[:1], *args)
+        step.StepLayers([spec], cache.pool, *args)   # two layers' pages for one layer
+    plan = step.StepLayers([spec], cache.pool[:1], *args)
     batch = decode_batch(q8_model, [3], [[0]], [4])
     rope = ops.RopeWriteKV(np.ones((1, c.head_dim // 2), np.float32), np.zeros((1, c.head_dim // 2), np.float32),
                            batch.attn.slot_mapping, c.num_heads, c.num_kv_heads, c.head_dim, 1.0)
     assert batch.attn.paged_decode is not None
     with pytest.raises(ValueError, match="x: need a writable contiguous float32"):
         plan(np.zeros((1, c.hidden_size), np.float64), [rope], [batch.attn.paged_decode], 1)
-    with pytest.raises(ValueError, match="ropes, attentions: need .* and 2 sequences"):
+    with pytest.raises(ValueError, match="ropes, attentions: need .* and 2 rows of one kind"):
         plan(np.zeros((2, c.hidden_size), np.float32), [rope], [batch.attn.paged_decode], 1)
     with pytest.raises(ValueError, match=r"ropes, attentions: need one per group \(1\), got 2 and 2"):
         plan(np.zeros((1, c.hidden_size), np.float32), [rope] * 2, [batch.attn.paged_decode] * 2, 1)
     with pytest.raises(ValueError, match="threads: need an integer"):
         plan(np.zeros((1, c.hidden_size), np.float32), [rope], [batch.attn.paged_decode], 0)
-    local = step.DecodeLayers([dataclasses.replace(spec, local=True)], cache.pool[:1], *args)
+    local = step.StepLayers([dataclasses.replace(spec, local=True)], cache.pool[:1], *args)
     half = (2, c.head_dim // 2)
     two_tokens = ops.RopeWriteKV(np.ones(half, np.float32), np.zeros(half, np.float32), np.array([3, 4]),
                                  c.num_heads, c.num_kv_heads, c.head_dim, 1.0)

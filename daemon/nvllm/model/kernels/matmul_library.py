@@ -9,7 +9,7 @@ import ctypes
 
 from nvllm.model.kernels.library import load_library
 
-ABI = 19  # must equal matmul_abi() in csrc/matmul.c
+ABI = 20  # must equal matmul_abi() in csrc/matmul.c
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p

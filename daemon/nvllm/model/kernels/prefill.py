@@ -76,6 +76,16 @@ class PagedPrefill:
             self._tasks[key] = np.ascontiguousarray(np.asarray(rows, np.int64).reshape(-1, 4)[order])
         return self._tasks[key]
 
+    def addresses(self, num_blocks: int, block_size: int, nkv: int) -> tuple[int, int, int, int, int]:
+        """(block tables, their row stride, tasks, how many, positions): the checked copies' addresses and the
+        tasks for nkv KV heads, for a kernel that attends within a pool of num_blocks pages of block_size
+        (kernels/step.py's, which runs a whole step's layers)."""
+        if self._checked != (num_blocks, block_size):
+            check_tables(self._tables, self._ctx, num_blocks, block_size)
+            self._checked = (num_blocks, block_size)
+        tasks = self.tasks(nkv, 0)
+        return _ptr(self._tables), self._tables.shape[1], _ptr(tasks), tasks.shape[0], _ptr(self._positions)
+
     def __call__(self, q: np.ndarray, kv_pool: np.ndarray, out: np.ndarray, parts: int = 1,
                  team_run: Callable[[int, int, int], None] | None = None, window: int = 0) -> None:
         nb, bs, nkv, hd, fmt = check_pool(kv_pool, written=False)

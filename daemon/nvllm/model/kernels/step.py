@@ -1,18 +1,21 @@
-"""A decode step's layers in one call into C (csrc/step.c, in the _matmul library beside the thread team):
+"""A step's layers in one call into C (csrc/step.c, in the _matmul library beside the thread team):
 norm, q|k|v, bias, q/k norms, rope and the KV write, paged attention, the output projection, norm,
 gate|up, SwiGLU and down, layer after layer, with no Python between them; Gemma 3's output norms, GeGLU,
-sliding windows and the local layers' rope too.
+sliding windows and the local layers' rope too. A decode step (one new token per sequence) takes paged
+decode attention; a step with prefill chunks (mixed with decode rows or not) takes prefill attention's
+tasks over every sequence (kernels/prefill.py), and its products go through x's rows a tile at a time.
 
 Its twin is decoder.py's loop over the layers, which calls the same kernels one by one: step.c runs the
 whole step as one team of threads (csrc/team.c), each op split across them, every value computed
 with the same arithmetic in the same order as the whole-row kernels, so the two give the same bits
-(tests/model/kernels/test_decode_step.py). What goes is the ~10 Python calls per layer with their checks and
-temporaries, about a fifth of SmolLM2-135M's decode step on two threads.
+(tests/model/kernels/test_decode_step.py, test_prefill_step.py). What goes is the ~10 Python calls per layer
+with their checks and temporaries (about a fifth of SmolLM2-135M's decode step on two threads), a team
+wake per op, and x quantized again for each part of a fused matrix.
 
-`DecodeLayers` is built once per model and pool: it checks every layer's matrices (the BlockMatrix parts
-their `apply` would multiply by through matmul.quant_matmul), norms and pages, and keeps their addresses.
-Each step then hands it x and the step's `ops.RopeWriteKV` and `ops.PagedDecode`, which hold the checked
-rope tables, slots, block tables and context lengths.
+`StepLayers` is built once per model, pool and kind of step: it checks every layer's matrices (the
+BlockMatrix parts their `apply` would multiply by through matmul.quant_matmul), norms and pages, and keeps
+their addresses. Each step then hands it x and the step's `ops.RopeWriteKV` and `ops.PagedDecode` (or
+`prefill.PagedPrefill`), which hold the checked rope tables, slots, block tables and context lengths.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 
 from nvllm.model.kernels import matmul
 from nvllm.model.kernels.ops import PagedDecode, RopeWriteKV
+from nvllm.model.kernels.prefill import TILE, PagedPrefill
 from nvllm.model.quant.blocks import BlockMatrix
 from nvllm.model.quant.kv_format import F32, of_pool
 from nvllm.model.quant.packed import PackedMatrix
@@ -71,11 +75,12 @@ class _Layer(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [("layers", _P), ("num_layers", _I64), ("T", _I64), ("H", _I64), ("nq", _I64), ("nkv", _I64),
                 ("hd", _I64), ("inter", _I64), ("bs", _I64), ("eps", ctypes.c_float), ("q_scale", ctypes.c_float),
-                ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("cos", _P), ("sin", _P),
+                ("x", _P), ("h", _P), ("qkv", _P), ("attn", _P), ("gu", _P), ("act", _P), ("out", _P), ("cos", _P),
+                ("sin", _P),
                 ("slots", _P), ("block_tables", _P), ("table_stride", _P), ("context_lens", _P),
                 ("threads", _I64), ("kv_fmt", _I64), ("cos_local", _P),
                 ("sin_local", _P), ("gelu", _I64), ("nope_cos", _P), ("nope_sin", _P), ("qk_order", _P),
-                ("qk_scratch", _P)]
+                ("qk_scratch", _P), ("tasks", _P), ("n_tasks", _I64), ("tile", _I64), ("positions", _P)]
 
 
 def _vector(a: np.ndarray | None, size: int, name: str) -> int:
@@ -88,9 +93,9 @@ def _vector(a: np.ndarray | None, size: int, name: str) -> int:
     return a.ctypes.data
 
 
-class DecodeLayers:
-    """Every layer of a decode step in one C call. Built once per model and pool [L, 2, NB, bs, nkv, hd]
-    (in any KV format: quant/kv_format.py); called per step (see __call__)."""
+class StepLayers:
+    """Every layer of a step in one C call. Built once per model, pool [L, 2, NB, bs, nkv, hd] (in any KV
+    format: quant/kv_format.py) and the matrices' parts for its rows; called per step (see __call__)."""
 
     def __init__(self, layers: Sequence[LayerSpec], pool: np.ndarray, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, intermediate_size: int, eps: float, gelu: bool = False,
@@ -172,13 +177,17 @@ class DecodeLayers:
         self._keep.append(row)
         return _Matrix(ctypes.addressof(row), len(parts))
 
-    def __call__(self, x: np.ndarray, ropes: Sequence[RopeWriteKV], attentions: Sequence[PagedDecode], threads: int,
-                 rope_local: RopeWriteKV | None = None) -> None:
-        """x [T, H] float32, contiguous: the embeddings of T sequences' one new token each, in place ->
-        the residual stream after the last layer. ropes hold the step's rope tables and, per group of the
-        layout, its slots; attentions each group's block tables and the context lengths (one sequence per
-        row of x); threads as the kernels take it; rope_local the local layers' tables, needed where a
-        layer is local."""
+    def __call__(self, x: np.ndarray, ropes: Sequence[RopeWriteKV], attentions: Sequence[PagedDecode | PagedPrefill],
+                 threads: int, rope_local: RopeWriteKV | None = None,
+                 scratch: Sequence[np.ndarray] | None = None) -> None:
+        """x [T, H] float32, contiguous: the embeddings of the step's T rows, in place -> the residual stream
+        after the last layer. ropes hold the step's rope tables and, per group of the layout, its slots;
+        attentions each group's PagedDecode (a decode step: one sequence per row of x, the context lengths
+        the same in every group) or PagedPrefill (any step: every sequence's rows, decode rows as chunks of
+        one token); threads as the kernels take it; rope_local the local layers' tables, needed where a
+        layer is local. scratch: (h, qkv, attn, out, gate_up, act), each a writable contiguous float32 [T, n]
+        (attn [T, nq, hd]) for the step's activations, or None for new ones; h, attn and act may share
+        memory, and so may qkv, out and gate_up (decoder.py's Workspace)."""
         H, nq, nkv, hd, inter = self.dims
         if (not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != H
                 or not x.flags.c_contiguous or not x.flags.writeable):
@@ -188,11 +197,13 @@ class DecodeLayers:
         if len(ropes) != G or len(attentions) != G:
             raise ValueError(f"ropes, attentions: need one per group ({G}), got {len(ropes)} and {len(attentions)}")
         rope, attention = ropes[0], attentions[0]
+        tasks = isinstance(attention, PagedPrefill)
         for r, a in zip(ropes, attentions):
-            if r.heads[:3] != (nq, nkv, hd) or a.num_seqs != T:
-                raise ValueError(f"ropes, attentions: need {nq} q heads, {nkv} KV heads of {hd} and {T} sequences, "
-                                 f"got {r.heads[:3]} and {a.num_seqs}")
-            if not np.array_equal(a._keep[1], attention._keep[1]):
+            rows = a.num_tokens if isinstance(a, PagedPrefill) else a.num_seqs
+            if r.heads[:3] != (nq, nkv, hd) or rows != T or isinstance(a, PagedPrefill) != tasks:
+                raise ValueError(f"ropes, attentions: need {nq} q heads, {nkv} KV heads of {hd} and {T} rows of one "
+                                 f"kind, got {r.heads[:3]} and {rows}")
+            if isinstance(a, PagedDecode) and not np.array_equal(a._keep[1], attention._keep[1]):  # type: ignore[union-attr]
                 raise ValueError("attentions: need the same context lengths in every group")
         matmul.check_threads(threads)
         _, _, nb, bs, _, _ = self.pool.shape
@@ -204,28 +215,54 @@ class DecodeLayers:
                     or rope_local._keep[0].shape != rope._keep[0].shape):
                 raise ValueError("rope_local: need the local layers' rope for the same heads and tokens")
             cos_local, sin_local, _ = rope_local.addresses(nb * bs)
-        addresses = [a.addresses(nb, bs) for a in attentions]
-        tables = (ctypes.c_void_p * G)(*(t for t, _, _ in addresses))
-        strides = np.array([s for _, s, _ in addresses], np.int64)
-        ctx = addresses[0][2]
-        width = (nq + 2 * nkv) * hd
-        scratch = [np.empty((T, n), np.float32) for n in (H, width, nq * hd, 2 * inter, inter)]
-        h, qkv, attn, gu, act = (a.ctypes.data for a in scratch)
+        ctx = task_list = n_tasks = positions = 0
+        prefills = [a for a in attentions if isinstance(a, PagedPrefill)]
+        decodes = [a for a in attentions if isinstance(a, PagedDecode)]
+        if prefills:
+            found = [a.addresses(nb, bs, nkv) for a in prefills]
+            tables = (ctypes.c_void_p * G)(*(f[0] for f in found))
+            strides = np.array([f[1] for f in found], np.int64)
+            _, _, task_list, n_tasks, positions = found[0]
+        else:
+            addresses = [a.addresses(nb, bs) for a in decodes]
+            tables = (ctypes.c_void_p * G)(*(t for t, _, _ in addresses))
+            strides = np.array([s for _, s, _ in addresses], np.int64)
+            ctx = addresses[0][2]
+        arrays = self._scratch(T, scratch)
+        h, qkv, attn, out, gu, act = (a.ctypes.data for a in arrays)
         extra = [np.ones((T, hd // 2), np.float32), np.zeros((T, hd // 2), np.float32)] if self.nope else []
         nope_cos, nope_sin = (a.ctypes.data for a in extra) if extra else (0, 0)
         order = self.qk_order
         qk_scratch = np.empty((T, (nq + nkv) * hd), np.float32) if order is not None else None
-        scratch += extra
         step = _Step(ctypes.addressof(self._layers), len(self._layers), T, H, nq, nkv, hd, inter, bs, self._eps,
-                     rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, cos, sin, ctypes.addressof(slots),
+                     rope.heads[3], x.ctypes.data, h, qkv, attn, gu, act, out, cos, sin, ctypes.addressof(slots),
                      ctypes.addressof(tables), strides.ctypes.data, ctx, int(threads), self.kv_format.code,
                      cos_local, sin_local, self._gelu, nope_cos, nope_sin,
                      order.ctypes.data if order is not None else 0,
-                     qk_scratch.ctypes.data if qk_scratch is not None else 0)
+                     qk_scratch.ctypes.data if qk_scratch is not None else 0, task_list, n_tasks, TILE, positions)
         rc = matmul.lib.decode_layers(ctypes.byref(step))   # type: ignore[union-attr]  # checked when built
+        del arrays, extra
         if rc == -3:
             raise MemoryError(f"x: no memory for {T} rows quantized to integers")
         if rc == -4:
-            raise MemoryError("paged_decode_attention: could not allocate its scratch")
+            raise MemoryError("attention: could not allocate its scratch")
         if rc != 0:  # step.py's checks make this unreachable; kept so a mismatch cannot pass silently
             raise ValueError(f"the C step refused its matrices (code {rc})")
+
+    def _scratch(self, T: int, given: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        """The step's (h, qkv, attn, out, gate_up, act) [T, n] each: given's, checked, or new ones."""
+        H, nq, nkv, hd, inter = self.dims
+        widths = (H, (nq + 2 * nkv) * hd, nq * hd, H, 2 * inter, inter)
+        if given is None:
+            return [np.empty((T, n), np.float32) for n in widths]
+        names = ("h", "qkv", "attn", "out", "gate_up", "act")
+        if len(given) != len(widths):
+            raise ValueError(f"scratch: need {len(widths)} arrays ({', '.join(names)}), got {len(given)}")
+        arrays = []
+        for name, a, n in zip(names, given, widths):
+            if (not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous
+                    or not a.flags.writeable or a.size != T * n or a.shape[0] != T):
+                raise ValueError(f"scratch: {name} needs a writable contiguous float32 [{T}, {n}], got "
+                                 f"{getattr(a, 'dtype', '')} {list(getattr(a, 'shape', []))}")
+            arrays.append(a)
+        return arrays

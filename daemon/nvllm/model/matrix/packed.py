@@ -27,14 +27,18 @@ class PackedWeight(PackedMatrix, Weight):
         pm = pack(w)
         return cls(pm.fmt, pm.data, pm.shape)
 
+    def _by_kernels(self, rows: int) -> bool:
+        """Whether `rows` rows of x go to quant_matmul (else BLAS on decoded rows), as apply chooses."""
+        return rows <= DECODE_ROWS or (self.fmt.name in INT_FORMATS and matmul.integer_products())
+
     def apply(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.shape[0] > DECODE_ROWS and not (self.fmt.name in INT_FORMATS and matmul.integer_products()):
+        if not self._by_kernels(x.shape[0]):
             return dequantized_matmul(self, x, out)
         return quant_matmul(self, x, threads.count, out)
 
     def decode_blocks(self, rows: int) -> tuple[PackedMatrix, ...] | None:
-        return (self,) if rows <= DECODE_ROWS else None
+        return (self,) if self._by_kernels(rows) else None
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         ids = checked_row_ids(ids, self.shape[0], self.fmt.name)

@@ -50,7 +50,7 @@
 #define FUSED __attribute__((noinline, optimize("fp-contract=fast")))
 
 /* Bumped with every change to the entry point's arguments or meaning (matmul_library.py checks it). */
-int matmul_abi(void) { return 19; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
+int matmul_abi(void) { return 20; }   /* 9: step.c's decode_layers; 10: its KV formats; 11: Q2_K, Q3_K, IQ4_NL, IQ4_XS;
                                          12: step.c's windows, output norms, GeGLU, local rope;
                                          13: the step's NoPE layers and partial rotary order;
                                          14: its slots and block tables per group of layers;
@@ -58,7 +58,8 @@ int matmul_abi(void) { return 19; }   /* 9: step.c's decode_layers; 10: its KV f
                                          16: packed weights (PACKED_FLAG in the format id);
                                          17: F16 and BF16 packed too;
                                          18: the thread team's entry points named for it (team.c);
-                                         19: the team's barrier counts (matmul_team_stats) */
+                                         19: step.c's prefill steps (attention tasks) and its out buffer;
+                                         20: the team's barrier counts (matmul_team_stats) */
 
 #define VL 8       /* lanes per accumulator */
 #define RT 4       /* output rows per tile */

@@ -1,4 +1,5 @@
-/* A decode step's layers in one call (nvllm/model/kernels/step.py): for every layer, the kernels that
+/* A step's layers in one call (nvllm/model/kernels/step.py), decode alone or with prefill chunks (whose
+ * attention is paged_prefill_part's tasks, every sequence's rows among them): for every layer, the kernels that
  * decoder.py's forward pass calls one by one from Python (ops.c's norm, rope with the KV write, paged
  * attention and SwiGLU; matmul.c's products), on the same buffers with the same per-value arithmetic in
  * the same order, and the few additions between them (bias, residual) done as NumPy does them. So a
@@ -59,11 +60,13 @@ typedef struct {
     float eps, q_scale;
     float *x;                       /* [T, H]: the residual stream, in and out */
     float *h, *qkv, *attn, *gu, *act;   /* scratch: [T, H], [T, (nq + 2 nkv) hd], [T, nq hd], [T, 2I], [T, I] */
+    float *out;                     /* [T, H]: o's and down's products (may share memory with qkv and gu) */
     const float *cos, *sin;         /* [T, hd/2] */
     const int64_t *const *slots;          /* per group: [T] */
-    const int32_t *const *block_tables;   /* per group: [T, table_stride[group]], one sequence per row */
+    const int32_t *const *block_tables;   /* per group: [T, table_stride[group]], one sequence per row (tasks:
+                                             [sequences, table_stride[group]], a row per sequence) */
     const int64_t *table_stride;          /* per group */
-    const int64_t *context_lens;    /* [T] */
+    const int64_t *context_lens;    /* [T]; NULL with tasks */
     int64_t threads;
     int64_t kv_fmt;                 /* the pool's KV format, a GGUF type id (ops.c) */
     const float *cos_local, *sin_local;   /* [T, hd/2], or NULL where no layer is local */
@@ -71,6 +74,11 @@ typedef struct {
     const float *nope_cos, *nope_sin;   /* [T, hd/2] of 1 and 0, or NULL: no layer is NoPE */
     const int64_t *qk_order;        /* [(nq + nkv) hd] or NULL: partial rotary's column order (decoder.py) */
     float *qk_scratch;              /* [T, (nq + nkv) hd] when qk_order is set */
+    /* A step with prefill chunks (NULL for decode alone): attention as paged_prefill_part's tasks over every
+     * sequence of the step (a decode row a task of one token), rows seeing keys up to their positions. */
+    const int64_t *tasks;           /* [n_tasks, 4]: block-table row, KV head, first row, end row */
+    int64_t n_tasks, tile;          /* tile: the most rows in a task */
+    const int64_t *positions;       /* [T] */
 } step_t;
 
 /* The step as the team shares it. */
@@ -80,6 +88,7 @@ typedef struct {
     uint8_t *qx;          /* quantized x of the product being prepared: one per distinct format of its parts */
     int failed;           /* set (atomically) when attention could not allocate its scratch */
     int split;            /* 1: one row's blocks are quantized a range per thread */
+    prefill_job_t *jobs;  /* with tasks: each layer's attention job (its own counter) */
 } run_t;
 
 /* [*a, *b): share i of k of n things, the bounds multiples of `align` (but n). */
@@ -140,8 +149,15 @@ static int quantize(team_ctx_t *c, const run_t *r, const step_matrix_t *m, const
     return any;
 }
 
+/* Rows of x a unit of a product works on: a prefill's x is cut into tiles, so that a tile's quantized rows stay
+ * in cache while the weights stream past them once per tile (not the whole x read again for every panel),
+ * 64 being the multi-row kernels' pass over a panel. */
+#define ROW_TILE 64
+
 /* y [T, width] = x [T, in] @ W.T, part by part as FusedWeight.apply does, the parts' output rows in one
- * space of chunks (a chunk never spans two parts), handed out by the atomic counter. */
+ * space of chunks (a chunk never spans two parts), for each tile of ROW_TILE rows of x: (tile, chunk) units
+ * handed out by the atomic counter, a tile's chunks together. A row's values do not depend on the rows
+ * beside it in a call (packed.h), so the tiles change no bit. */
 static void product(team_ctx_t *c, const run_t *r, const step_matrix_t *m, const float *x, int64_t x_stride,
                     int64_t T, float *y, int64_t width) {
     int64_t at[m->count];
@@ -151,14 +167,16 @@ static void product(team_ctx_t *c, const run_t *r, const step_matrix_t *m, const
     const int64_t step = matmul_chunk_rows(rows, c->count);
     int64_t n = 0;
     for (int64_t i = 0; i < m->count; i++) n += (m->parts[i].rows + step - 1) / step;
+    const int64_t tiles = (T + ROW_TILE - 1) / ROW_TILE;
     int64_t state = -1;
-    for (int64_t ch; (ch = team_chunk(c, 0, n, &state)) >= 0;) {
+    for (int64_t u; (u = team_chunk(c, 0, n * tiles, &state)) >= 0;) {
+        const int64_t ch = u % n, t0 = u / n * ROW_TILE, tn = T - t0 < ROW_TILE ? T - t0 : ROW_TILE;
         int64_t i = 0, first = ch;
         while (first >= (m->parts[i].rows + step - 1) / step) first -= (m->parts[i++].rows + step - 1) / step;
         const step_part_t *p = m->parts + i;
-        matmul_rows((int)p->fmt, p->w, p->row_bytes, p->rows, p->in, x, x_stride, T, y + p->col,
-                    T > 1 ? width : p->rows, r->qv, at[i] >= 0 ? r->qx + at[i] : NULL, first * step,
-                    (first + 1) * step);
+        const uint8_t *qx = at[i] >= 0 ? r->qx + at[i] + dot_x_bytes(r->qv, t0, p->in) : NULL;
+        matmul_rows((int)p->fmt, p->w, p->row_bytes, p->rows, p->in, x + t0 * x_stride, x_stride, tn,
+                    y + t0 * width + p->col, T > 1 ? width : p->rows, r->qv, qx, first * step, (first + 1) * step);
     }
 }
 
@@ -232,10 +250,14 @@ static void heads(team_ctx_t *c, const step_t *s, const step_layer_t *L) {
     }
 }
 
-/* Paged attention, by (sequence, query heads): whole sequences when there are enough to go round, else
+/* Paged attention. With tasks (a step with prefill chunks), paged_prefill_part's. Else by (sequence, query heads): whole sequences when there are enough to go round, else
  * each sequence's heads in pieces (whole KV groups where that makes enough), handed out by the counter. */
-static void attention(team_ctx_t *c, run_t *r, const step_layer_t *L) {
+static void attention(team_ctx_t *c, run_t *r, const step_layer_t *L, int64_t l) {
     const step_t *s = r->s;
+    if (s->tasks) {   /* a step with prefill chunks: the layer's tasks, by its job's own counter */
+        paged_prefill_part(r->jobs + l, c->index);
+        return;
+    }
     const int64_t T = s->T, nq = s->nq, nkv = s->nkv, width = (nq + 2 * nkv) * s->hd;
     int64_t pieces = T >= 2 * c->count ? 1 : (2 * c->count + T - 1) / T;
     if (pieces > nq) pieces = nq;
@@ -289,28 +311,41 @@ static void layers_team(void *arg, team_ctx_t *c) {
         full_product(c, r, &L->qkv, s->h, H, s->qkv, width);
         heads(c, s, L);
         team_barrier(c);
-        attention(c, r, L);
+        attention(c, r, L, l);
         team_barrier(c);
-        full_product(c, r, &L->o, s->attn, q_width, s->h, H);
-        if (L->attn_out_norm) norm(c, s->h, L->attn_out_norm, s->h, T, H, s->eps);
-        add(c, s->x, s->h, T, H);
+        full_product(c, r, &L->o, s->attn, q_width, s->out, H);
+        if (L->attn_out_norm) norm(c, s->out, L->attn_out_norm, s->out, T, H, s->eps);
+        add(c, s->x, s->out, T, H);
         if (T == 1) team_barrier(c);
         norm(c, s->x, L->post_norm, s->h, T, H, s->eps);
         if (T == 1 && !r->split) team_barrier(c);
         full_product(c, r, &L->gate_up, s->h, H, s->gu, 2 * s->inter);
         glu(c, s);
         if (T == 1 && !r->split) team_barrier(c);
-        full_product(c, r, &L->down, s->act, s->inter, s->h, H);
-        if (L->ffn_out_norm) norm(c, s->h, L->ffn_out_norm, s->h, T, H, s->eps);
-        add(c, s->x, s->h, T, H);
+        full_product(c, r, &L->down, s->act, s->inter, s->out, H);
+        if (L->ffn_out_norm) norm(c, s->out, L->ffn_out_norm, s->out, T, H, s->eps);
+        add(c, s->x, s->out, T, H);
         if (T == 1) team_barrier(c);
     }
 }
 
-/* Every layer of the step on s->x, on s->threads threads. Returns 0; -3 when the quantized x could not be
- * allocated, -4 when attention could not allocate its scratch. */
+/* Each layer's attention job for a step with tasks (its pool, window and group's tables; its counter at 0). */
+static void prefill_jobs(const step_t *s, prefill_job_t *jobs) {
+    const int64_t width = (s->nq + 2 * s->nkv) * s->hd;
+    for (int64_t l = 0; l < s->num_layers; l++) {
+        const step_layer_t *L = s->layers + l;
+        jobs[l] = (prefill_job_t){.q = s->qkv, .q_stride = width, .k_pool = L->k_pool, .v_pool = L->v_pool,
+                                  .block_tables = s->block_tables[L->group], .table_stride = s->table_stride[L->group],
+                                  .tasks = s->tasks, .positions = s->positions, .out = s->attn, .n_tasks = s->n_tasks,
+                                  .tile = s->tile, .nh = s->nq, .nkv = s->nkv, .hd = s->hd, .bs = s->bs,
+                                  .window = L->window, .fmt = (int)s->kv_fmt, .failed = 0, .next = 0};
+    }
+}
+
+/* Every layer of the step on s->x, on s->threads threads. Returns 0; -3 when the quantized x (or the
+ * attention jobs) could not be allocated, -4 when attention could not allocate its scratch. */
 int decode_layers(const step_t *s) {
-    run_t r = {s, dot_variant(-1), NULL, 0, s->T == 1};
+    run_t r = {s, dot_variant(-1), NULL, 0, s->T == 1, NULL};
     size_t bytes = 0;
     for (int64_t l = 0; l < s->num_layers; l++) {
         const step_layer_t *L = s->layers + l;
@@ -322,7 +357,16 @@ int decode_layers(const step_t *s) {
         }
     }
     if (bytes && !(r.qx = malloc(bytes))) return -3;
+    if (s->tasks) {
+        if (!(r.jobs = malloc(sizeof *r.jobs * (size_t)s->num_layers))) {
+            free(r.qx);
+            return -3;
+        }
+        prefill_jobs(s, r.jobs);
+    }
     team_run(layers_team, &r, (int)s->threads);
+    for (int64_t l = 0; r.jobs && l < s->num_layers; l++) r.failed |= r.jobs[l].failed;
+    free(r.jobs);
     free(r.qx);
     return r.failed ? -4 : 0;
 }
