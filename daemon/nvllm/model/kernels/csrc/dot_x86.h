@@ -116,6 +116,8 @@
 #define x86_nib X86_CAT(x86_nib, X86_SFX)
 #undef x86_q5_high
 #define x86_q5_high X86_CAT(x86_q5_high, X86_SFX)
+#undef x86_nib16
+#define x86_nib16 X86_CAT(x86_nib16, X86_SFX)
 #undef x86_bit_to
 #define x86_bit_to X86_CAT(x86_bit_to, X86_SFX)
 #undef x86_unit_w
@@ -136,6 +138,10 @@
 #define x86_panels_t X86_CAT(x86_panels_t, X86_SFX)
 #undef x86_panels
 #define x86_panels X86_CAT(x86_panels, X86_SFX)
+#undef x86_pf_t
+#define x86_pf_t X86_CAT(x86_pf_t, X86_SFX)
+#undef x86_pf_next
+#define x86_pf_next X86_CAT(x86_pf_next, X86_SFX)
 #undef X86_NP
 
 /* The vector: 256 bits, one panel (lane r row r); or with X86_WIDE 512 bits, two panels side by side
@@ -289,6 +295,11 @@ INLINE void x86_q5_high(vi qh, vi w[8]) {
     }
 }
 
+/* Whether unit s of fmt is read as 16 times its weights (the high nibbles left in place: one and, no shift),
+ * its product shifted back once (exact: a multiple of 16, at most 16 * 15 * 32512 * 32 < 2^31). Only where
+ * the dot instruction takes the bytes whole (VNNI; AVX2's maddubs would saturate in int16). */
+INLINE int x86_nib16(int fmt, int s) { return !DOT_X86_SIGNED && fmt == Q4_K && s % 2; }
+
 /* Bit b of every byte, moved to bit `to` (b, to constants after inlining). */
 INLINE vi x86_bit_to(vi v, int b, int to, uint32_t mask) {
     const vi s = b > to ? vsrl32(v, b - to) : b < to ? vsll32(v, to - b) : v;
@@ -325,7 +336,8 @@ INLINE void x86_unit_w(int fmt, x86_st_t st, int s, vi w[8]) {
     case Q4_K: case Q5_K: {
         const int qs = fmt == Q4_K ? Q4_K_QS : Q5_K_QS;
         for (int k = 0; k < 8; k++) {
-            w[k] = x86_nib(x86_ld(st, PANEL * qs + 32 * (8 * (s / 2) + k)), s % 2);
+            const vi v = x86_ld(st, PANEL * qs + 32 * (8 * (s / 2) + k));
+            w[k] = x86_nib16(fmt, s) ? vand(v, vset8((char)0xf0)) : x86_nib(v, s % 2);
             if (fmt == Q5_K) w[k] = vor(w[k], x86_bit_to(x86_ld(st, PANEL * Q5_K_QH + 32 * k), s, 4, 0x10101010u));
         }
         break;
@@ -431,8 +443,8 @@ INLINE void x86_strip_scales(int fmt, x86_st_t st, x86_scales_t *u) {
     }
 }
 
-/* One unit of one row of x (xb: its block, xq8_t or xq16_t as wide) into acc: packed.h's arithmetic. */
-INLINE vf x86_step(int fmt, int wide, const vi w[8], const x86_scales_t *u, const void *xb, vf acc) {
+/* Unit s of a strip, of one row of x (xb: its block, xq8_t or xq16_t as wide) into acc: packed.h's arithmetic. */
+INLINE vf x86_step(int fmt, int wide, int s, const vi w[8], const x86_scales_t *u, const void *xb, vf acc) {
     const int halves = x86_halves(fmt), off = x86_offset(fmt);
     const xq8_t *x8 = (const xq8_t *)xb;
     const xq16_t *x16 = (const xq16_t *)xb;
@@ -446,6 +458,7 @@ INLINE vf x86_step(int fmt, int wide, const vi w[8], const x86_scales_t *u, cons
         p0 = vadd32(vsub32(vsll32(h0, 8), h0), l0);
         if (halves) p1 = vadd32(vsub32(vsll32(h1, 8), h1), l1);
     } else isa_dot(fmt, w, x8->q, halves, &p0, &p1);
+    if (x86_nib16(fmt, s)) p0 = vsra32(p0, 4);
     const vf dx = vsetf(d);
     if (halves) {
         if (off) {
@@ -483,12 +496,46 @@ INLINE void x86_store(float *y, vf acc, int64_t live, int two) {
     if (X86_NP == 2 && two) x86_store8(y + PANEL, vhigh(acc), live - PANEL);
 }
 
-/* How far ahead (bytes) the one-row kernel prefetches each stream of strips, into L2: four strips, at
- * least 4 KB; Q8_0 1 KB. Measured from DRAM on Zen 4 (GB/s, against two strips / 1 KB into L1): Q4_K
+/* How far ahead (bytes) the multi-row kernel prefetches each stream of strips on its first pass, into L2:
+ * four strips, at least 4 KB; Q8_0 1 KB. Measured from DRAM on Zen 4 for the one-row kernel, before it had
+ * its own cursor (x86_pf_t) (GB/s, against two strips / 1 KB into L1): Q4_K
  * 19 -> 28, Q4_0 22 -> 28, Q4_1 23 -> 29, Q5_0 22 -> 28, Q6_K 8 -> 16, while Q8_0 (read in order, the
  * least work a byte) loses 27 -> 23 at 4 KB and keeps 1 KB. */
 #define X86_PREFETCH(fmt, bb) ((fmt) == Q8_0 ? 1024 : 4 * PANEL * (bb) < 4096 ? 4096 : 4 * PANEL * (bb))
 #define X86_TMAX 64   /* rows of x per pass over a panel */
+
+/* The one-row kernel's prefetch: a cursor X86_AHEAD bytes of strips ahead of the strip being read in each
+ * of the vector's panels, walking the call's panels in the order they are read (a vector's panels strip by
+ * strip, then the next vector's), so the next panels' first strips are on their way before the current
+ * ones end, and nothing past p1 (another thread's chunk) is fetched. Into L2. Measured from DRAM here
+ * (Zen 4, one thread, 96 MiB of 8960 x 1536 matrices, GB/s), against the earlier 4 KB a stream restarted at
+ * each panel: Q4_K 13 -> 25, Q5_0 16 -> 25, Q4_1 16 -> 25, Q6_K 18 -> 25, Q5_K 13 -> 19 at 8 KB; Q8_0
+ * (the least work a byte, read fastest) 17 -> 25 at 16 KB. 4 KB restarted at each panel left each vector's
+ * first strips to come from DRAM on demand. */
+#ifndef X86_AHEAD
+#define X86_AHEAD(fmt) ((fmt) == Q8_0 ? 16384 : 8192)
+#endif
+#ifndef X86_PF_HINT
+#define X86_PF_HINT _MM_HINT_T1
+#endif
+typedef struct {
+    const uint8_t *packed;
+    int64_t pb, sb, nb, p1;   /* bytes a panel, a strip; strips a panel; the call's end */
+    int64_t p, k;             /* the next strip to fetch: panel p's (and p + 1's) strip k */
+} x86_pf_t;
+
+/* Fetches the cursor's strip in each of its panels and moves it on; nothing past the call's panels. */
+INLINE void x86_pf_next(x86_pf_t *c) {
+    if (c->p >= c->p1) return;
+    const uint8_t *a = c->packed + c->p * c->pb + c->k * c->sb;
+    const uintptr_t end = (uintptr_t)a + (uintptr_t)c->sb;
+    const int two = X86_NP == 2 && c->p + 1 < c->p1;
+    for (uintptr_t l = (uintptr_t)a & ~(uintptr_t)63; l < end; l += 64) {
+        _mm_prefetch((const char *)l, X86_PF_HINT);
+        if (two) _mm_prefetch((const char *)(l + (uintptr_t)c->pb), X86_PF_HINT);
+    }
+    if (++c->k == c->nb) c->k = 0, c->p += X86_NP;
+}
 
 /* One row of x (the decode step): the weights streamed once, everything in registers. */
 INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, int64_t p0, int64_t p1,
@@ -496,25 +543,22 @@ INLINE void x86_panels_1(int fmt, int wide, const uint8_t *packed, int64_t nb, i
     const int bb = block_bytes(fmt), units = x86_units(fmt);
     const size_t xs = wide ? sizeof(xq16_t) : sizeof(xq8_t);
     const int64_t pb = nb * PANEL * bb;   /* bytes a panel */
+    x86_pf_t pf = {packed, pb, PANEL * bb, nb, p1, p0, 0};
+    for (int64_t n = (X86_AHEAD(fmt) + PANEL * bb - 1) / (PANEL * bb); n > 0; n--) x86_pf_next(&pf);
     for (int64_t p = p0; p < p1; p += X86_NP) {
         const int two = p + 1 < p1;
         vf acc = vzerof();
         x86_st_t st = {packed + p * pb, packed + (p + (X86_NP == 2 && two)) * pb};
         const uint8_t *xb = (const uint8_t *)qx;
-        /* each stream's next line to prefetch: every line once, X86_PREFETCH bytes ahead of the strip read */
-        uintptr_t pfa = ((uintptr_t)st.a + X86_PREFETCH(fmt, bb)) & ~(uintptr_t)63, pfb = pfa + (uintptr_t)(st.b - st.a);
         for (int64_t b = 0; b < nb; b++, st.a += PANEL * bb, st.b += PANEL * bb) {
-            for (; pfa < (uintptr_t)st.a + PANEL * bb + X86_PREFETCH(fmt, bb); pfa += 64, pfb += 64) {
-                _mm_prefetch((const char *)pfa, _MM_HINT_T1);
-                if (X86_NP == 2 && st.b != st.a) _mm_prefetch((const char *)pfb, _MM_HINT_T1);
-            }
+            x86_pf_next(&pf);
             x86_scales_t u[8];
             x86_strip_scales(fmt, st, u);
 #pragma GCC unroll 8
             for (int s = 0; s < units; s++, xb += xs) {
                 vi w[8];
                 x86_unit_w(fmt, st, s, w);
-                acc = x86_step(fmt, wide, w, &u[s], xb, acc);
+                acc = x86_step(fmt, wide, s, w, &u[s], xb, acc);
             }
         }
         x86_store(y + p * PANEL, acc, rows - p * PANEL, two);
@@ -535,7 +579,7 @@ INLINE void x86_tile(int fmt, int wide, int tb, const vi *wbuf, const x86_scales
 #pragma GCC unroll 8
     for (int s = 0; s < x86_units(fmt); s++)
 #pragma GCC unroll 8
-        for (int j = 0; j < tb; j++) a[j] = x86_step(fmt, wide, wbuf + 8 * s, &u[s], xb[j] + s * xs, a[j]);
+        for (int j = 0; j < tb; j++) a[j] = x86_step(fmt, wide, s, wbuf + 8 * s, &u[s], xb[j] + s * xs, a[j]);
     for (int j = 0; j < tb; j++) acc[j] = a[j];
 }
 
