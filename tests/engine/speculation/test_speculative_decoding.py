@@ -264,6 +264,26 @@ def test_adaptive_speculation_verifies_what_pays_at_the_measured_costs(tiny):
     assert (len(a.draft_tokens), len(b.draft_tokens)) == (2, 0)
 
 
+def test_no_probe_where_proposals_accepted_every_time_would_not_pay(tiny):
+    """A draft model as costly as the target (its passes and its catching up priced in each step's
+    rows): two rows cost 3x one, so even a proposal certain to be accepted loses, and a sequence idle
+    for PROBE_EVERY steps is not probed: the probe could not change the choice, only cost a step."""
+    from nvllm.config import SpeculativeSettings
+    from nvllm.engine.speculation.speculator import PROBE_EVERY, Speculator
+    from nvllm.engine.speculation.step_costs import TRIES
+    spec = Speculator(SpeculativeSettings(method="ngram", num_tokens=4), max_model_len=256)
+    eng = engine(tiny)
+    for rows, s in {1: 10, 2: 30, 3: 45, 4: 60, 5: 75}.items():
+        for _ in range(TRIES):
+            spec.costs.observe(rows, s / 1000)
+    idle = _seq_with(eng, [7, 8, 9, 10], 0.05, idle=PROBE_EVERY)
+    spec._choose([idle])
+    assert idle.draft_tokens == [] and idle.draft_idle_steps == PROBE_EVERY + 1
+    sure = _seq_with(eng, [7, 8, 9, 10], 1.0)
+    spec._choose([sure])
+    assert sure.draft_tokens == []   # accepted every time, and still not worth its rows
+
+
 def test_acceptance_estimate_follows_verified_positions(tiny):
     eng = engine(tiny, adaptive=True)
     run(eng, PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 
 WINDOW = 8           # a count's steps kept: its price is the fastest of them
-TRIES = 3            # steps of a count before its own price stands above the optimistic guess
+TRIES = 2            # steps of a count before its own price stands above the optimistic guess
 UNSEEN_STEP = 0.1    # an unseen count: the nearest smaller one's cost, plus this share per extra row
 
 
