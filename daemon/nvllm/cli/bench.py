@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--speculation", action="store_true",
                    help="one stream's time per token with n-gram speculation and without, on tasks that repeat "
                         "their input and on free text (in-process, --gen-len tokens at most)")
+    b.add_argument("--speculation-query", default=None, metavar="URL",
+                   help="--speculation's tasks through a running daemon's HTTP API (e.g. http://127.0.0.1:8000), "
+                        "each answered with its proposals and without (disable_speculation), streamed and whole")
     b.add_argument("--draft-model", default=None, metavar="PATH",
                    help="with --speculation: proposals by this draft model (a folder or .gguf sharing --model's "
                         "tokenizer) instead of n-grams")
@@ -124,6 +127,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _query(args)
     if args.speculation:
         return _speculation(args)
+    if args.speculation_query:
+        return _speculation_query(args)
     if args.embed:
         return _embed(args)
     if args.quality:
@@ -259,6 +264,25 @@ def _speculation(args: argparse.Namespace) -> int:
         print(f"nvllm bench: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else format_speculation(result))
+    return 0
+
+
+def _speculation_query(args: argparse.Namespace) -> int:
+    import json
+
+    from nvllm.bench.query import QueryError
+    from nvllm.bench.speculation_query import bench_speculation_query, format_speculation_query
+
+    try:
+        key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
+        result = bench_speculation_query(args.speculation_query, args.gen_len, max(1, args.repeats), key)
+    except OSError as e:
+        print(f"nvllm bench: --api-key-file: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except QueryError as e:
+        print(f"nvllm bench: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else format_speculation_query(result))
     return 0
 
 

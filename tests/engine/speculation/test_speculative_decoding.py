@@ -198,19 +198,38 @@ def test_ngram_proposals(tokens_, k, lo, hi, want):
     assert ngram.propose(np.array(tokens_, dtype=np.int64), k, lo, hi) == want
 
 
-def test_step_costs_average_each_row_count_and_price_unseen_ones_to_be_tried():
-    from nvllm.engine.speculation.step_costs import StepCosts
+def test_step_costs_price_each_row_count_and_unseen_ones_to_be_tried():
+    from nvllm.engine.speculation.step_costs import TRIES, WINDOW, StepCosts
     costs = StepCosts(8)
     assert costs.estimate(1) is None                   # nothing measured: no price
     costs.observe(1, 0.010)
-    costs.observe(4, 0.020)
+    for _ in range(TRIES):
+        costs.observe(4, 0.020)
     assert costs.estimate(1) == 0.010
     assert costs.estimate(2) == pytest.approx(0.011)   # unseen: a little above the nearest smaller count
     assert costs.estimate(6) == pytest.approx(0.024)
     costs.observe(4, 0.030)
-    assert costs.estimate(4) == pytest.approx(0.022)   # a moving average
+    assert costs.estimate(4) == 0.020                  # the fastest of its recent steps
+    for _ in range(WINDOW):
+        costs.observe(4, 0.030)
+    assert costs.estimate(4) == 0.030                  # ... which follow a lasting change
     costs.observe(9, 1.0)                              # past the counts it keeps: ignored
     assert costs.estimate(9) == costs.estimate(8)
+    assert costs.seconds[1] == 0.010 and costs.seconds[4] == 0.030 and costs.seconds[2] is None
+
+
+def test_one_slow_step_does_not_price_a_count_out_of_being_tried_again():
+    """A count first measured in a step descheduled by other work is still priced as a guess until it
+    has been tried TRIES times; then its own fastest step prices it."""
+    from nvllm.engine.speculation.step_costs import TRIES, StepCosts
+    costs = StepCosts(8)
+    costs.observe(1, 0.010)
+    costs.observe(5, 0.200)                            # 20x one row: a burst of something else
+    assert costs.estimate(5) == pytest.approx(0.014)   # still the guess: tried again
+    for _ in range(TRIES - 1):
+        costs.observe(5, 0.017)
+    assert costs.estimate(5) == 0.017
+    assert costs.estimate(6) == pytest.approx(0.0187)  # unseen counts above it priced from its own price
 
 
 def _seq_with(eng: LLMEngine, drafts: list[int], acceptance: float, idle: int = 0):
@@ -225,10 +244,12 @@ def test_adaptive_speculation_verifies_what_pays_at_the_measured_costs(tiny):
     probed after a while; a second sequence's rows are priced on top of the first's."""
     from nvllm.config import SpeculativeSettings
     from nvllm.engine.speculation.speculator import PROBE_EVERY, Speculator
+    from nvllm.engine.speculation.step_costs import TRIES
     spec = Speculator(SpeculativeSettings(method="ngram", num_tokens=4), max_model_len=256)
     eng = engine(tiny)
     for rows, s in {1: 10, 2: 12, 3: 19, 4: 20, 5: 40, 6: 42, 7: 43, 8: 44, 9: 60, 10: 80}.items():
-        spec.costs.observe(rows, s / 1000)
+        for _ in range(TRIES):   # each count tried enough for its own price to stand
+            spec.costs.observe(rows, s / 1000)
     good, bad = _seq_with(eng, [7, 8, 9, 10], 1.0), _seq_with(eng, [7, 8, 9, 10], 0.05)
     spec._choose([good])
     assert good.draft_tokens == [7, 8, 9]
@@ -241,6 +262,26 @@ def test_adaptive_speculation_verifies_what_pays_at_the_measured_costs(tiny):
     a, b = _seq_with(eng, [7, 8, 9, 10], 1.0), _seq_with(eng, [7, 8, 9, 10], 0.6)
     spec._choose([a, b])
     assert (len(a.draft_tokens), len(b.draft_tokens)) == (2, 0)
+
+
+def test_no_probe_where_proposals_accepted_every_time_would_not_pay(tiny):
+    """A draft model as costly as the target (its passes and its catching up priced in each step's
+    rows): two rows cost 3x one, so even a proposal certain to be accepted loses, and a sequence idle
+    for PROBE_EVERY steps is not probed: the probe could not change the choice, only cost a step."""
+    from nvllm.config import SpeculativeSettings
+    from nvllm.engine.speculation.speculator import PROBE_EVERY, Speculator
+    from nvllm.engine.speculation.step_costs import TRIES
+    spec = Speculator(SpeculativeSettings(method="ngram", num_tokens=4), max_model_len=256)
+    eng = engine(tiny)
+    for rows, s in {1: 10, 2: 30, 3: 45, 4: 60, 5: 75}.items():
+        for _ in range(TRIES):
+            spec.costs.observe(rows, s / 1000)
+    idle = _seq_with(eng, [7, 8, 9, 10], 0.05, idle=PROBE_EVERY)
+    spec._choose([idle])
+    assert idle.draft_tokens == [] and idle.draft_idle_steps == PROBE_EVERY + 1
+    sure = _seq_with(eng, [7, 8, 9, 10], 1.0)
+    spec._choose([sure])
+    assert sure.draft_tokens == []   # accepted every time, and still not worth its rows
 
 
 def test_acceptance_estimate_follows_verified_positions(tiny):

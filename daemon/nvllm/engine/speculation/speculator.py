@@ -19,7 +19,9 @@ the expected tokens from the sequence's own acceptance so far (each proposed pos
 probability a, the k-th therefore with a^k), the seconds from the measured cost of the step's rows.
 Often that is none: free text with few matches costs nothing then (with a draft model the cut is
 made before drafting, on how many tokens each sequence may get, so the draft runs only for those).
-A sequence that gets none is still probed now and then, so that its acceptance estimate can recover.
+A sequence that gets none is still probed now and then, so that its acceptance estimate can recover, but
+only where proposals always accepted would pay at the measured prices: a draft model's probe costs its
+catching up on every token it skipped, and a probe that cannot change the choice is only a cost.
 Above `disable_by_batch_size` running sequences nothing is proposed.
 """
 
@@ -105,19 +107,28 @@ class Speculator:
             if base is None:       # no decode step measured yet: this one measures it
                 seq.draft_tokens = []
                 continue
-            best_k, best_rate, expected, a = 0, tokens / base, 0.0, seq.draft_acceptance
-            for k in range(1, len(drafts) + 1):
-                expected += a ** k
-                cost = self.costs.estimate(rows + k)
-                assert cost is not None
-                if (tokens + expected) / cost > best_rate:
-                    best_k, best_rate = k, (tokens + expected) / cost
-            if best_k == 0 and seq.draft_idle_steps >= PROBE_EVERY:
+            best_k = self._best(rows, tokens, base, len(drafts), seq.draft_acceptance)
+            # A probe is for an acceptance estimate that may have fallen too low: only where proposals
+            # accepted every time would pay at these prices (a draft model's catching up on the tokens
+            # it skipped can make even a probe of one token cost several steps).
+            if best_k == 0 and seq.draft_idle_steps >= PROBE_EVERY and self._best(rows, tokens, base, 1, 1.0):
                 best_k = 1
             seq.draft_idle_steps = 0 if best_k else seq.draft_idle_steps + 1
             seq.draft_tokens = drafts[:best_k]
             rows += best_k
-            tokens += sum(a ** i for i in range(1, best_k + 1))
+            tokens += sum(seq.draft_acceptance ** i for i in range(1, best_k + 1))
+
+    def _best(self, rows: int, tokens: float, base: float, most: int, a: float) -> int:
+        """The proposal length (0 .. most) with the most tokens expected per second, on top of a step of
+        `rows` rows expecting `tokens` (costing `base`), each proposed position accepted with probability a."""
+        best_k, best_rate, expected = 0, tokens / base, 0.0
+        for k in range(1, most + 1):
+            expected += a ** k
+            cost = self.costs.estimate(rows + k)
+            assert cost is not None
+            if (tokens + expected) / cost > best_rate:
+                best_k, best_rate = k, (tokens + expected) / cost
+        return best_k
 
     def _room(self, seq: Sequence) -> int:
         """How many tokens seq may be proposed this step (0: none)."""
