@@ -166,7 +166,7 @@ def _bench_at(engine: LLMEngine, model_dir: Path, threads: int, bandwidth: float
         run_requests(engine, [prompt], 1)  # warm-up
         times = []
         for _ in range(3):  # each run beside a fresh floor; best of each
-            mm = floors.matmul(w, n, 1)
+            mm = floors.matmul(w, n, 1, decoder(engine).workspace.take(n))   # in the engine's own scratch
             times.append(run_requests(engine, [random_prompt(rng, mc.vocab_size, n)], 1)[0])
         t = min(times)
         sample_rss()
