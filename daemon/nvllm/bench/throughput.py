@@ -121,10 +121,10 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
 
 def run_blocks(info: ModelInfo, streams: int, tokens: int, prefill: int, budget: int) -> int:
     """The pages the run needs and no more (a bigger pool is resident memory the run never uses): `streams`
-    sequences of `tokens` at once, one block each to spare, or one prefill of `prefill` tokens (runs come one
-    after another, and no prefix cache holds a finished one's pages), whichever is more; and 16 for the
-    warm-ups' short requests."""
-    return max(streams * (info.blocks_for(tokens, 16, budget) + 1), info.blocks_for(prefill + 1, 16, budget)) + 16
+    sequences of `tokens` at once, one block each to spare, or one prefill of `prefill` tokens and one to spare,
+    whichever is more. Every run, warm-ups included, finishes before the next starts, and no prefix cache
+    keeps a finished one's pages."""
+    return max(streams * (info.blocks_for(tokens, 16, budget) + 1), info.blocks_for(prefill + 1, 16, budget) + 1)
 
 
 def decoder(engine: LLMEngine) -> Model:
