@@ -115,16 +115,17 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         results[-1]["peak_rss_mib"] = round(rss_peak[0] / 2**20, 1)   # of the whole process, so far
         results[-1]["floors"]["bandwidth_buffer_mib"] = buffer_mib
         results[-1]["pool_blocks"] = num_blocks
+        results[-1]["preemptions"] = engine.scheduler.num_preemptions   # 0: the pool held every run
     progress.done()
     return results
 
 
 def run_blocks(info: ModelInfo, streams: int, tokens: int, prefill: int, budget: int) -> int:
     """The pages the run needs and no more (a bigger pool is resident memory the run never uses): `streams`
-    sequences of `tokens` at once, one block each to spare, or one prefill of `prefill` tokens and one to spare,
-    whichever is more. Every run, warm-ups included, finishes before the next starts, and no prefix cache
-    keeps a finished one's pages."""
-    return max(streams * (info.blocks_for(tokens, 16, budget) + 1), info.blocks_for(prefill + 1, 16, budget) + 1)
+    sequences of `tokens` at once, or one prefill of `prefill` tokens, whichever is more. Every run, warm-ups
+    included, finishes before the next starts, no prefix cache keeps a finished one's pages, and a sequence's
+    last token is sampled, never computed; the result's "preemptions" would show a pool too small."""
+    return max(streams * info.blocks_for(tokens, 16, budget), info.blocks_for(prefill + 1, 16, budget))
 
 
 def decoder(engine: LLMEngine) -> Model:
