@@ -27,7 +27,7 @@ from typing import Any
 from nvllm.config import Settings
 from nvllm.engine.assembly.draft_model import draft_blocks, drafter
 from nvllm.engine.assembly.footprint import Footprint, resident_bytes
-from nvllm.engine.assembly.memory import MemoryReading, available_memory, format_bytes
+from nvllm.engine.assembly.memory import MemoryReading, available_memory, format_bytes, give_back_memory
 from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.engine.assembly.planning import (
     GGUF_FORMATS,
@@ -147,6 +147,7 @@ def load_model(settings: Settings) -> LoadedModel:
         raise EngineBuildError(str(e)) from None
     info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size
                                * info.kv_groups)
+    give_back_memory()   # the tokenizer's parse and the packing's chunks, freed but kept by glibc until trimmed
     loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned,
                          footprint=Footprint(before, tokenizer_bytes, info.weight_bytes, resident_bytes()))
     if settings.speculative.method == "draft":
