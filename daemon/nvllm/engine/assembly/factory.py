@@ -26,7 +26,7 @@ from typing import Any
 
 from nvllm.config import Settings
 from nvllm.engine.assembly.draft_model import draft_blocks, drafter
-from nvllm.engine.assembly.footprint import Footprint, resident_bytes
+from nvllm.engine.assembly.footprint import Footprint, measured, resident_bytes
 from nvllm.engine.assembly.memory import MemoryReading, available_memory, format_bytes, give_back_memory
 from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.engine.assembly.planning import (
@@ -113,9 +113,8 @@ def load_model(settings: Settings) -> LoadedModel:
         if f is not None:
             model, tokenizer, defaults, pooling_type, tokenizer_bytes = _load_gguf(f)
         else:
-            model, at = Model.from_dir(path, kind), resident_bytes()
-            tokenizer = Tokenizer.from_dir(path)
-            tokenizer_bytes = resident_bytes() - at
+            model = Model.from_dir(path, kind)
+            tokenizer, tokenizer_bytes = measured(lambda: Tokenizer.from_dir(path))
             gen_file = path / "generation_config.json"
             defaults = read_json(gen_file) if gen_file.exists() else {}
         set_decoder_task(settings, path, model, tokenizer, pooling_type)   # an embedder or reranker, or not
@@ -198,12 +197,11 @@ def _load_gguf(f: GGUFFile) -> tuple[Model, Tokenizer, dict[str, Any], int | Non
     llama.cpp's converter writes for an embedder (`<arch>.pooling_type`); and what the tokenizer's build added
     to the resident set."""
     g = read_gguf(f)
-    at = resident_bytes()
-    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, str(f.path))
-    grown = resident_bytes() - at
-    # The vocabulary's lists (30 MiB of Python objects for 150k tokens) are the tokenizer's now: not held
-    # while the weights load.
-    for key in [k for k, v in g.metadata.items() if k.startswith("tokenizer.ggml.") and isinstance(v, list)]:
+    # The vocabulary's lists (30 MiB of Python objects for 150k tokens) are the tokenizer's once it is built:
+    # not held while the weights load, and not counted as its own.
+    big = [k for k, v in g.metadata.items() if k.startswith("tokenizer.ggml.") and isinstance(v, list)]
+    tokenizer, grown = measured(lambda: Tokenizer.from_gguf_metadata(g.metadata, str(f.path)))
+    for key in big:
         del g.metadata[key]
     pooling = g.metadata.get(f"{g.metadata.get('general.architecture')}.pooling_type")
     return (Model(g.config, load_gguf_weights(g)), tokenizer, {}, pooling if isinstance(pooling, int) else None,

@@ -9,16 +9,30 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psutil
 
-from nvllm.engine.assembly.memory import MiB
+from nvllm.engine.assembly.memory import MiB, give_back_memory
+
+T = TypeVar("T")
 
 
 def resident_bytes() -> int:
     """The process's resident set now."""
     return int(psutil.Process().memory_info().rss)
+
+
+def measured(make: Callable[[], T]) -> tuple[T, int]:
+    """make()'s result and what it holds resident: the heap trimmed before and after, so that neither what was
+    freed earlier nor make()'s own garbage counts (a few milliseconds each)."""
+    give_back_memory()
+    at = resident_bytes()
+    made = make()
+    give_back_memory()
+    return made, resident_bytes() - at
 
 
 @dataclass(frozen=True)
