@@ -30,6 +30,9 @@ def test_in_process_bench_reports_figures_beside_floors(tiny_models):
     for r in results:
         threads = r["machine"]["threads"]
         assert set(r) >= {"machine", "model", "floors", "prefill", "decode", "peak_rss_mib"}
+        # the pool is what the run needs, no more, and it held every run: nothing was preempted
+        assert r["pool_blocks"] == max(4 * 2, 4) and r["preemptions"] == 0
+        assert 64 <= r["floors"]["bandwidth_buffer_mib"] <= 256
         assert r["machine"]["cores"] >= 1
         assert r["floors"]["memory_bandwidth_gbs"] > 0 and r["floors"]["sgemm_gflops"] > 0
         # every format the model holds has its one-row rate, in all and per thread, and as a fraction of the

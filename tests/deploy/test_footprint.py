@@ -91,6 +91,22 @@ def test_startup_is_logged_and_reported_by_health_json(daemon: DaemonProcess) ->
     assert 0 < reported <= daemon.ready_after_s + 0.05
 
 
+def test_startup_log_lists_what_is_held_besides_weights_pool_and_scratch(daemon: DaemonProcess) -> None:
+    """engine/assembly/footprint.py's lines, one log line per model loaded: each part with its MiB, adding up."""
+    held = [line for line in daemon.lines if "held besides the weights, pool and scratch: " in line]
+    assert len(held) == 1, daemon.log()
+    parts = dict(part.split(": ", 1) for part in held[0].split("held besides the weights, pool and scratch: ")[1]
+                 .split("; ") if ": " in part)
+    assert {"interpreter and imports", "tokenizer and vocabulary", "grammar compiler", "other",
+            "total besides the weights"} <= set(parts), held[0]
+    mib = {k: int(m.group(1)) for k, v in parts.items() if (m := re.match(r"(-?\d+) MiB", v))}
+    assert parts["grammar compiler"].startswith("0 MiB")   # no request asked for structure
+    assert abs(mib["interpreter and imports"] + mib["tokenizer and vocabulary"] + mib["other"]
+               - mib["total besides the weights"]) <= 3
+    assert 0 < mib["total besides the weights"] * MiB <= RUNTIME_OVERHEAD_BYTES
+    print(f"\nheld besides the weights, pool and scratch at load: {held[0].split(': ', 1)[1]}")
+
+
 def test_resident_set_is_weights_plus_pool_plus_a_stated_overhead(daemon: DaemonProcess, model: Path) -> None:
     weights = load_config(model).weight_bytes
     pool = pool_bytes(model)

@@ -5,7 +5,6 @@ at the floor); bench/report.py lays the result out as a table.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -28,9 +27,10 @@ from nvllm.bench.floors import (
 )
 from nvllm.bench.progress import Progress
 from nvllm.bench.report import format_runs, pct
-from nvllm.bench.target import bench_target
 from nvllm.config import load_settings
 from nvllm.engine.assembly.factory import build_engine, read_model_info
+from nvllm.engine.assembly.memory import give_back_memory
+from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.model.decoder import Model
 from nvllm.model.kernels import matmul, ops
@@ -82,14 +82,6 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
     def sample_rss() -> None:
         rss_peak[0] = max(rss_peak[0], psutil.Process().memory_info().rss)
 
-    # the machine's floors first, at every count: their 256 MiB buffer is freed before the model loads, so it
-    # does not become the process's peak resident memory (which is what an outside measure, /usr/bin/time, reads)
-    machine: dict[int, tuple[float, float]] = {}
-    for n in counts:
-        progress(f"measuring the machine's floors on {n} thread{'s' * (n > 1)}")
-        kernel_threads.configure(n)
-        machine[n] = measure_bandwidth_gbs(), measure_sgemm_gflops()
-    progress("loading model")
     max_c = max(concurrency)
     budget = max(512, max(prefill_lens))
     overrides: dict[str, Any] = {
@@ -99,8 +91,20 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         "scheduler": {"max_num_seqs": max_c, "max_num_batched_tokens": budget,
                       "max_model_len": max(prompt_len + gen_len, max(prefill_lens)) + 1}}
     info = read_model_info(load_settings(overrides=overrides))   # pages per sequence follow the pool's groups
-    overrides["cache"]["num_blocks"] = (max_c * info.blocks_for(prompt_len + gen_len, 16, budget)
-                                        + 2 * info.blocks_for(max(prefill_lens), 16, budget) + 16)
+    overrides["cache"]["num_blocks"] = num_blocks = run_blocks(info, max_c, prompt_len + gen_len, max(prefill_lens),
+                                                               budget)
+    # The machine's floors first, at every count, on a buffer no bigger than what the run holds anyway (the
+    # weights and the pool, 64 to 256 MiB): it is freed before the model loads, and so it does not become the
+    # process's peak resident memory, which is what an outside measure (/usr/bin/time) reads.
+    held_mib = (info.weight_bytes + num_blocks * 16 * info.bytes_per_token) >> 20
+    buffer_mib = max(64, min(256, held_mib))
+    machine: dict[int, tuple[float, float]] = {}
+    for n in counts:
+        progress(f"measuring the machine's floors on {n} thread{'s' * (n > 1)}")
+        kernel_threads.configure(n)
+        machine[n] = measure_bandwidth_gbs(buffer_mib), measure_sgemm_gflops()
+    give_back_memory()   # what BLAS's threads freed, kept by glibc's arenas until trimmed: 10 MiB here
+    progress("loading model")
     engine = build_engine(load_settings(overrides=overrides))
     sample_rss()
     results = []
@@ -109,8 +113,19 @@ def bench_in_process(model_dir: Path, concurrency: list[int], prompt_len: int, g
         results.append(_bench_at(engine, model_dir, n, *machine[n], concurrency, prompt_len, gen_len, prefill_lens,
                                  progress, sample_rss))
         results[-1]["peak_rss_mib"] = round(rss_peak[0] / 2**20, 1)   # of the whole process, so far
+        results[-1]["floors"]["bandwidth_buffer_mib"] = buffer_mib
+        results[-1]["pool_blocks"] = num_blocks
+        results[-1]["preemptions"] = engine.scheduler.num_preemptions   # 0: the pool held every run
     progress.done()
     return results
+
+
+def run_blocks(info: ModelInfo, streams: int, tokens: int, prefill: int, budget: int) -> int:
+    """The pages the run needs and no more (a bigger pool is resident memory the run never uses): `streams`
+    sequences of `tokens` at once, or one prefill of `prefill` tokens, whichever is more. Every run, warm-ups
+    included, finishes before the next starts, no prefix cache keeps a finished one's pages, and a sequence's
+    last token is sampled, never computed; the result's "preemptions" would show a pool too small."""
+    return max(streams * info.blocks_for(tokens, 16, budget), info.blocks_for(prefill + 1, 16, budget))
 
 
 def decoder(engine: LLMEngine) -> Model:
@@ -152,7 +167,7 @@ def _bench_at(engine: LLMEngine, model_dir: Path, threads: int, bandwidth: float
         run_requests(engine, [prompt], 1)  # warm-up
         times = []
         for _ in range(3):  # each run beside a fresh floor; best of each
-            mm = floors.matmul(w, n, 1)
+            mm = floors.matmul(w, n, 1, decoder(engine).workspace.take(n))   # in the engine's own scratch
             times.append(run_requests(engine, [random_prompt(rng, mc.vocab_size, n)], 1)[0])
         t = min(times)
         sample_rss()
@@ -239,7 +254,11 @@ def run(model_dir: Path | None, concurrency: list[int], prompt_len: int, gen_len
     """Measures and prints: one result per thread count; as JSON, one object for one count (the shape scripts
     read), a list of them for several."""
     progress = Progress(enabled=True)
-    if target:
+    if target:   # asyncio and gRPC only for a daemon's run: an in-process one does not hold them
+        import asyncio
+
+        from nvllm.bench.target import bench_target
+
         results = [asyncio.run(bench_target(target, concurrency, prompt_len, gen_len, progress))]
     else:
         assert model_dir is not None

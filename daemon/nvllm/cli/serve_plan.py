@@ -56,6 +56,16 @@ def dry_run(settings: Settings, memory_gb: float | None = None) -> int:
           f"{plan.full_length_seqs} sequences of full length at once")
     print(f"resident after start-up: at most {format_bytes(resident)} (weights + pool + "
           f"{format_bytes(RUNTIME_OVERHEAD_BYTES)} for the runtime: Python, NumPy, gRPC, tokenizer)")
+    workspace = getattr(loaded.model, "workspace", None) if memory_gb is None else None   # a decoder's
+    if workspace is not None:
+        budget = settings.scheduler.max_num_batched_tokens
+        print(f"forward scratch: {format_bytes(workspace.bytes_for(budget))} for steps of up to "
+              f"{budget} tokens (scheduler.max_num_batched_tokens), made once at start-up")
+    if memory_gb is None and loaded.footprint is not None:
+        print("held besides the weights, pool and forward scratch (measured here while loading; serving adds "
+              "its servers' imports and threads):")
+        for line in loaded.footprint.lines():
+            print("  " + line)
     print(f"per KV format: a row each from the same reading (cache.dtype={settings.cache.dtype} gives "
           f"{info.kv_format.name}, the plan above)")
     for line in format_rows(factory.plan_per_format(settings, info, reading), info.weight_bytes, max_len):

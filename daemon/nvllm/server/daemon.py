@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -48,8 +48,6 @@ from nvllm.engine.async_engine import AsyncEngine
 from nvllm.server.board.heat_monitor import HeatMonitor
 from nvllm.server.board.memory_watchdog import MemoryWatchdog
 from nvllm.server.grpc.service import GeneratorService, add_generator_to_server
-from nvllm.server.http.app import OpenAIApi
-from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 from nvllm.server.listen import ListenError, bind
 from nvllm.server.logs import announce, stream_is_journal
 from nvllm.server.metrics_listener import MetricsListener
@@ -60,6 +58,9 @@ from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
 from nvllm.server.systemd import Notifier, WatchdogPinger
 from nvllm.v1 import nvllm_pb2
+
+if TYPE_CHECKING:   # the HTTP API (starlette, uvicorn) is imported only when http.listen is set
+    from nvllm.server.http.listener import HttpListener
 
 log = logging.getLogger("nvllm.server.app")
 
@@ -122,6 +123,9 @@ class Daemon:
         h = self.settings.http
         if not h.listen:
             return None
+        from nvllm.server.http.app import OpenAIApi
+        from nvllm.server.http.listener import HttpListener, check_security, http_api_key
+
         check_security(h)
         api = OpenAIApi(self.state, http_api_key(h), h.max_body_bytes, metrics=self.state.metrics)
         return HttpListener(api.app(), h.listen, "http.listen or --http-listen", h.tls_cert, h.tls_key, STOP_GRACE_S)

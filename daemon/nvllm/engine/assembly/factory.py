@@ -26,7 +26,8 @@ from typing import Any
 
 from nvllm.config import Settings
 from nvllm.engine.assembly.draft_model import draft_blocks, drafter
-from nvllm.engine.assembly.memory import MemoryReading, available_memory, format_bytes
+from nvllm.engine.assembly.footprint import Footprint, measured, resident_bytes
+from nvllm.engine.assembly.memory import MemoryReading, available_memory, format_bytes, give_back_memory
 from nvllm.engine.assembly.model_info import ModelInfo
 from nvllm.engine.assembly.planning import (
     GGUF_FORMATS,
@@ -89,6 +90,7 @@ class LoadedModel:
     load_s: float
     pinned: list[PinnedPrompt] = field(default_factory=list)   # cache.pinned_prompts, tokenized
     draft: LoadedModel | None = None   # speculative.draft_model, checked to share the tokenizer
+    footprint: Footprint | None = None   # what the load held besides the weights (a decoder's; footprint.py)
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -96,6 +98,7 @@ def load_model(settings: Settings) -> LoadedModel:
     path = model_path(settings)
     kind = check_quantization(settings, path)
     t0 = time.monotonic()
+    before = resident_bytes()
     try:
         if is_speech(path):
             whisper, tokenizer, info = load_speech(settings, path, kind)
@@ -108,9 +111,10 @@ def load_model(settings: Settings) -> LoadedModel:
             check_settings(settings, info)
             return LoadedModel(encoder, tokenizer, {}, frozenset(), info, time.monotonic() - t0)
         if f is not None:
-            model, tokenizer, defaults, pooling_type = _load_gguf(f)
+            model, tokenizer, defaults, pooling_type, tokenizer_bytes = _load_gguf(f)
         else:
-            model, tokenizer = Model.from_dir(path, kind), Tokenizer.from_dir(path)
+            model = Model.from_dir(path, kind)
+            tokenizer, tokenizer_bytes = measured(lambda: Tokenizer.from_dir(path))
             gen_file = path / "generation_config.json"
             defaults = read_json(gen_file) if gen_file.exists() else {}
         set_decoder_task(settings, path, model, tokenizer, pooling_type)   # an embedder or reranker, or not
@@ -142,7 +146,9 @@ def load_model(settings: Settings) -> LoadedModel:
         raise EngineBuildError(str(e)) from None
     info = dataclasses.replace(info, pinned_blocks=sum(len(p.token_ids) for p in pinned) // settings.cache.block_size
                                * info.kv_groups)
-    loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned)
+    give_back_memory()   # the tokenizer's parse and the packing's chunks, freed but kept by glibc until trimmed
+    loaded = LoadedModel(model, tokenizer, defaults, frozenset(eos), info, time.monotonic() - t0, pinned,
+                         footprint=Footprint(before, tokenizer_bytes, info.weight_bytes, resident_bytes()))
     if settings.speculative.method == "draft":
         loaded.draft = draft = _load_draft(settings, loaded)
         blocks, _ = draft_blocks(settings, draft.info, max_model_len(settings, info))
@@ -186,13 +192,20 @@ def _tokenizer_difference(target: LoadedModel, draft: LoadedModel) -> str:
     return draft.tokenizer.difference(target.tokenizer)
 
 
-def _load_gguf(f: GGUFFile) -> tuple[Model, Tokenizer, dict[str, Any], int | None]:
+def _load_gguf(f: GGUFFile) -> tuple[Model, Tokenizer, dict[str, Any], int | None, int]:
     """A GGUF holds weights, tokenizer and template in one file, and no sampling defaults; and the pooling
-    llama.cpp's converter writes for an embedder (`<arch>.pooling_type`)."""
+    llama.cpp's converter writes for an embedder (`<arch>.pooling_type`); and what the tokenizer's build added
+    to the resident set."""
     g = read_gguf(f)
-    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, str(f.path))
+    # The vocabulary's lists (30 MiB of Python objects for 150k tokens) are the tokenizer's once it is built:
+    # not held while the weights load, and not counted as its own.
+    big = [k for k, v in g.metadata.items() if k.startswith("tokenizer.ggml.") and isinstance(v, list)]
+    tokenizer, grown = measured(lambda: Tokenizer.from_gguf_metadata(g.metadata, str(f.path)))
+    for key in big:
+        del g.metadata[key]
     pooling = g.metadata.get(f"{g.metadata.get('general.architecture')}.pooling_type")
-    return Model(g.config, load_gguf_weights(g)), tokenizer, {}, pooling if isinstance(pooling, int) else None
+    return (Model(g.config, load_gguf_weights(g)), tokenizer, {}, pooling if isinstance(pooling, int) else None,
+            grown)
 
 
 def _ids(value: Any) -> list[int]:

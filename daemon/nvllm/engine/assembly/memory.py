@@ -9,6 +9,10 @@ how in one log line. The daemon's memory-pressure watchdog (server/board/memory_
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import gc
 import logging
 import math
 import os
@@ -278,3 +282,24 @@ def _too_small_message(s: PoolSizing, min_blocks: int, max_model_len: int, held:
         fixes.append(f"free memory: with these settings {format_bytes(needed_available)} must be "
                      f"available, {format_bytes(s.available_bytes)} is")
     return f"{head}. To fix: {', or '.join(fixes)}."
+
+
+def give_back_memory() -> None:
+    """Collect what no one holds any more and hand freed heap pages back to the system: glibc keeps what is
+    freed in its arenas (a tokenizer's parse, BLAS's threads' temporaries, an unloaded model's weights) until
+    trimmed."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).malloc_trim   # glibc's; musl and others have none
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn

@@ -126,9 +126,9 @@ def read_model_info(settings: Settings) -> ModelInfo:
         if is_speech(path):   # its config is read with its weights (mapped, not copied)
             return load_speech(settings, path, kind)[2]
         if is_gguf(path):
-            f = open_gguf(path)
+            f = open_gguf(path, vocabulary=False)   # the shapes: no Python object per token
             if is_gguf_encoder(f.metadata):
-                e = read_gguf_encoder(f)
+                e = read_gguf_encoder(open_gguf(path))
                 return encoder_info(path, e.config, e.resident_bytes(), GGUF_FORMATS)
             g = read_gguf(f)
             return ModelInfo.of(path, g.config, resident_weight_bytes(g), GGUF_FORMATS,

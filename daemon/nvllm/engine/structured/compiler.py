@@ -36,11 +36,10 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from types import ModuleType
 from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
-from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
 from nvllm.engine.structured.digit_budget import budget_for
 from nvllm.engine.structured.matcher_pair import MatcherPair
@@ -48,6 +47,7 @@ from nvllm.sampling_params import InvalidParameter, StructuredSpec
 from nvllm.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from llguidance import LLExecutor, LLMatcher, LLTokenizer
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
 
 CACHE_SIZE = 64             # compiled grammars kept, by text
@@ -59,6 +59,14 @@ MAX_LEXER_STATES = 50_000
 # Compact JSON: no optional whitespace at all (and so no run of it until max_tokens).
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 _ERROR_CHARS = 200          # llguidance's message, cut to its first line and this many characters
+
+
+def _llg() -> ModuleType:
+    """llguidance, imported when a request first asks for structure: a process that never constrains an answer
+    does not pay for its import (about 5 MiB resident)."""
+    import llguidance
+
+    return llguidance
 
 
 def words(vocab_size: int) -> int:
@@ -139,13 +147,14 @@ class StructuredCompiler:
         schema = spec.value if spec.kind == "json_schema" else spec.digits_schema
         assert schema is None or isinstance(schema, str)
         budget = budget_for(schema)
-        digits = None if budget is None else self._start(LLMatcher.grammar_from_regex(budget.regex()))
+        digits = None if budget is None else self._start(_llg().LLMatcher.grammar_from_regex(budget.regex()))
         # The budget's regex is ours and small; should it ever fail, the schema still holds alone.
         return MatcherPair(m, None if digits is None or digits.is_error() else digits), None
 
     def _start(self, grammar: str) -> LLMatcher:
-        m = LLMatcher(self.lltokenizer(), grammar, log_level=0,
-                      limits=LLParserLimits(max_lexer_states=MAX_LEXER_STATES))
+        llg = _llg()
+        m = llg.LLMatcher(self.lltokenizer(), grammar, log_level=0,
+                          limits=llg.LLParserLimits(max_lexer_states=MAX_LEXER_STATES))
         if not m.is_error():
             m.compute_bitmask()   # the first mask builds the lexer's start: an error may only show here
         return m
@@ -154,18 +163,18 @@ class StructuredCompiler:
     def _grammar(spec: StructuredSpec) -> str:
         value = spec.value   # its shape for the kind is StructuredSpec.validate()'s, already passed
         if spec.kind == "json_object":
-            return LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
+            return _llg().LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
         if spec.kind == "choice":
             assert isinstance(value, tuple)
             # Lark string literals take JSON's escapes.
             alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
-            return LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
+            return _llg().LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
         assert isinstance(value, str)
         if spec.kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS)
+            return _llg().LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS)
         if spec.kind == "regex":
-            return LLMatcher.grammar_from_regex(value)
-        return llguidance.grammar_from("grammar", value)   # Lark, or GBNF turned into Lark
+            return _llg().LLMatcher.grammar_from_regex(value)
+        return _llg().grammar_from("grammar", value)   # Lark, or GBNF turned into Lark
 
     # -- each step ----------------------------------------------------------------------------------
     def fill(self, matchers: Seq[LLMatcher | MatcherPair]) -> np.ndarray:
@@ -218,7 +227,7 @@ class StructuredCompiler:
 
     def _exec(self) -> LLExecutor:
         if self._executor is None:
-            self._executor = LLExecutor(max(1, os.cpu_count() or 1))
+            self._executor = _llg().LLExecutor(max(1, os.cpu_count() or 1))
         return self._executor
 
     def close(self) -> None:
@@ -230,12 +239,13 @@ def build_lltokenizer(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list
     not special, again from the token bytes with those as the text they are."""
     text = tokenizer.backend.to_str()
     eos = eos_token_ids or None
-    base = LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
+    llg = _llg()
+    base = llg.LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
     plain = {t["id"]: t["content"] for t in json.loads(text).get("added_tokens") or ()
              if not t.get("special") and isinstance(t.get("id"), int) and isinstance(t.get("content"), str)}
     if not plain:
         return base
-    return LLTokenizer(TokenizerWrapper(_Vocabulary(base, plain, tokenizer, eos_token_ids)),
+    return llg.LLTokenizer(llg.TokenizerWrapper(_Vocabulary(base, plain, tokenizer, eos_token_ids)),
                        n_vocab=vocab_size, eos_token=eos)
 
 

@@ -10,8 +10,10 @@ that fallback) ends the budget for the rest of the answer; the schema goes on al
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from llguidance import LLMatcher
+if TYPE_CHECKING:   # llguidance is imported when a request first asks for structure (compiler.py)
+    from llguidance import LLMatcher
 
 
 class MatcherPair:

@@ -11,7 +11,7 @@ import numpy as np
 
 from nvllm.model.config import ModelConfig, rope_inv_freq
 from nvllm.model.weights.gguf_names import ROPE_FACTORS, ROPE_FREQS
-from nvllm.model.weights.gguf_reader import GGUFError, TensorInfo
+from nvllm.model.weights.gguf_reader import GGUFError, SkippedStrings, TensorInfo
 
 
 def f32_float(x: float) -> float:
@@ -99,11 +99,13 @@ def gguf_config(metadata: dict[str, Any], infos: dict[str, TensorInfo], path: Pa
         raise m.fail(f"metadata '{arch}.rope.dimension_count' is {rot}: need an even number up to {head_dim}")
     embed = infos.get("token_embd.weight")
     tokens = metadata.get("tokenizer.ggml.tokens")
-    vocab = embed.shape[0] if embed is not None else (len(tokens) if isinstance(tokens, list) else 0)
+    # SkippedStrings: read for planning, only counted
+    listed = len(tokens) if isinstance(tokens, (list, SkippedStrings)) else None
+    vocab = embed.shape[0] if embed is not None else (listed or 0)
     if not vocab:
         raise m.fail("no token_embd.weight tensor and no token list: the vocabulary size is unknown")
-    if isinstance(tokens, list) and len(tokens) > vocab:
-        raise m.fail(f"{len(tokens)} tokens but the embedding has {vocab} rows")
+    if listed is not None and listed > vocab:
+        raise m.fail(f"{listed} tokens but the embedding has {vocab} rows")
     bos = m.get("tokenizer.ggml.bos_token_id", int, required=False)
     eos = m.get("tokenizer.ggml.eos_token_id", int, required=False)
     for key, tid in (("bos", bos), ("eos", eos)):

@@ -75,7 +75,7 @@ def _map(path: Path) -> mmap.mmap:
         raise GGUFError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def open_gguf(path: str | Path) -> GGUFFile:
+def open_gguf(path: str | Path, vocabulary: bool = True) -> GGUFFile:
     """Map the file and check its header and every tensor's type, shape and bytes against the file's
     size; nothing is allocated from what the header claims and nothing is dequantized."""
     path = Path(path)
@@ -83,7 +83,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     try:
         buf = memoryview(mm)
         try:
-            metadata, info_list, data_start = read_header(buf, path)
+            metadata, info_list, data_start = read_header(buf, path, vocabulary)
         finally:
             buf.release()
         tensors: dict[str, Tensor] = {}

@@ -38,6 +38,17 @@ _MIN_TENSOR_INFO = 8 + 1 + 4 + 8 + 4 + 8
 _MIN_KV = 8 + 1 + 4 + 1
 
 
+@dataclass(frozen=True)
+class SkippedStrings:
+    """An array of strings checked (every length inside the file, every string UTF-8) but not decoded: a
+    vocabulary's 150k tokens and merges are 30 MiB of Python objects, which planning from the header never
+    reads (read_header(..., strings=False))."""
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
 @dataclass
 class TensorInfo:
     name: str
@@ -49,8 +60,9 @@ class TensorInfo:
 class _Reader:
     """Reads the header from the mapped bytes; every read is checked against the bytes left."""
 
-    def __init__(self, buf: memoryview, path: Path) -> None:
+    def __init__(self, buf: memoryview, path: Path, strings: bool = True) -> None:
         self.buf, self.path, self.pos = buf, path, 0
+        self.strings = strings   # decode arrays of strings (else SkippedStrings)
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path}: {what}")
@@ -90,7 +102,7 @@ class _Reader:
             return self.array(what, depth)
         raise self.fail(f"{what} has unknown value type {vtype}")
 
-    def array(self, what: str, depth: int) -> list[Any]:
+    def array(self, what: str, depth: int) -> list[Any] | SkippedStrings:
         if depth >= MAX_NESTING:
             raise self.fail(f"{what} nests arrays more than {MAX_NESTING} deep")
         etype = self.uint(4, f"the element type of {what}")
@@ -109,12 +121,18 @@ class _Reader:
         if n > self.left() // least:
             raise self.fail(f"{what}: array of {n} elements, but only {self.left()} bytes are left "
                             "(truncated or corrupt)")
+        if etype == _STRING and not self.strings:
+            for i in range(n):
+                self.string(f"{what}[{i}]")   # checked as ever, and dropped at once
+            return SkippedStrings(n)
         return [self.value(etype, f"{what}[{i}]", depth + 1) for i in range(n)]
 
 
-def read_header(buf: memoryview, path: Path) -> tuple[dict[str, Any], list[TensorInfo], int]:
-    """metadata, tensor infos and the data section's offset, all checked against the file's size."""
-    r = _Reader(buf, path)
+def read_header(buf: memoryview, path: Path, strings: bool = True) -> tuple[dict[str, Any], list[TensorInfo], int]:
+    """metadata, tensor infos and the data section's offset, all checked against the file's size; with strings
+    False, each array of strings is only checked, a SkippedStrings of its length (a vocabulary's tokens and
+    merges: planning needs their count at most)."""
+    r = _Reader(buf, path, strings)
     magic = bytes(r.take(4, "the magic"))
     if magic != GGUF_MAGIC:
         raise r.fail(f"not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")

@@ -11,16 +11,12 @@ its array goes; the weights are heap arrays, which malloc keeps unless trimmed).
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import dataclasses
-import functools
-import gc
 import logging
 from collections.abc import Callable
 
 from nvllm.engine.assembly import factory
-from nvllm.engine.assembly.memory import MemoryReading, MiB, format_bytes
+from nvllm.engine.assembly.memory import MemoryReading, MiB, format_bytes, give_back_memory
 from nvllm.engine.async_engine import AsyncEngine
 from nvllm.server.models.model_set import ModelSpec
 
@@ -68,6 +64,9 @@ class ModelLoader:
                 f"{format_bytes(plan.sizing.pool_bytes)}, past the {format_bytes(room)} the memory budget has "
                 f"free beside its weights")
         log.info("model %s: %s", spec.name, plan.sizing.log_line())
+        if loaded.footprint is not None:
+            log.info("model %s: held besides the weights, pool and scratch: %s", spec.name,
+                     "; ".join(loaded.footprint.lines()))
         engine = await loop.run_in_executor(None, factory.create_engine, capped, loaded, plan)
         on_step, name = self.on_step, spec.name
         async_engine = AsyncEngine(engine, heartbeat_s=self.heartbeat_s,
@@ -83,22 +82,3 @@ class ModelLoader:
 
     async def reclaim(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, give_back_memory)
-
-
-def give_back_memory() -> None:
-    """Collect what no one holds any more and hand freed heap pages back to the system."""
-    gc.collect()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name).malloc_trim   # glibc's; musl and others have none
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return fn
