@@ -34,7 +34,7 @@ def random_blocks(name: str, rows: int, n_in: int, rng: np.random.Generator) -> 
     raw = rng.integers(0, 256, size=rows * per_row * fmt.block_bytes, dtype=np.uint8)
     rec = raw.view(BLOCK_DTYPES[name])
     for field in ("d", "m", "dmin"):
-        if field in rec.dtype.names:
+        if field in (rec.dtype.names or ()):
             rec[field] = rng.uniform(1e-3, 1e-2, size=len(rec)).astype(np.float16)
     return BlockMatrix(fmt, raw.reshape(rows, per_row * fmt.block_bytes), (rows, n_in))
 
