@@ -17,7 +17,10 @@ from helpers.daemon_util import DaemonProcess
 from helpers.paths import ROOT
 from nvllm.bench.query import ANSWER_TOKENS, SYSTEM_TOKENS, QueryError, drone_query, format_query, server_split
 
+KEY = "sk-nvllm-query-key"
 CONFIG = """
+[http]
+api_key_file = "{key}"
 [cache]
 block_size = 16
 [scheduler]
@@ -34,13 +37,15 @@ def qwen2(tiny_models: dict[str, Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path_factory.mktemp("query"), qwen2, config=CONFIG, http_listen="127.0.0.1:0")
+    tmp = tmp_path_factory.mktemp("query")
+    (tmp / "key").write_text(KEY + "\n")
+    d = DaemonProcess(tmp, qwen2, config=CONFIG.format(key=tmp / "key"), http_listen="127.0.0.1:0")
     yield d
     assert d.stop() == 0, d.log()
 
 
 def test_each_front_door_is_timed_and_split(daemon: DaemonProcess) -> None:
-    r = drone_query([daemon.http_url, "grpc://" + daemon.address], repeats=2)
+    r = drone_query([daemon.http_url, "grpc://" + daemon.address], repeats=2, api_key=KEY)
     assert [d["front_door"] for d in r["front_doors"]] == ["http", "grpc"]
     for d in r["front_doors"]:
         assert d["cached_tokens"] >= SYSTEM_TOKENS   # the system prompt's pages came from the prefix cache
@@ -55,14 +60,18 @@ def test_each_front_door_is_timed_and_split(daemon: DaemonProcess) -> None:
     assert text.count("drone query over") == 2 and "delivery" in text and "the engine's decode step" in text
 
 
-def test_the_cli_compares_with_the_bench_on_the_same_model(daemon: DaemonProcess, qwen2: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "nvllm.cli", "bench", "--query", daemon.http_url, "--repeats", "1",
-                          "--model", str(qwen2), "--threads", "1", "--json"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+def test_the_cli_compares_with_the_bench_on_the_same_model(daemon: DaemonProcess, qwen2: Path,
+                                                           tmp_path: Path) -> None:
+    (tmp_path / "key").write_text(KEY)
+    base = [sys.executable, "-m", "nvllm.cli", "bench", "--query", daemon.http_url, "--repeats", "1"]
+    out = subprocess.run([*base, "--api-key-file", str(tmp_path / "key"), "--model", str(qwen2), "--threads", "1",
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["bench_gap_ms"] > 0 and r["answer_tokens"] == ANSWER_TOKENS
     assert "of the bench's tokens/s" in format_query(r)
+    refused = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=300)   # no key
+    assert refused.returncode == 1 and "HTTP 401" in refused.stderr
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://127.0.0.1:1", "http://127.0.0.1", "grpc://:5"])

@@ -8,7 +8,6 @@ a client that leaves mid-stream gives its pages back at once; the drain; the lis
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import socket
@@ -38,7 +37,7 @@ from helpers.daemon_util import (
     request,
     wait_for,
 )
-from nvllm import SamplingParams, cli
+from nvllm import SamplingParams
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
@@ -328,21 +327,3 @@ def test_install_sh_turns_the_http_api_on_with_a_fresh_key(tmp_path: Path) -> No
     fake_venv(tmp_path / "other/opt/nvllm/venv")
     bad = run(INSTALL, tmp_path / "other", NVLLM_SKIP_PIP="1", NVLLM_SKIP_PULL="1", NVLLM_HTTP_LISTEN="x; rm -rf /")
     assert bad.returncode != 0 and "NVLLM_HTTP_LISTEN" in bad.stderr
-
-
-def test_bench_times_the_drone_query(daemon: DaemonProcess, tmp_path: Path, capsys) -> None:
-    """nvllm bench --query: 190 prompt tokens with the system prompt's 176 cached, 20 answered."""
-    key = tmp_path / "key"
-    key.write_text(KEY)
-    assert cli.main(["bench", "--query", daemon.http_url, "--repeats", "2", "--api-key-file", str(key),
-                     "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
-    assert (r["prompt_tokens"], r["cached_tokens"], r["answer_tokens"], r["repeats"]) == (190, 176, 20, 2)
-    assert 0 < r["seconds_min"] <= r["seconds_p50"] <= r["seconds_max"]
-    # the time to first token from the daemon's /metrics, split: before the engine, its queue, prefill
-    s = r["ttft_split"]
-    assert s["ttft_ms"] > 0 and s["prefill_ms"] > 0 and s["queue_ms"] >= 0 and s["first_decode_ms"] > 0
-    assert s["before_engine_ms"] == pytest.approx(s["ttft_ms"] - s["queue_ms"] - s["prefill_ms"], abs=0.02)
-    assert s["before_engine_ms"] > -1.0 and s["ttft_ms"] < r["seconds_max"] * 1e3
-    assert cli.main(["bench", "--query", daemon.http_url, "--repeats", "1"]) == 1   # no key: refused
-    assert "HTTP 401" in capsys.readouterr().err
