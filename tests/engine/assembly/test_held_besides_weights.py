@@ -36,7 +36,7 @@ def test_each_part_has_its_line_and_they_add_up(tiny_ggufs) -> None:
     assert abs(imports + tokenizer + other - total) <= 3
     # what loading added besides the weights stays inside the allowance the plan still states (the process's
     # own size before the load is a test run's, however many tests ran before this one)
-    assert 0 < fp.besides_weights - fp.before_load < RUNTIME_OVERHEAD_BYTES
+    assert fp.besides_weights - fp.before_load < RUNTIME_OVERHEAD_BYTES   # may be < 0: garbage given back
 
 
 def test_dry_run_prints_them_beside_the_scratch(tiny_ggufs, capsys) -> None:
