@@ -195,7 +195,7 @@ def test_structured_bench_times_each_mode_and_the_compile(tiny_models):
 
 
 def test_the_drone_querys_time_to_first_token_splits_from_the_metrics_text():
-    from nvllm.bench.query import SPLIT, histogram_totals, ttft_split
+    from nvllm.bench.query import SPLIT, histogram_totals, server_split
 
     def text(ttft: float, queue: float, prefill: float, first: float, n: int) -> str:
         return "\n".join(f'{name}_sum{{model_name="m"}} {v}\n{name}_count{{model_name="m"}} {n}'
@@ -206,8 +206,8 @@ def test_the_drone_querys_time_to_first_token_splits_from_the_metrics_text():
 
     before = histogram_totals(text(1.0, 0.1, 0.5, 0.2, 4))
     after = histogram_totals(text(1.6, 0.12, 0.9, 0.3, 6))
-    s = ttft_split(before, after)
+    s = server_split(before, after)
     assert s == pytest.approx({"ttft_ms": 300.0, "queue_ms": 10.0, "prefill_ms": 200.0, "first_decode_ms": 50.0,
                                "before_engine_ms": 90.0})
-    assert ttft_split(after, after) == {}   # no request between the readings: nothing to split
+    assert server_split(after, after) == {}   # no request between the readings: nothing to split
     assert histogram_totals("") == {part: (0.0, 0.0) for part in SPLIT}

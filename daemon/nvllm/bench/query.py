@@ -177,12 +177,6 @@ def server_split(before: dict[str, tuple[float, float]], after: dict[str, tuple[
     return out
 
 
-def ttft_split(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """server_split's parts before the first token (and the first decode step's)."""
-    keep = ("ttft_ms", "queue_ms", "prefill_ms", "first_decode_ms", "before_engine_ms")
-    return {k: v for k, v in server_split(before, after).items() if k in keep}
-
-
 def _front_door(target: str, repeats: int, api_key: str, timeout: float, system: list[int],
                 rng: np.random.Generator, metrics_url: str | None) -> dict[str, Any]:
     """One front door's timed questions: the client's figures and the server's split."""
