@@ -13,6 +13,7 @@ import numpy as np
 from nvllm.model.weights.gguf_encoder import is_gguf_encoder, read_gguf_encoder
 from nvllm.model.weights.gguf_file import GGUFFile, open_gguf, read_gguf
 from nvllm.model.weights.gguf_reader import GGUFError
+from nvllm.model_files.hub import read_sidecar
 from nvllm.model_files.registry import KNOWN_MODELS, PathLike, is_complete
 
 
@@ -113,7 +114,8 @@ def describe_gguf(path: Path) -> dict:
 
 
 def list_models(models_dir: PathLike = "models") -> list[dict]:
-    """Every model folder and GGUF file under models_dir (hidden and temporary ones skipped), by name."""
+    """Every model folder and GGUF file under models_dir (hidden and temporary ones skipped), by name; one
+    pulled from the Hub with its `source` (hub.py's record)."""
     root = Path(models_dir)
     if not root.is_dir():
         return []
@@ -125,4 +127,9 @@ def list_models(models_dir: PathLike = "models") -> list[dict]:
             rows.append(describe_folder(p))
         elif p.is_file() and p.name.endswith(".gguf"):
             rows.append(describe_gguf(p))
+        else:
+            continue
+        record = read_sidecar(p)
+        if record is not None:
+            rows[-1]["source"] = record.get("source")
     return rows
