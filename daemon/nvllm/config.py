@@ -90,7 +90,11 @@ class ModelSettings:
 class ModelEntry:
     """One [[models]] table: a model served by name. Settings left out are the [model], [cache] and
     [scheduler] ones."""
-    path: str = field(default="", metadata=NON_EMPTY)
+    # A Hugging Face folder or a .gguf file, or the name of either under model.models_dir; or, instead, source:
+    path: str = ""
+    # A model of the Hugging Face Hub (ORG/REPO, ORG/REPO:QUANT, ORG/REPO/FILE.gguf, hf.co/ORG/REPO:QUANT),
+    # pulled into model.models_dir at start when it is not there yet (`nvllm models pull` pulls the same).
+    source: str = ""
     # What requests call it (empty: the file's name without .gguf, or the folder's).
     name: str = ""
     task: str = field(default="", metadata=one_of("", "auto", "generate", "embed", "rerank"))
@@ -393,5 +397,9 @@ def validate(s: Settings) -> None:
          f"watchdog.low_mb ({s.watchdog.low_mb}) must be <= watchdog.high_mb ({s.watchdog.high_mb})")
     names = [m.name for m in s.models if m.name]
     need(len(names) == len(set(names)), f"models: two [[models]] share a name: {sorted(names)}")
+    for i, m in enumerate(s.models):
+        need(bool(m.path) != bool(m.source), f"models[{i}]: give path (a folder or .gguf file) or source (a "
+             f"Hugging Face Hub reference such as ORG/REPO:Q4_K_M), one of them; got "
+             f"{'both' if m.path else 'neither'}")
     need(s.power.resume_c <= s.power.throttle_c,
          f"power.resume_c ({s.power.resume_c:g}) must be <= power.throttle_c ({s.power.throttle_c:g})")

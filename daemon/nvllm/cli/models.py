@@ -1,6 +1,7 @@
-"""nvllm models pull | list | synthesize | quantize: the models the registry knows, fetched into and listed
-from a folder; random-weight GGUFs of real models' shapes, for benchmarks without downloads; and a GGUF
-written again in another file type, as llama.cpp's quantize tool writes it."""
+"""nvllm models pull | list | synthesize | quantize: the models the registry knows and models of the Hugging
+Face Hub (model_files/hub.py), fetched into and listed from a folder; random-weight GGUFs of real models'
+shapes, for benchmarks without downloads; and a GGUF written again in another file type, as llama.cpp's
+quantize tool writes it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,18 @@ from nvllm.config import DEFAULT_MODEL
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m = sub.add_parser("models", help="pull, list, synthesize or quantize models")
     msub = m.add_subparsers(dest="action", required=True)
-    mp = msub.add_parser("pull", help="fetch a known model's GGUF into DIR (the folder too with --folder)")
-    mp.add_argument("name")
+    mp = msub.add_parser("pull", help="fetch a known model, or a model of the Hugging Face Hub, into DIR",
+                         description="A known model's GGUF (the folder too with --folder), or a model of the "
+                                     "Hugging Face Hub: ORG/REPO (its folder of safetensors, config and tokenizer "
+                                     "files, as DIR/REPO), ORG/REPO:QUANT or ORG/REPO/FILE.gguf (one GGUF, as "
+                                     "DIR/FILE.gguf; QUANT picks it by name as llama-server's -hf does, Q4_K_M "
+                                     "when none is given), or Ollama's hf.co/ORG/REPO:QUANT. Every file is checked "
+                                     "against the Hub's sha256; a cut pull resumes when run again. HF_ENDPOINT "
+                                     "names a mirror, HF_TOKEN a token for gated models.")
+    mp.add_argument("name", help=f"a known model ({DEFAULT_MODEL}, whisper-tiny.en) or a Hub reference")
     mp.add_argument("--dir", default="models")
-    mp.add_argument("--quiet", action="store_true")
+    mp.add_argument("--revision", default=None, help="a Hub repository's branch, tag or commit (default main)")
+    mp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     mp.add_argument("--folder", action="store_true",
                     help="also write the float32 Hugging Face folder DIR/NAME (538 MB for the default model, "
                          "for model.quantization and tools/quality.py); the GGUF DIR/NAME.gguf is always kept")
@@ -108,6 +117,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.action == "quantize":
         return cmd_quantize(args)
     if args.action == "pull":
+        if args.name not in registry.KNOWN_MODELS:
+            return cmd_pull_hub(args)
+        if args.revision is not None:
+            print("nvllm models pull: --revision is for Hub references (ORG/REPO...)", file=sys.stderr)
+            return 2
         try:
             path = registry.pull(args.name, args.dir, progress=not args.quiet, folder=args.folder)
         except registry.RegistryError as e:
@@ -126,6 +140,48 @@ def cmd_models(args: argparse.Namespace) -> int:
     for m in models:
         print("  ".join(f"{k}={_list_value(v)}" for k, v in m.items()))
     return 0
+
+
+def cmd_pull_hub(args: argparse.Namespace) -> int:
+    """`nvllm models pull ORG/REPO[:QUANT]`: the path on stdout; progress (a bar on a terminal) and errors, one
+    line each, on stderr."""
+    from nvllm.model_files import hub, registry
+
+    ref = hub.parse_ref(args.name)
+    if ref is None:
+        print(f"nvllm models pull: unknown model {args.name!r}; known models: {', '.join(registry.KNOWN_MODELS)}; "
+              "or a Hugging Face Hub reference: ORG/REPO, ORG/REPO:QUANT, ORG/REPO/FILE.gguf", file=sys.stderr)
+        return 1
+    if args.folder:
+        print("nvllm models pull: --folder is for the known models; a Hub folder is pulled as ORG/REPO",
+              file=sys.stderr)
+        return 2
+    try:
+        pulled = hub.pull_from_hub(ref, args.dir, None if args.quiet else _StatusLines(),
+                                   revision=args.revision, show_bar=not args.quiet)
+    except hub.HubError as e:
+        print(f"nvllm models pull: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("nvllm models pull: interrupted; run it again to resume", file=sys.stderr)
+        return 130
+    print(pulled.path)
+    return 0
+
+
+class _StatusLines:
+    """Each new status of a pull as a line on stderr (the counts are the progress bar's)."""
+
+    def __init__(self) -> None:
+        self.last = ""
+
+    def __call__(self, event: dict) -> None:
+        status = event.get("status", "")
+        if status != self.last:
+            self.last = status
+            total = event.get("total") or 0
+            size = f" ({total / 1e6:.1f} MB)" if total >= 100_000 else f" ({total / 1e3:.1f} kB)" if total else ""
+            print(f"nvllm pull: {status}{size}", file=sys.stderr, flush=True)
 
 
 def _list_value(v: object) -> str:

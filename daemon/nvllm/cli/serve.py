@@ -92,6 +92,13 @@ def main(args: argparse.Namespace, **injected: Any) -> int:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(settings.log_level)
+    from nvllm.cli.model_sources import resolve_sources
+
+    try:
+        resolve_sources(settings)     # [[models]] source: pulled into model.models_dir unless already there
+    except ConfigError as e:
+        print(f"nvllm serve: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     memory_gb = getattr(args, "memory_gb", None)
     if memory_gb is not None and memory_gb <= 0:
         print("nvllm serve: --memory-gb N needs N > 0 (GiB)", file=sys.stderr)

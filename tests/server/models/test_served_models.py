@@ -99,8 +99,11 @@ def test_the_default_model_and_what_is_refused(tmp_path: Path) -> None:
         load_settings(toml(tmp_path, two + "temperature = 1\n"))
     with pytest.raises(ConfigError, match=r'models\[0\].keep_alive must be a duration such as "5m"'):
         load_settings(toml(tmp_path, '[[models]]\npath = "a.gguf"\nkeep_alive = "soon"\n'))
-    with pytest.raises(ConfigError, match=r"models\[0\].path must be a non-empty string"):
+    with pytest.raises(ConfigError, match=r"models\[0\]: give path \(a folder or .gguf file\) or source \(a Hugging "
+                                          r"Face Hub reference such as ORG/REPO:Q4_K_M\), one of them; got neither"):
         load_settings(toml(tmp_path, '[[models]]\nname = "a"\n'))
+    with pytest.raises(ConfigError, match=r"models\[0\]: give path .* one of them; got both"):
+        load_settings(toml(tmp_path, '[[models]]\npath = "a.gguf"\nsource = "org/repo:Q4_0"\n'))
     with pytest.raises(ConfigError, match='model.keep_alive must be a duration'):
         load_settings(toml(tmp_path, '[model]\nkeep_alive = "5 minutes"\n'))
     with pytest.raises(ConfigError, match=r"models must be tables \(\[\[models\]\]\)"):
