@@ -39,7 +39,8 @@ def hub(tiny_quants: dict[str, Path], tiny_models: dict[str, Path], tmp_path: Pa
                                   "README.md": b"# tiny\n"})
         fake.add_folder(FOLDER_REPO, tiny_models["tiny-llama"],
                         {"README.md": b"# tiny\n", "pytorch_model.bin": b"\0" * 4096,
-                         "onnx/model.onnx": b"\0" * 2048, "1_Pooling/config.json": b"{}"})
+                         "onnx/model.onnx": b"\0" * 2048, "1_Pooling/config.json": b"{}",
+                         "consolidated.safetensors": b"\0" * 2048})
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
         monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")

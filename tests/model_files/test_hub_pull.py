@@ -96,6 +96,15 @@ def test_the_default_of_a_gguf_repository_and_a_file_by_name(hub: FakeHub, tmp_p
     assert got.path.name == "tiny-llama-Q8_0.gguf" and got.source == f"hf.co/{GGUF_REPO}:Q8_0"
 
 
+def test_a_revision_is_pulled_and_recorded(hub: FakeHub, tmp_path: Path) -> None:
+    commit = hub.repos[GGUF_REPO].commit
+    pulled = pull_from_hub(f"{GGUF_REPO}:Q8_0", tmp_path, revision=commit)
+    rec = json.loads(sidecar_path(pulled.path).read_text())
+    assert rec["revision"] == rec["commit"] == commit
+    with pytest.raises(HubError, match=f"^{GGUF_REPO} has no such revision$"):
+        pull_from_hub(f"{GGUF_REPO}:Q8_0", tmp_path, revision="v9")
+
+
 def test_a_missing_quantization_names_the_ones_the_repository_has(hub: FakeHub, tmp_path: Path) -> None:
     with pytest.raises(HubError, match=r"has no Q5_K_M GGUF: it has Q4_0, Q8_0$"):
         pull_from_hub(f"{GGUF_REPO}:Q5_K_M", tmp_path)

@@ -156,6 +156,8 @@ def _plan(r: HubRef, listing: dict[str, RemoteFile], models_dir: Path) -> _Plan:
 
 def _folder_plan(r: HubRef, listing: dict[str, RemoteFile], models_dir: Path) -> _Plan:
     keep = [f for n, f in listing.items() if _folder_file(n)]
+    if any(f.path.endswith(".safetensors") and not f.path.startswith("consolidated") for f in keep):
+        keep = [f for f in keep if not f.path.startswith("consolidated")]   # Mistral's second copy of the weights
     if "config.json" not in {f.path for f in keep}:
         raise HubError(f"{r.repo} has no config.json: not a model folder nvllm can serve")
     source = f"hf.co/{r.repo}"
