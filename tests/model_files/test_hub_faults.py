@@ -110,6 +110,10 @@ def test_a_gated_repository_needs_the_token(hub: FakeHub, tmp_path: Path, tiny_q
                                        "HF_TOKEN$"):
         pull_from_hub("gated/model-GGUF:Q8_0", tmp_path)
     assert _visible(tmp_path) == []
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    with pytest.raises(HubError, match=r"^gated/model-GGUF is gated: the token \(HF_TOKEN\) has no access to it"):
+        pull_from_hub("gated/model-GGUF:Q8_0", tmp_path)
+    assert _visible(tmp_path) == []
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     assert pull_from_hub("gated/model-GGUF:Q8_0", tmp_path).path.is_file()
 

@@ -126,3 +126,19 @@ def test_a_name_another_model_holds_is_refused(hub: FakeHub, tmp_path: Path,
     with pytest.raises(HubError, match="exists and was not pulled from the Hub; remove it or pull into another"):
         pull_from_hub(f"{GGUF_REPO}:Q8_0", tmp_path)
     assert (tmp_path / "tiny-llama-Q8_0.gguf").read_bytes() == b"mine"
+
+
+def test_the_puller_a_daemon_is_given(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvllm.cli.model_sources import hub_puller
+    from nvllm.model_files import registry
+
+    events: list[dict] = []
+    name, path, aliases = hub_puller(tmp_path)(f"hf.co/{GGUF_REPO}:Q8_0", events.append)
+    assert (name, path) == ("tiny-llama-Q8_0", tmp_path / "tiny-llama-Q8_0.gguf") and path.is_file()
+    assert f"hf.co/{GGUF_REPO}:Q8_0" in aliases and events[-1] == {"status": "success"}
+    # a name the registry knows goes to the registry (its GGUF from its wheel)
+    monkeypatch.setattr(registry, "pull", lambda n, d, progress: Path(d) / f"{n}.gguf")
+    assert hub_puller(tmp_path)("smollm2-135m-instruct:latest", events.append) == (
+        "smollm2-135m-instruct", tmp_path / "smollm2-135m-instruct.gguf", ["smollm2-135m-instruct"])
+    with pytest.raises(HubError, match="is not a Hugging Face Hub reference"):
+        hub_puller(tmp_path)("no-such-model", events.append)

@@ -49,11 +49,18 @@ def resolve_sources(settings: Settings) -> dict[str, list[str]]:
 
 
 def hub_puller(models_dir: Path | str) -> Puller:
-    """(ref, progress) -> (name, path, aliases): a pull into models_dir, for the daemon's /api/pull. Its
-    failures are RuntimeErrors (hub.HubError) whose message is one line naming the cause."""
+    """(ref, progress) -> (name, path, aliases): a pull into models_dir, for the daemon's /api/pull: a Hub
+    reference, or a model the registry knows by name. Its failures are RuntimeErrors (registry.RegistryError,
+    hub.HubError) whose message names the cause."""
     def pull(ref: str, progress: Progress) -> tuple[str, Path, list[str]]:
-        from nvllm.model_files import hub
+        from nvllm.model_files import hub, registry
 
+        name = ref.removesuffix(":latest")
+        if name in registry.KNOWN_MODELS:
+            progress({"status": "pulling manifest"})
+            path = registry.pull(name, models_dir, progress=False)
+            progress({"status": "success"})
+            return name, path, [name]
         pulled = hub.pull_from_hub(ref, models_dir, progress)
         return pulled.name, pulled.path, pulled.aliases
 

@@ -201,7 +201,7 @@ def pull_from_hub(ref: str | HubRef, models_dir: Path | str = "models", progress
     """Pull ref into models_dir (see the module's doc); a model already pulled from the same commit is kept
     as it is. progress receives Ollama's pull-stream dicts; show_bar draws the Hub library's progress bar on
     a terminal. HubError (one line) on any failure, with nothing half-written left where a daemon looks."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, get_token
     from huggingface_hub.utils import build_hf_headers
 
     r = parse_ref(ref) if isinstance(ref, str) else ref
@@ -215,6 +215,8 @@ def pull_from_hub(ref: str | HubRef, models_dir: Path | str = "models", progress
     with _errors(r, endpoint, root):
         info = HfApi(endpoint=endpoint).model_info(r.repo, revision=revision, files_metadata=True,
                                                    timeout=_timeout("HF_HUB_ETAG_TIMEOUT"))
+        if info.gated and not get_token():
+            raise _gated(r)
         commit = info.sha or revision or "main"
         listing = {s.rfilename: RemoteFile(s.rfilename, s.size if s.lfs is None else s.lfs.size,
                                            s.lfs.sha256 if s.lfs is not None else "", s.blob_id or "")
@@ -309,9 +311,7 @@ def _errors(r: HubRef, endpoint: str, root: Path) -> Iterator[None]:
     except HubError:
         raise
     except e.GatedRepoError:
-        how = ("HF_TOKEN has no access to it: accept its terms on its page" if os.environ.get("HF_TOKEN")
-               else "accept its terms on its page and set HF_TOKEN")
-        raise HubError(f"{r.repo} is gated: {how}") from None
+        raise _gated(r) from None
     except e.RepositoryNotFoundError:
         raise HubError(f"no repository {r.repo} on {endpoint} (or it is private: set HF_TOKEN)") from None
     except e.RevisionNotFoundError:
@@ -342,6 +342,14 @@ def _errors(r: HubRef, endpoint: str, root: Path) -> Iterator[None]:
         if x.errno is None:     # huggingface_hub's consistency check: the size differs
             raise HubError(f"{r.repo}: {_first_line(x)}") from None
         raise HubError(f"cannot write into {root}: {x.strerror or x}") from None
+
+
+def _gated(r: HubRef) -> HubError:
+    from huggingface_hub import get_token
+
+    how = ("the token (HF_TOKEN) has no access to it: accept its terms on its page" if get_token()
+           else "accept its terms on its page and set HF_TOKEN")
+    return HubError(f"{r.repo} is gated: {how}")
 
 
 def _first_line(x: BaseException) -> str:
