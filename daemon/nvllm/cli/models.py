@@ -170,14 +170,15 @@ def cmd_pull_hub(args: argparse.Namespace) -> int:
 
 
 class _StatusLines:
-    """Each new status of a pull as a line on stderr (the counts are the progress bar's)."""
+    """Each new status of a pull as a line on stderr; on a terminal, a file's is its progress bar's."""
 
     def __init__(self) -> None:
         self.last = ""
+        self.tty = sys.stderr.isatty()
 
     def __call__(self, event: dict) -> None:
         status = event.get("status", "")
-        if status != self.last:
+        if status != self.last and not (self.tty and "completed" in event):
             self.last = status
             total = event.get("total") or 0
             size = f" ({total / 1e6:.1f} MB)" if total >= 100_000 else f" ({total / 1e3:.1f} kB)" if total else ""
