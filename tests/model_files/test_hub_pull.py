@@ -76,6 +76,37 @@ def test_a_second_pull_of_the_same_commit_downloads_nothing(hub: FakeHub, tmp_pa
     assert again.path == first.path and len(_downloads(hub)) == n
     assert f"hf.co/{GGUF_REPO}:Q4_0" in again.aliases
 
+    repo = hub.repos[GGUF_REPO]
+    repo.commit = "1" * 40                        # a new commit that left the file as it was: the record alone
+    pull_from_hub(f"{GGUF_REPO}:Q4_0", tmp_path)
+    assert len(_downloads(hub)) == n and json.loads(sidecar_path(first.path).read_text())["commit"] == "1" * 40
+
+    repo.commit = "2" * 40                        # one that changed it: pulled again, in place
+    repo.files["tiny-llama-Q4_0.gguf"] = repo.files["tiny-llama-Q8_0.gguf"]
+    pull_from_hub(f"{GGUF_REPO}:Q4_0", tmp_path)
+    assert len(_downloads(hub)) == n + 1 and first.path.read_bytes() == repo.files["tiny-llama-Q8_0.gguf"]
+    assert json.loads(sidecar_path(first.path).read_text())["commit"] == "2" * 40
+
+
+def test_a_folder_of_a_new_commit_is_replaced_whole(hub: FakeHub, tmp_path: Path) -> None:
+    first = pull_from_hub(FOLDER_REPO, tmp_path)
+    repo = hub.repos[FOLDER_REPO]
+    repo.commit = "3" * 40
+    n = len(_downloads(hub))
+    assert pull_from_hub(FOLDER_REPO, tmp_path).path == first.path and len(_downloads(hub)) == n
+    repo.commit = "4" * 40
+    repo.files["generation_config.json"] = b'{"temperature": 0.5}'
+    pull_from_hub(FOLDER_REPO, tmp_path)
+    new = [p.rsplit("/", 1)[1] for p in _downloads(hub)[n:]]
+    assert "model.safetensors" not in new and "generation_config.json" in new     # the weights were kept
+    assert (first.path / "generation_config.json").read_bytes() == b'{"temperature": 0.5}'
+    assert json.loads((first.path / ".nvllm-pull.json").read_text())["commit"] == "4" * 40
+    assert _visible_names(tmp_path) == ["tiny-llama"]
+
+
+def _visible_names(models: Path) -> list[str]:
+    return sorted(p.name for p in models.iterdir() if not p.name.startswith("."))
+
 
 def test_a_pulled_model_is_found_offline_by_any_of_its_names(hub: FakeHub, tmp_path: Path) -> None:
     pulled = pull_from_hub(f"{GGUF_REPO}:Q8_0", tmp_path)

@@ -223,30 +223,62 @@ def pull_from_hub(ref: str | HubRef, models_dir: Path | str = "models", progress
                    for s in info.siblings or []}
         plan = _plan(r, listing, root)
         old = read_sidecar(plan.final)
-        if old is not None and old.get("commit") == commit and _whole(plan.final, old):
-            emit({"status": "success"})
-            return _pulled(plan.final, {**old, "aliases": _dedup(list(old.get("aliases") or []) + plan.aliases)})
         if plan.final.exists() and (old is None or _key(old.get("source", "")) != _key(plan.source)):
             what = f"holds {old['source']}" if old else "exists and was not pulled from the Hub"
             raise HubError(f"{plan.final} {what}; remove it or pull into another folder (--dir)")
+        if old is not None and _whole(plan.final, old) and (old.get("commit") == commit or _unchanged(plan, old)):
+            rec = {**old, "aliases": _dedup(list(old.get("aliases") or []) + plan.aliases), "commit": commit,
+                   "revision": revision or "main"}
+            if rec != old:            # another commit with the same files, or new names: the record alone
+                tmp = sidecar_path(plan.final).with_name(f".{plan.final.name}.record-{os.getpid()}")
+                _write_json(tmp, rec)
+                os.replace(tmp, sidecar_path(plan.final))
+            emit({"status": "success"})
+            return _pulled(plan.final, rec)
         stage = root / PARTIAL_DIR / re.sub(r"[^A-Za-z0-9._-]", "_", plan.source[len("hf.co/"):].replace("/", "--"))
         with _lock(stage):
             _check_space(root, stage, plan.files)
+            if old is not None and not plan.gguf:
+                _link_unchanged(plan, old, stage)
             headers = build_hf_headers()
+            sha256 = {}
             for rf in plan.files:
                 url = f"{endpoint}/{r.repo}/resolve/{quote(commit, safe='')}/{quote(rf.path)}"   # hf_hub_url's
-                hub_download.fetch(url, stage / rf.path, rf, headers, _bar(rf, emit, show_bar))
-            emit({"status": "verifying sha256 digest"})
+                sha256[rf] = hub_download.fetch(url, stage / rf.path, rf, headers, _bar(rf, emit, show_bar))
+            emit({"status": "verifying sha256 digest"})     # each file was, as it was whole
+            name = {rf: plan.final.name if plan.gguf else rf.path for rf in plan.files}
             rec = {"format_version": FORMAT_VERSION, "source": plan.source, "aliases": plan.aliases,
                    "repo": r.repo, "revision": revision or "main", "commit": commit,
-                   "files": {rf.path if not plan.gguf else plan.final.name: hub_download.file_hashes(stage / rf.path)[0]
-                             for rf in plan.files},
-                   "sizes": {rf.path if not plan.gguf else plan.final.name: (stage / rf.path).stat().st_size
-                             for rf in plan.files}}
+                   "files": {name[rf]: sha256[rf] for rf in plan.files},
+                   "sizes": {name[rf]: (stage / rf.path).stat().st_size for rf in plan.files}}
             emit({"status": "writing manifest"})
             _place(plan, stage, rec)
     emit({"status": "success"})
     return _pulled(plan.final, rec)
+
+
+def _unchanged(plan: _Plan, old: dict) -> bool:
+    """The files an earlier pull left are the plan's (another commit that did not change them): its record's
+    sha256 for an LFS file, the git blob id of a small one."""
+    files = old["files"]
+    if plan.gguf:
+        rf = plan.files[0]
+        return bool(rf.sha256) and files.get(plan.final.name) == rf.sha256
+    if set(files) != {rf.path for rf in plan.files}:
+        return False
+    return all(files[rf.path] == rf.sha256 if rf.sha256 else
+               hub_download.file_hashes(plan.final / rf.path)[1] == rf.blob_id for rf in plan.files)
+
+
+def _link_unchanged(plan: _Plan, old: dict, stage: Path) -> None:
+    """A folder pulled again from a new commit: the LFS files it did not change are linked from the old
+    folder into the new one rather than downloaded again (fetch still checks them)."""
+    for rf in plan.files:
+        src, dst = plan.final / rf.path, stage / rf.path
+        if rf.sha256 and old["files"].get(rf.path) == rf.sha256 and src.is_file() and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                os.link(src, dst)
 
 
 def _place(plan: _Plan, stage: Path, rec: dict) -> None:

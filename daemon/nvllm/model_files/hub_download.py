@@ -46,14 +46,15 @@ def file_hashes(path: Path) -> tuple[str, str]:
     return sha256.hexdigest(), sha1.hexdigest()
 
 
-def check(path: Path, rf: RemoteFile) -> str | None:
-    """None when path holds exactly rf (its sha256, else its blob id), else the mismatch in words."""
+def check(path: Path, rf: RemoteFile) -> tuple[str | None, str]:
+    """(None when path holds exactly rf (its sha256, else its blob id), else the mismatch in words; the file's
+    sha256)."""
     sha256, blob = file_hashes(path)
     if rf.sha256:
-        return None if sha256 == rf.sha256 else f"sha256 {sha256}, the Hub says {rf.sha256}"
+        return (None if sha256 == rf.sha256 else f"sha256 {sha256}, the Hub says {rf.sha256}"), sha256
     if rf.blob_id:
-        return None if blob == rf.blob_id else f"git blob id {blob}, the Hub says {rf.blob_id}"
-    return "no hash in the Hub's listing to check it against"
+        return (None if blob == rf.blob_id else f"git blob id {blob}, the Hub says {rf.blob_id}"), sha256
+    return "no hash in the Hub's listing to check it against", sha256
 
 
 def part_path(dest: Path, rf: RemoteFile) -> Path:
@@ -62,12 +63,15 @@ def part_path(dest: Path, rf: RemoteFile) -> Path:
     return dest.with_name(f"{dest.name}.{(rf.sha256 or rf.blob_id)[:16]}.part")
 
 
-def fetch(url: str, dest: Path, rf: RemoteFile, headers: dict[str, str], bar: type | None) -> None:
-    """dest holds rf, checked, afterwards (kept as it is when it already does). Resumes an earlier part."""
+def fetch(url: str, dest: Path, rf: RemoteFile, headers: dict[str, str], bar: type | None) -> str:
+    """dest holds rf, checked, afterwards (kept as it is when it already does); its sha256. Resumes an
+    earlier part."""
     from huggingface_hub.file_download import http_get
 
-    if dest.is_file() and check(dest, rf) is None:
-        return
+    if dest.is_file():
+        wrong, sha256 = check(dest, rf)
+        if wrong is None:
+            return sha256
     dest.unlink(missing_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part_path(dest, rf)
@@ -84,12 +88,13 @@ def fetch(url: str, dest: Path, rf: RemoteFile, headers: dict[str, str], bar: ty
         if getattr(e, "errno", None) is not None:   # a local write failed (the disk): drop the bytes
             part.unlink(missing_ok=True)
         raise
-    wrong = check(part, rf)
+    wrong, sha256 = check(part, rf)
     if wrong is not None:
         part.unlink(missing_ok=True)
         raise HubError(f"{rf.path} downloaded with {wrong}; the file was deleted (run the pull again; "
                        "if it fails the same way, the Hub or the mirror at HF_ENDPOINT serves a wrong file)")
     os.replace(part, dest)
+    return sha256
 
 
 def progress_bar(report: Report | None, show: bool) -> type:
