@@ -9,6 +9,7 @@
   with GatedRepo for a gated repository's file without the token.
 
 Faults, set on the object while it runs: `wrong_sha[(repo, path)]` lists a sha256 the bytes do not have;
+`stall` (a set of (repo, path)) sends a file's headers and then nothing until the hub stops;
 `cut[(repo, path)] = n` sends the first n bytes of the file and closes the connection (a request that starts
 at or past n gets its connection closed before any answer); `broken` (a set of repositories) answers 500.
 `requests` records (method, path, Range header) of each request. `hanging_endpoint()` gives the address of a
@@ -58,6 +59,7 @@ class FakeHub:
     wrong_sha: dict[tuple[str, str], str] = field(default_factory=dict)
     cut: dict[tuple[str, str], int] = field(default_factory=dict)
     broken: set[str] = field(default_factory=set)
+    stall: set[tuple[str, str]] = field(default_factory=set)
     requests: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class FakeHub:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._hang: socket.socket | None = None
+        self.released = threading.Event()      # set at stop: stalled answers end
 
     @property
     def url(self) -> str:
@@ -97,6 +100,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         self._server.shutdown()
         self._server.server_close()
         if self._hang is not None:
@@ -217,6 +221,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data) - start))
         self.end_headers()
         if not body:
+            return
+        if (name, path) in self.server_hub.stall:
+            self.wfile.flush()
+            self.server_hub.released.wait(30)
+            self.close_connection = True
             return
         if cut is not None:
             self.wfile.write(data[start:cut])

@@ -133,6 +133,19 @@ def test_a_hub_that_never_answers_is_given_up_in_bounded_time(hub: FakeHub, tmp_
     assert _visible(tmp_path) == []
 
 
+def test_a_download_that_stalls_is_given_up_in_bounded_time(hub: FakeHub, tmp_path: Path, no_retry_wait: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.2)   # each read; the library tries 6 times
+    hub.stall.add((GGUF_REPO, Q8))
+    t0 = time.monotonic()
+    with pytest.raises(HubError, match=r"did not answer in time .*; run the pull again to resume$"):
+        pull_from_hub(f"{GGUF_REPO}:Q8_0", tmp_path)
+    assert time.monotonic() - t0 < 5
+    assert _visible(tmp_path) == []
+
+
 def test_too_little_room_is_found_before_downloading(hub: FakeHub, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hub_module, "_disk_free", lambda path: 1000)
