@@ -23,9 +23,11 @@ def resolve_sources(settings: Settings) -> dict[str, list[str]]:
     """Each [[models]] source replaced by the path of its pull (pulled now if it is not in models_dir);
     returns each such model's served name -> the names its pull gives it (hf.co/ORG/REPO:QUANT...).
     ConfigError naming the table and the cause when a pull fails."""
+    aliases: dict[str, list[str]] = {}
+    if not any(entry.source for entry in settings.models):
+        return aliases            # nothing of model_files imported: the daemon's start stays as light as it was
     from nvllm.model_files import hub
 
-    aliases: dict[str, list[str]] = {}
     root = Path(settings.model.models_dir)
     for i, entry in enumerate(settings.models):
         if not entry.source:
