@@ -108,7 +108,8 @@ def _visible_names(models: Path) -> list[str]:
     return sorted(p.name for p in models.iterdir() if not p.name.startswith("."))
 
 
-def test_a_pulled_model_is_found_offline_by_any_of_its_names(hub: FakeHub, tmp_path: Path) -> None:
+def test_a_pulled_model_is_found_offline_by_any_of_its_names(hub: FakeHub, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     pulled = pull_from_hub(f"{GGUF_REPO}:Q8_0", tmp_path)
     hub.stop()
     for ref in (f"{GGUF_REPO}:Q8_0", f"hf.co/{GGUF_REPO}:q8_0", f"huggingface.co/{GGUF_REPO}:Q8_0",
@@ -116,6 +117,10 @@ def test_a_pulled_model_is_found_offline_by_any_of_its_names(hub: FakeHub, tmp_p
         found = find_pulled(ref, tmp_path)
         assert found is not None and found.path == pulled.path, ref
     assert find_pulled(f"{GGUF_REPO}:Q4_0", tmp_path) is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")                 # a pull offline: what is there, or a clear no
+    assert pull_from_hub(f"hf.co/{GGUF_REPO}:Q8_0", tmp_path).path == pulled.path
+    with pytest.raises(HubError, match=f"^HF_HUB_OFFLINE is set and no earlier pull of {GGUF_REPO}:Q4_0 is in"):
+        pull_from_hub(f"{GGUF_REPO}:Q4_0", tmp_path)
     pulled.path.unlink()                                   # a record without its file is no model
     assert find_pulled(f"{GGUF_REPO}:Q8_0", tmp_path) is None
 

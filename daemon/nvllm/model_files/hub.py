@@ -189,6 +189,13 @@ def _endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode() or any((os.environ.get(v) or "").upper() in ("1", "ON", "YES", "TRUE")
+                                              for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
 def _timeout(var: str) -> float:
     try:
         return float(os.environ.get(var) or 10)
@@ -212,6 +219,12 @@ def pull_from_hub(ref: str | HubRef, models_dir: Path | str = "models", progress
     root = Path(models_dir)
     endpoint = _endpoint()
     emit({"status": "pulling manifest"})
+    if _offline():          # HF_HUB_OFFLINE: what an earlier pull left, or nothing
+        found = find_pulled(r, root)
+        if found is None:
+            raise HubError(f"HF_HUB_OFFLINE is set and no earlier pull of {r} is in {root}: unset it to pull")
+        emit({"status": "success"})
+        return found
     with _errors(r, endpoint, root):
         info = HfApi(endpoint=endpoint).model_info(r.repo, revision=revision, files_metadata=True,
                                                    timeout=_timeout("HF_HUB_ETAG_TIMEOUT"))
