@@ -47,6 +47,7 @@ from nvllm.server.http.delivery import event_stream, whole
 from nvllm.server.http.dialect import Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.input_audio import HeardAnswer, hear_chat
+from nvllm.server.http.ollama_api import OllamaApi
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_reader import parse_embeddings, parse_rerank, pooling_refusal
@@ -126,6 +127,7 @@ class OpenAIApi:
             Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),
+            *OllamaApi(self).routes(),
         ]
         return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                                             Exception: _internal_error})
