@@ -172,9 +172,12 @@ class OpenAIApi:
         body = parse_json(await self._read_body(request))
         model, keep_alive = request_model(body)
         try:
-            return body, self.state.resolve(model), keep_alive
+            name = self.state.resolve(model)
         except UnknownModel as e:
             raise not_found(e) from None
+        if model:       # an alias, or a name with ":latest": read as the served name
+            body["model"] = name
+        return body, name, keep_alive
 
     async def tokenize(self, request: Request) -> Response:
         st = self.state
@@ -328,6 +331,8 @@ class OpenAIApi:
 
             def read(model_served: Served) -> Reading:   # by the model leased: a chat is read by its template
                 nonlocal asked, served
+                if body.get("model"):   # an alias, or a name with ":latest": read as the served name
+                    body["model"] = model_served.model_name
                 asked, served = dialect.read(body, model_served), model_served
                 return Reading(asked.choices(), asked.refusal, asked.priority,
                                f", user {asked.user!r}" if asked.user else "", keep_alive)

@@ -58,7 +58,8 @@ class ModelPulls:
         loop = asyncio.get_running_loop()
 
         def from_thread(line: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(progress, dict(line))
+            if line.get("status") != "success":     # the pull's own: success is once the model is served
+                loop.call_soon_threadsafe(progress, dict(line))
         async with self._one_at_a_time:
             try:
                 name = models.resolve(ref).name      # pulled meanwhile by the pull this one waited for
