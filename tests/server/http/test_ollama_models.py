@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2 as httpx
@@ -22,9 +23,17 @@ import pytest
 from helpers.daemon_util import BASE_CONFIG, DaemonProcess
 
 
+@dataclass
+class Ollama:
+    process: DaemonProcess
+    url: str           # --ollama-listen's
+    http_url: str      # --http-listen's
+    served: Path       # --models-dir, where pulls land
+
+
 @pytest.fixture(scope="module")
 def daemon(tiny: Path, tiny_encoders: dict[str, Path], tiny_ggufs: dict[str, Path],
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ollama]:
     tmp = tmp_path_factory.mktemp("ollama")
     served, hub = tmp / "served", tmp / "hub"
     served.mkdir()
@@ -38,18 +47,16 @@ def daemon(tiny: Path, tiny_encoders: dict[str, Path], tiny_ggufs: dict[str, Pat
                       extra_args=("--model", str(tiny_encoders["tiny-bert"]), "--models-dir",
                                   str(served), "--ollama-listen", "127.0.0.1:0", "--pull-from", str(hub),
                                   "--pull-into", str(served)))
-    d.ollama_url = d.wait_line("nvllm Ollama API on ").rsplit(" on ", 1)[1]   # type: ignore[attr-defined]
-    d.served = served                                                          # type: ignore[attr-defined]
-    yield d
+    yield Ollama(d, d.wait_line("nvllm Ollama API on ").rsplit(" on ", 1)[1], d.http_url, served)
     d.stop()
 
 
-def client(daemon: DaemonProcess) -> ollama.Client:
-    return ollama.Client(host=daemon.ollama_url, timeout=60)   # type: ignore[attr-defined]
+def client(daemon: Ollama) -> ollama.Client:
+    return ollama.Client(host=daemon.url, timeout=60)
 
 
-def test_the_probe_and_the_version_on_both_ports(daemon: DaemonProcess) -> None:
-    for url in (daemon.ollama_url, daemon.http_url):            # type: ignore[attr-defined]
+def test_the_probe_and_the_version_on_both_ports(daemon: Ollama) -> None:
+    for url in (daemon.url, daemon.http_url):
         with httpx.Client(base_url=url, timeout=30) as c:
             root, head, version = c.get("/"), c.head("/"), c.get("/api/version").json()
             assert root.text == "Ollama is running" and root.headers["content-type"].startswith("text/plain")
@@ -57,10 +64,10 @@ def test_the_probe_and_the_version_on_both_ports(daemon: DaemonProcess) -> None:
             assert c.get("/v1/models").status_code == 200     # one app on both listeners
 
 
-def test_tags_list_every_model_served(daemon: DaemonProcess) -> None:
+def test_tags_list_every_model_served(daemon: Ollama) -> None:
     listed = {m.model: m for m in client(daemon).list().models}
     assert set(listed) == {"tiny-llama", "tiny-bert", "seeded"}
-    seeded = daemon.served / "seeded.gguf"                                  # type: ignore[attr-defined]
+    seeded = daemon.served / "seeded.gguf"
     s = listed["seeded"]
     assert s.digest == "ab" * 32 and s.size == seeded.stat().st_size and s.details is not None
     assert s.details.format == "gguf" and s.details.family == "llama" and s.details.quantization_level == "F32"
@@ -71,7 +78,7 @@ def test_tags_list_every_model_served(daemon: DaemonProcess) -> None:
     assert listed["tiny-bert"].details.family == "bert"                   # type: ignore[union-attr]
 
 
-def test_show_by_name_alias_and_latest(daemon: DaemonProcess) -> None:
+def test_show_by_name_alias_and_latest(daemon: Ollama) -> None:
     c = client(daemon)
     chat, bert = c.show("tiny-llama"), c.show("tiny-bert:latest")
     assert chat.capabilities == ["completion"] and bert.capabilities == ["embedding"]
@@ -86,7 +93,7 @@ def test_show_by_name_alias_and_latest(daemon: DaemonProcess) -> None:
     assert e.value.status_code == 404 and e.value.error == "model 'gpt-9' not found"
 
 
-def test_embed_and_embeddings_then_ps_after_keep_alive(daemon: DaemonProcess) -> None:
+def test_embed_and_embeddings_then_ps_after_keep_alive(daemon: Ollama) -> None:
     c = client(daemon)
     res = c.embed(model="tiny-bert", input=["the cat sat", "a dog ran"], keep_alive="10m")
     old = c.embeddings(model="tiny-bert", prompt="the cat sat")
@@ -97,6 +104,11 @@ def test_embed_and_embeddings_then_ps_after_keep_alive(daemon: DaemonProcess) ->
     for got, want in zip(res.embeddings, openai["data"]):
         assert got == pytest.approx(want["embedding"], abs=1e-6)
     assert list(old.embedding) == pytest.approx(res.embeddings[0], abs=1e-6)
+    long = " ".join(["word"] * 3000)                           # past tiny-bert's context
+    assert len(c.embed(model="tiny-bert", input=long).embeddings[0]) == len(res.embeddings[0])   # truncated
+    with pytest.raises(ollama.ResponseError) as too_long:
+        c.embed(model="tiny-bert", input=long, truncate=False)
+    assert too_long.value.status_code == 400
     now = datetime.datetime.now(datetime.timezone.utc)
     loaded = {m.model: m for m in c.ps().models}
     assert {"tiny-llama", "tiny-bert"} <= set(loaded)
@@ -105,13 +117,13 @@ def test_embed_and_embeddings_then_ps_after_keep_alive(daemon: DaemonProcess) ->
     assert (bert.size or 0) > 0 and bert.size_vram == 0 and (bert.context_length or 0) > 0
 
 
-def test_pull_streams_progress_then_serves_the_model_and_delete_removes_it(daemon: DaemonProcess) -> None:
+def test_pull_streams_progress_then_serves_the_model_and_delete_removes_it(daemon: Ollama) -> None:
     c = client(daemon)
     lines = list(c.pull("test/Pulled:F32", stream=True))
     statuses = [p.status for p in lines]
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success" and statuses.count("success") == 1
     parts = [p for p in lines if p.total]
-    data = (daemon.served / "pulled.gguf").read_bytes()                    # type: ignore[attr-defined]
+    data = (daemon.served / "pulled.gguf").read_bytes()
     assert parts and parts[-1].completed == parts[-1].total == len(data)
     assert parts[0].digest == "sha256:" + hashlib.sha256(data).hexdigest()
     listed = {m.model: m for m in c.list().models}
@@ -122,15 +134,15 @@ def test_pull_streams_progress_then_serves_the_model_and_delete_removes_it(daemo
         answer = h.post("/v1/completions", json={"model": "test/Pulled:F32", "prompt": "hi", "max_tokens": 2})
     assert answer.status_code == 200 and answer.json()["model"] == "pulled", answer.text
     assert c.delete("pulled").status == "success"
-    assert not (daemon.served / "pulled.gguf").exists()                    # type: ignore[attr-defined]
-    assert not (daemon.served / ".pulled.gguf.nvllm-pull.json").exists()  # type: ignore[attr-defined]
+    assert not (daemon.served / "pulled.gguf").exists()
+    assert not (daemon.served / ".pulled.gguf.nvllm-pull.json").exists()
     assert "pulled" not in {m.model for m in c.list().models}
     with pytest.raises(ollama.ResponseError) as gone:
         c.show("hf.co/test/Pulled:F32")
     assert gone.value.status_code == 404
 
 
-def test_failed_pulls_and_refused_deletes(daemon: DaemonProcess) -> None:
+def test_failed_pulls_and_refused_deletes(daemon: Ollama) -> None:
     c = client(daemon)
     with pytest.raises(ollama.ResponseError) as streamed:
         list(c.pull("test/Missing", stream=True))
@@ -147,8 +159,8 @@ def test_failed_pulls_and_refused_deletes(daemon: DaemonProcess) -> None:
     assert {m.model for m in c.list().models} == {"tiny-llama", "tiny-bert", "seeded"}
 
 
-def test_bad_bodies_and_what_nvllm_does_not_do(daemon: DaemonProcess) -> None:
-    with httpx.Client(base_url=daemon.ollama_url, timeout=30) as h:        # type: ignore[attr-defined]
+def test_bad_bodies_and_what_nvllm_does_not_do(daemon: Ollama) -> None:
+    with httpx.Client(base_url=daemon.url, timeout=30) as h:
         cases = [h.post("/api/show", content=b"{not json"), h.post("/api/show", json={}),
                  h.post("/api/show", json={"model": 5}), h.post("/api/embed", json={"model": "tiny-bert", "input": 5}),
                  h.post("/api/embed", json={"model": "tiny-bert", "input": "x", "keep_alive": "soon"}),

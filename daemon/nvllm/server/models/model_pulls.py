@@ -91,15 +91,15 @@ class ModelPulls:
 
     def _delete_files(self, spec: ModelSpec) -> bool:
         path = spec.settings.model_path()
-        try:
-            inside = path.resolve().parent == self.dir.resolve()
+        try:     # the entry itself in the folder (a link there is removed, not what it points to)
+            inside = path.parent.resolve() == self.dir.resolve() and not path.name.startswith(".")
         except OSError:
             inside = False
-        if not inside or not path.exists():
+        if not inside or not (path.exists() or path.is_symlink()):
             log.info("model %s no longer served; its files at %s are kept (outside %s)", spec.name, path, self.dir)
             return False
         record = pull_record_path(path)
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink()

@@ -1,8 +1,8 @@
 """Which models a daemon serves, from its settings: every `--model`, every [[models]] table, every .gguf
-file and model folder in model.serve_dir (sorted), or, with none of those, model.path alone. Each gets its
-own Settings (model.path and the per-model settings of its table over the [model], [cache] and
-[scheduler] defaults), its name, keep_alive and pin. The default model is server.default_model, else the
-first named. And the memory budget they share.
+file and model folder in model.serve_dir (sorted; hidden ones, such as a pull's partial files, left out),
+or, with none of those, model.path alone. Each gets its own Settings (model.path and the per-model
+settings of its table over the [model], [cache] and [scheduler] defaults), its name, keep_alive and pin.
+The default model is server.default_model, else the first named. And the memory budget they share.
 
 A model pulled through the daemon or `nvllm models pull` from the Hugging Face Hub has a sidecar record
 beside it (`DIR/.NAME.gguf.nvllm-pull.json` for a GGUF, `DIR/NAME/.nvllm-pull.json` for a folder): its
@@ -66,8 +66,8 @@ def model_entries(settings: Settings) -> list[ModelEntry]:
         root = Path(folder)
         if not root.is_dir():
             raise ConfigError(f"model.serve_dir (--models-dir) {folder}: not a folder")
-        found = [p for p in sorted(root.iterdir()) if (p.suffix.lower() == ".gguf" and p.is_file())
-                 or (p / "config.json").is_file()]
+        found = [p for p in sorted(root.iterdir()) if not p.name.startswith(".") and (
+                 (p.suffix.lower() == ".gguf" and p.is_file()) or (p / "config.json").is_file())]
         if not found and not entries:
             raise ConfigError(f"model.serve_dir (--models-dir) {folder}: no .gguf file or model folder in it")
         entries += [ModelEntry(path=str(p)) for p in found]
