@@ -16,11 +16,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx2 as httpx
 import ollama
 import pytest
 
 from helpers.daemon_util import BASE_CONFIG, DaemonProcess
+from nvllm.v1 import nvllm_pb2 as pb
+from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
 
 @dataclass
@@ -91,6 +94,11 @@ def test_show_by_name_alias_and_latest(daemon: Ollama) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         c.show("gpt-9")
     assert e.value.status_code == 404 and e.value.error == "model 'gpt-9' not found"
+    with grpc.insecure_channel(daemon.process.address) as ch:     # gRPC reads an alias as the served name too
+        stub = pb_grpc.GeneratorStub(ch)
+        tokens = stub.Tokenize(pb.TokenizeRequest(model="hf.co/test/Seeded:F32", prompt="hi"), timeout=30)
+        same = stub.Tokenize(pb.TokenizeRequest(model="seeded:latest", prompt="hi"), timeout=30)
+    assert list(tokens.token_ids) == list(same.token_ids) and tokens.token_ids
 
 
 def test_embed_and_embeddings_then_ps_after_keep_alive(daemon: Ollama) -> None:

@@ -248,8 +248,11 @@ class OllamaApi:
             asked["truncate_prompt_tokens"] = limit
         with request_context(rid):
             req = parse_embeddings(asked, name)
-            outs = await self.api._pool(request, rid, [(p, req.params) for p in req.inputs], 0, t0, "input", name,
-                                        keep_alive)
+            try:
+                outs = await self.api._pool(request, rid, [(p, req.params) for p in req.inputs], 0, t0, "input",
+                                            name, keep_alive)
+            except UnknownModel:      # deleted meanwhile
+                raise not_found(body["model"]) from None
         return ([list(o.pooled or []) for o in outs], sum(o.prompt_tokens for o in outs),
                 int((time.monotonic() - t0) * 1e9))
 
