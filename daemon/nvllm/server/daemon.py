@@ -22,7 +22,11 @@ made); any other TCP address without TLS is logged as a warning. server.tls_cert
 on; server.tls_client_ca requires client certificates signed by that CA (mutual TLS), and is
 refused at start-up without tls_cert/tls_key rather than silently ignored. metrics.listen (off by
 default) serves Prometheus metrics over plain HTTP, bound right after the gRPC listener; metrics hold
-no prompts or keys, so any address is allowed (server/metrics_listener.py).
+no prompts or keys, so any address is allowed (server/metrics_listener.py). http.ollama_listen serves the
+same HTTP app on a second port (Ollama's clients dial 11434), under the same checks.
+
+Models pulled while serving (Ollama's /api/pull) come through the injected puller (cli/serve.py passes the
+Hugging Face Hub's): server/models/model_pulls.py.
 """
 
 from __future__ import annotations
@@ -179,7 +183,8 @@ class Daemon:
     def status_line(self) -> str:
         st = self.state
         loaded = self.models.loaded() if self.models is not None else []
-        others = f"; {len(loaded)} of {len(self.specs)} models loaded" if len(self.specs) > 1 else ""
+        served = len(self.models.slots) if self.models is not None else len(self.specs)   # pulls add, deletes take
+        others = f"; {len(loaded)} of {served} models loaded" if served > 1 else ""
         if self.engine is None:
             return f"{self.model_name}: {st.phase.value if st.phase is not Phase.SERVING else 'unloaded'}{others}"
         s = self.engine.stats()

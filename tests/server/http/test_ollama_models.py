@@ -47,10 +47,10 @@ def daemon(tiny: Path, tiny_encoders: dict[str, Path], tiny_ggufs: dict[str, Pat
         {"source": "hf.co/test/Seeded:F32", "aliases": ["hf.co/test/Seeded:F32"], "files": {"seeded.gguf": "ab" * 32}}))
     shutil.copyfile(tiny_ggufs["tiny-llama"], hub / "pulled.gguf")
     d = DaemonProcess(tmp / "daemon", tiny, BASE_CONFIG, http_listen="127.0.0.1:0",
-                      extra_args=("--model", str(tiny_encoders["tiny-bert"]), "--models-dir",
-                                  str(served), "--ollama-listen", "127.0.0.1:0", "--pull-from", str(hub),
-                                  "--pull-into", str(served)))
-    yield Ollama(d, d.wait_line("nvllm Ollama API on ").rsplit(" on ", 1)[1], d.http_url, served)
+                      ollama_listen="127.0.0.1:0", extra_args=("--model", str(tiny_encoders["tiny-bert"]),
+                                                               "--models-dir", str(served), "--pull-from", str(hub),
+                                                               "--pull-into", str(served)))
+    yield Ollama(d, d.ollama_url, d.http_url, served)
     d.stop()
 
 
