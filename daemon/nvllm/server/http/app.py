@@ -169,7 +169,7 @@ class OpenAIApi:
     async def _model_body(self, request: Request) -> tuple[dict[str, Any], str, float | None]:
         """The body, the served model it names (404 otherwise) and its keep_alive."""
         self.check_key(request)
-        body = parse_json(await self._read_body(request))
+        body = parse_json(await self.read_body(request))
         model, keep_alive = request_model(body)
         try:
             name = self.state.resolve(model)
@@ -319,7 +319,7 @@ class OpenAIApi:
             try:   # what HTTP refuses before the one way in: the key, starting or draining (a 503), the body
                 self.check_key(request)
                 st.check_serving()
-                body = parse_json(await self._read_body(request))
+                body = parse_json(await self.read_body(request))
                 model, keep_alive = request_model(body)
             except (ApiError, Refused) as e:
                 err = refusal(e) if isinstance(e, Refused) else e
@@ -353,7 +353,7 @@ class OpenAIApi:
             async with sub:
                 return await whole(request, sub, answering, rid)
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
         limit = self.max_body_bytes
         declared = request.headers.get("content-length")

@@ -64,7 +64,7 @@ class Api(Protocol):
 
     def check_key(self, request: Request) -> None: ...
 
-    async def _read_body(self, request: Request) -> bytes: ...
+    async def read_body(self, request: Request) -> bytes: ...
 
     async def _pool(self, request: Request, rid: str, choices: list[tuple[Prompt, PoolingParams]], priority: int,
                     t0: float, items: str, model: str, keep_alive: float | None) -> list[RequestOutput]: ...
@@ -177,7 +177,7 @@ class OllamaApi:
 
     async def _body(self, request: Request, model_required: bool = True) -> dict[str, Any]:
         self.api.check_key(request)
-        body = parse_json(await self.api._read_body(request))
+        body = parse_json(await self.api.read_body(request))
         if "model" not in body and isinstance(body.get("name"), str):     # the older field
             body["model"] = body.pop("name")
         model = body.get("model")
