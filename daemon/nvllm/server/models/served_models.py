@@ -1,6 +1,7 @@
 """Which models a daemon serves, from its settings: every `--model`, every [[models]] table, every .gguf
 file and model folder in model.serve_dir (sorted; hidden ones, such as a pull's partial files, left out),
-or, with none of those, model.path alone. Each gets its own Settings (model.path and the per-model
+or, with none of those (an empty serve_dir too: models pulled through the daemon land there), model.path
+alone. Each gets its own Settings (model.path and the per-model
 settings of its table over the [model], [cache] and [scheduler] defaults), its name, keep_alive and pin.
 The default model is server.default_model, else the first named. And the memory budget they share.
 
@@ -68,9 +69,7 @@ def model_entries(settings: Settings) -> list[ModelEntry]:
             raise ConfigError(f"model.serve_dir (--models-dir) {folder}: not a folder")
         found = [p for p in sorted(root.iterdir()) if not p.name.startswith(".") and (
                  (p.suffix.lower() == ".gguf" and p.is_file()) or (p / "config.json").is_file())]
-        if not found and not entries:
-            raise ConfigError(f"model.serve_dir (--models-dir) {folder}: no .gguf file or model folder in it")
-        entries += [ModelEntry(path=str(p)) for p in found]
+        entries += [ModelEntry(path=str(p)) for p in found]     # none yet: model.path alone, pulls go there
     if not entries:
         m = settings.model
         entries = [ModelEntry(path=m.path, name=m.served_name, pinned=m.pinned)]
