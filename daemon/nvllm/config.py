@@ -220,6 +220,10 @@ class ServerSettings:
 class HttpSettings:
     # The OpenAI-compatible HTTP API on host:port (e.g. 127.0.0.1:8000); empty: off.
     listen: str = ""
+    # The same API again on a second host:port, for Ollama's clients, which dial 11434 (e.g.
+    # 127.0.0.1:11434); empty: off. The app is the same (Ollama's /api/* are on `listen` too), as are
+    # the key, TLS and the loopback rule below.
+    ollama_listen: str = ""
     # A file holding the key clients send as "Authorization: Bearer KEY"; empty: no key. Off loopback
     # the listener needs a key or TLS (or both).
     api_key_file: str = ""

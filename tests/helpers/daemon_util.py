@@ -94,13 +94,17 @@ class DaemonProcess:
 
     def __init__(self, tmp: Path, model: Path, config: str | None = BASE_CONFIG, listen: str = "127.0.0.1:0",
                  num_blocks: int | None = NUM_BLOCKS, extra_env: dict[str, str] | None = None,
-                 extra_args: tuple[str, ...] = (), plain: bool = False, http_listen: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), plain: bool = False, http_listen: str | None = None,
+                 ollama_listen: str | None = None) -> None:
         """http_listen: also serve the HTTP API there ("127.0.0.1:0": a port the kernel picks); its
-        base URL (http://host:port) is then `http_url`."""
+        base URL (http://host:port) is then `http_url`; ollama_listen likewise (--ollama-listen),
+        `ollama_url`."""
         tmp.mkdir(parents=True, exist_ok=True)
         args = ["--model", str(model), "--listen", listen, *extra_args]
         if http_listen is not None:
             args += ["--http-listen", http_listen]
+        if ollama_listen is not None:
+            args += ["--ollama-listen", ollama_listen]
         if num_blocks is not None:
             args += ["--num-blocks", str(num_blocks)]
         if config is not None:
@@ -134,6 +138,9 @@ class DaemonProcess:
         self.http_url = ""
         if http_listen is not None:
             self.http_url = self.wait_line("nvllm HTTP API on ").rsplit(" on ", 1)[1]
+        self.ollama_url = ""
+        if ollama_listen is not None:
+            self.ollama_url = self.wait_line("nvllm Ollama API on ").rsplit(" on ", 1)[1]
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

@@ -5,7 +5,10 @@ imported only when the command runs, so that `import nvllm.cli` (nvllm query, he
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag, add_threads_flag
@@ -30,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sv.add_argument("--listen", default=None, help="host:port or unix:/path (default 127.0.0.1:50051)")
     sv.add_argument("--http-listen", default=None, metavar="HOST:PORT",
                     help="also serve the OpenAI-compatible HTTP API here, e.g. 127.0.0.1:8000 (http.listen)")
+    sv.add_argument("--ollama-listen", default=None, metavar="HOST:PORT",
+                    help="also serve the HTTP API (Ollama's /api/* among it) here, e.g. 127.0.0.1:11434, "
+                         "where Ollama's clients look (http.ollama_listen)")
     sv.add_argument("--num-blocks", type=int, default=None, help="KV pages (overrides the sizing from memory)")
     sv.add_argument("--max-model-len", type=int, default=None)
     sv.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
@@ -71,7 +77,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                   "keep_alive": getattr(args, "keep_alive", None)},
         "server": {"listen": args.listen, "reasoning_parser": getattr(args, "reasoning_parser", None),
                    "context_overflow": getattr(args, "context_overflow", None)},
-        "http": {"listen": getattr(args, "http_listen", None)},
+        "http": {"listen": getattr(args, "http_listen", None), "ollama_listen": getattr(args, "ollama_listen", None)},
         "cache": {"num_blocks": args.num_blocks, "dtype": getattr(args, "kv_cache_dtype", None),
                   "budget_gb": None if dry_run else getattr(args, "memory_gb", None)},
         "scheduler": {"max_model_len": args.max_model_len, "max_num_seqs": getattr(args, "max_num_seqs", None)},
@@ -108,5 +114,22 @@ def main(args: argparse.Namespace, **injected: Any) -> int:
 
         return dry_run(settings, memory_gb)
     from nvllm.server.daemon import serve
+    from nvllm.server.models.served_models import models_dir
 
+    injected.setdefault("puller", hub_puller(models_dir(settings)))
     return serve(settings, **injected)
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def hub_puller(directory: Path) -> Callable[[str, Progress], tuple[str, Path, list[str]]]:
+    """The daemon's puller (Ollama's /api/pull, server/models/model_pulls.py): a Hugging Face Hub reference
+    into the daemon's models directory (model.serve_dir, else model.models_dir), through
+    nvllm.model_files.hub, imported when a pull first runs."""
+    def pull(ref: str, progress: Progress) -> tuple[str, Path, list[str]]:
+        # imported by name: the Hub's module lands beside this one, and nothing else of serve needs it
+        hub = importlib.import_module("nvllm.model_files.hub")
+        pulled = hub.pull_from_hub(ref, directory, progress)
+        return pulled.name, Path(pulled.path), list(pulled.aliases)
+    return pull

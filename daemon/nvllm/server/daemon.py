@@ -22,12 +22,17 @@ made); any other TCP address without TLS is logged as a warning. server.tls_cert
 on; server.tls_client_ca requires client certificates signed by that CA (mutual TLS), and is
 refused at start-up without tls_cert/tls_key rather than silently ignored. metrics.listen (off by
 default) serves Prometheus metrics over plain HTTP, bound right after the gRPC listener; metrics hold
-no prompts or keys, so any address is allowed (server/metrics_listener.py).
+no prompts or keys, so any address is allowed (server/metrics_listener.py). http.ollama_listen serves the
+same HTTP app on a second port (Ollama's clients dial 11434), under the same checks.
+
+Models pulled while serving (Ollama's /api/pull) come through the injected puller (cli/serve.py passes the
+Hugging Face Hub's): server/models/model_pulls.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -52,6 +57,7 @@ from nvllm.server.listen import ListenError, bind
 from nvllm.server.logs import announce, stream_is_journal
 from nvllm.server.metrics_listener import MetricsListener
 from nvllm.server.models.model_loader import ModelLoader
+from nvllm.server.models.model_pulls import ModelPulls, Puller
 from nvllm.server.models.model_set import ModelSet, NoRoom
 from nvllm.server.models.served_models import memory_budget, model_specs, served_name
 from nvllm.server.models.speech_slot import SpeechSlot
@@ -76,9 +82,11 @@ STOP_GRACE_S = 5.0     # for handlers to write their last message once the engin
 # -- the daemon -----------------------------------------------------------------------------
 class Daemon:
     def __init__(self, settings: Settings, memory_reader: Callable[[], MemoryReading] = available_memory,
-                 signal_handlers: Mapping[int, Callable[[Daemon], None]] | None = None) -> None:
+                 signal_handlers: Mapping[int, Callable[[Daemon], None]] | None = None,
+                 puller: Puller | None = None) -> None:
         """memory_reader feeds the memory watchdog; each of signal_handlers (signal number ->
-        handler(daemon)) is registered on the event loop besides SIGTERM/SIGINT."""
+        handler(daemon)) is registered on the event loop besides SIGTERM/SIGINT; puller fetches a model
+        for Ollama's /api/pull (cli/serve.py passes the Hugging Face Hub's; None: no pulls)."""
         self.settings = settings
         self.memory_reader = memory_reader
         self.signal_handlers = dict(signal_handlers or {})
@@ -92,6 +100,7 @@ class Daemon:
         self.state.reasoning_parser = s.server.reasoning_parser
         self.state.context_overflow = s.server.context_overflow
         self.state.speech = SpeechSlot(s.server.speech_model, s.server.max_audio_bytes, s.server.max_audio_seconds)
+        self.state.pulls = ModelPulls(settings, puller)
         self.specs, self.default_model = model_specs(settings)     # ConfigError for a bad list of models
         self.models: ModelSet | None = None
         self._seen_progress: dict[int, int] = {}
@@ -103,6 +112,7 @@ class Daemon:
         self.stop_requested: asyncio.Event | None = None
         self.num_signals = 0
         self.http: HttpListener | None = None
+        self.ollama_http: HttpListener | None = None
 
     def _grpc_server(self) -> grpc.aio.Server:
         cap = self.settings.server.max_message_bytes
@@ -118,17 +128,25 @@ class Daemon:
         reflection.enable_server_reflection(names, server)
         return server
 
-    def _http_listener(self) -> HttpListener | None:
-        """The OpenAI-compatible HTTP API (http.listen), bound now; None when off."""
+    def _http_listeners(self) -> None:
+        """The HTTP API (OpenAI's, Anthropic's, Ollama's) on http.listen and on http.ollama_listen, one app,
+        each bound now under the same checks (a key or TLS off loopback); neither when both are off."""
         h = self.settings.http
-        if not h.listen:
-            return None
+        if not h.listen and not h.ollama_listen:
+            return
         from nvllm.server.http.app import OpenAIApi
         from nvllm.server.http.listener import HttpListener, check_security, http_api_key
 
-        check_security(h)
-        api = OpenAIApi(self.state, http_api_key(h), h.max_body_bytes, metrics=self.state.metrics)
-        return HttpListener(api.app(), h.listen, "http.listen or --http-listen", h.tls_cert, h.tls_key, STOP_GRACE_S)
+        for listen, setting in ((h.listen, "http.listen"), (h.ollama_listen, "http.ollama_listen")):
+            if listen:
+                check_security(dataclasses.replace(h, listen=listen), setting)
+        app = OpenAIApi(self.state, http_api_key(h), h.max_body_bytes, metrics=self.state.metrics).app()
+        if h.listen:
+            self.http = HttpListener(app, h.listen, "http.listen or --http-listen", h.tls_cert, h.tls_key,
+                                     STOP_GRACE_S)
+        if h.ollama_listen:
+            self.ollama_http = HttpListener(app, h.ollama_listen, "http.ollama_listen or --ollama-listen",
+                                            h.tls_cert, h.tls_key, STOP_GRACE_S)
 
     def _on_signal(self, signum: int) -> None:
         self.num_signals += 1
@@ -165,7 +183,8 @@ class Daemon:
     def status_line(self) -> str:
         st = self.state
         loaded = self.models.loaded() if self.models is not None else []
-        others = f"; {len(loaded)} of {len(self.specs)} models loaded" if len(self.specs) > 1 else ""
+        served = len(self.models.slots) if self.models is not None else len(self.specs)   # pulls add, deletes take
+        others = f"; {len(loaded)} of {served} models loaded" if served > 1 else ""
         if self.engine is None:
             return f"{self.model_name}: {st.phase.value if st.phase is not Phase.SERVING else 'unloaded'}{others}"
         s = self.engine.stats()
@@ -199,14 +218,15 @@ class Daemon:
             self.metrics_listener = MetricsListener(s.metrics.listen, self.state.metrics.exposition)
             self.metrics_listener.start()
         try:
-            self.http = self._http_listener()
+            self._http_listeners()
             return await self._serve(server, address)
         except BaseException:
             if self.metrics_listener is not None:
                 self.metrics_listener.stop()
             await server.stop(0)
-            if self.http is not None:
-                await self.http.stop(0.5)
+            for listener in (self.http, self.ollama_http):
+                if listener is not None:
+                    await listener.stop(0.5)
             for engine in self.models.engines() if self.models is not None else []:
                 engine.stop_thread(5.0)
             raise
@@ -219,6 +239,9 @@ class Daemon:
         if self.http is not None:
             await self.http.start()
             log.info("HTTP API (OpenAI-compatible) on %s", self.http.address)
+        if self.ollama_http is not None:
+            await self.ollama_http.start()
+            log.info("HTTP API for Ollama's clients on %s", self.ollama_http.address)
 
         interval = self.notifier.watchdog_interval()
         loader = ModelLoader(self.memory_reader, heartbeat_s=min(1.0, interval / 4) if interval else 1.0,
@@ -248,6 +271,8 @@ class Daemon:
         self.notifier.ready(self.status_line())
         if self.http is not None:
             announce(f"nvllm HTTP API on {self.http.address}")
+        if self.ollama_http is not None:
+            announce(f"nvllm Ollama API on {self.ollama_http.address}")
         announce(f"nvllm serving {self.model_name} on {address}")
         if self.pinger is not None:
             self.pinger.start()
@@ -285,8 +310,9 @@ class Daemon:
         if self.engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.save_cache)
         await server.stop(STOP_GRACE_S)
-        if self.http is not None:
-            await self.http.stop(STOP_GRACE_S)
+        for listener in (self.http, self.ollama_http):
+            if listener is not None:
+                await listener.stop(STOP_GRACE_S)
         if self.metrics_listener is not None:
             self.metrics_listener.stop()
         if self.watchdog is not None:

@@ -29,6 +29,7 @@ from nvllm.server.board.heat_monitor import HeatMonitor
 from nvllm.server.board.memory_watchdog import MemoryWatchdog
 from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING, Health, process_start_time
 from nvllm.server.metrics import Metrics
+from nvllm.server.models.model_pulls import ModelPulls
 from nvllm.server.models.model_set import Lease, ModelSet, NoRoom, UnknownModel
 from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.reading import Params, Reading, Served
@@ -89,6 +90,7 @@ class DaemonState:
         self.phase = Phase.STARTING
         self.heat: HeatMonitor | None = None    # the board's heat ([power]); None when power.enabled is off
         self.models: ModelSet | None = None     # every model served, by name (models/model_set.py), once started
+        self.pulls: ModelPulls | None = None    # models pulled and deleted while serving (models/model_pulls.py)
         self.watchdog: MemoryWatchdog | None = None
         self.started_at = process_start_time()
         self._tasks: set[asyncio.Task] = set()

@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvllm.config import Settings
+
+# the plan, for the callers above the engine, which reach the assembly through this module alone
+from nvllm.engine.assembly.describe import ModelDescription as ModelDescription
+from nvllm.engine.assembly.describe import describe_model as describe_model
+from nvllm.engine.assembly.describe import human_count as human_count
 from nvllm.engine.assembly.draft_model import draft_blocks, drafter
 from nvllm.engine.assembly.footprint import Footprint, measured, resident_bytes
 from nvllm.engine.assembly.memory import MemoryReading, available_memory, format_bytes, give_back_memory
@@ -42,8 +47,6 @@ from nvllm.engine.assembly.planning import (
     model_path,
     plan_pool,
 )
-
-# the plan, for the callers above the engine, which reach the assembly through this module alone
 from nvllm.engine.assembly.planning import KV_FORMATS as KV_FORMATS
 from nvllm.engine.assembly.planning import board_reading as board_reading
 from nvllm.engine.assembly.planning import plan_for_board as plan_for_board

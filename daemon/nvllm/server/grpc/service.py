@@ -144,6 +144,8 @@ class GeneratorService(pb_grpc.GeneratorServicer):
         if isinstance(request, UndecodableRequest):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         name = await self._model(request.model, context)
+        if request.model:      # an alias, or a name with ":latest": read as the served name
+            request.model = name
         try:
             args = read_tokenize(request, name, st.max_message_bytes)
             keep_alive = read_keep_alive(request.keep_alive)
@@ -193,6 +195,8 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                 if isinstance(request, UndecodableRequest):
                     raise BadRequest(request.field, request.message)
                 name = st.resolve(request.model)
+                if request.model:      # an alias, or a name with ":latest": read as the served name
+                    request.model = name
                 args = read(request, name, st.max_message_bytes)
                 keep_alive = read_keep_alive(request.keep_alive)
             except (BadRequest, UnknownModel) as e:
@@ -243,6 +247,8 @@ class GeneratorService(pb_grpc.GeneratorServicer):
 
             def read(served: Served) -> Reading:
                 nonlocal args
+                if request.model:      # an alias, or a name with ":latest": read as the served name
+                    request.model = served.model_name
                 args = read_request(request, rid, served.model_name, st.max_message_bytes,
                                     served.engine.chat_template)
                 a = args

@@ -47,6 +47,7 @@ from nvllm.server.http.delivery import event_stream, whole
 from nvllm.server.http.dialect import Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.input_audio import HeardAnswer, hear_chat
+from nvllm.server.http.ollama_api import OllamaApi
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_reader import parse_embeddings, parse_rerank, pooling_refusal
@@ -126,6 +127,7 @@ class OpenAIApi:
             Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),
+            *OllamaApi(self).routes(),
         ]
         return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                                             Exception: _internal_error})
@@ -167,12 +169,15 @@ class OpenAIApi:
     async def _model_body(self, request: Request) -> tuple[dict[str, Any], str, float | None]:
         """The body, the served model it names (404 otherwise) and its keep_alive."""
         self.check_key(request)
-        body = parse_json(await self._read_body(request))
+        body = parse_json(await self.read_body(request))
         model, keep_alive = request_model(body)
         try:
-            return body, self.state.resolve(model), keep_alive
+            name = self.state.resolve(model)
         except UnknownModel as e:
             raise not_found(e) from None
+        if model:       # an alias, or a name with ":latest": read as the served name
+            body["model"] = name
+        return body, name, keep_alive
 
     async def tokenize(self, request: Request) -> Response:
         st = self.state
@@ -314,7 +319,7 @@ class OpenAIApi:
             try:   # what HTTP refuses before the one way in: the key, starting or draining (a 503), the body
                 self.check_key(request)
                 st.check_serving()
-                body = parse_json(await self._read_body(request))
+                body = parse_json(await self.read_body(request))
                 model, keep_alive = request_model(body)
             except (ApiError, Refused) as e:
                 err = refusal(e) if isinstance(e, Refused) else e
@@ -326,6 +331,8 @@ class OpenAIApi:
 
             def read(model_served: Served) -> Reading:   # by the model leased: a chat is read by its template
                 nonlocal asked, served
+                if body.get("model"):   # an alias, or a name with ":latest": read as the served name
+                    body["model"] = model_served.model_name
                 asked, served = dialect.read(body, model_served), model_served
                 return Reading(asked.choices(), asked.refusal, asked.priority,
                                f", user {asked.user!r}" if asked.user else "", keep_alive)
@@ -346,7 +353,7 @@ class OpenAIApi:
             async with sub:
                 return await whole(request, sub, answering, rid)
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
         limit = self.max_body_bytes
         declared = request.headers.get("content-length")

@@ -30,18 +30,19 @@ class ModelLoader:
         self.memory_reader = memory_reader
         self.heartbeat_s = heartbeat_s
         self.on_step = on_step
-        self._least: dict[str, int] = {}
+        self._least: dict[tuple[str, str], int] = {}   # (name, path): a model pulled anew is read anew
 
     def least(self, spec: ModelSpec) -> int:
         """Its weights and one max_model_len sequence's pages (cache.num_blocks' where set), read from its
         files (nothing loaded)."""
-        if spec.name not in self._least:
+        key = (spec.name, spec.settings.model.path)
+        if key not in self._least:
             s = spec.settings
             info = factory.read_model_info(s)
             blocks = s.cache.num_blocks or info.blocks_for(factory.max_model_len(s, info), s.cache.block_size,
                                                            s.scheduler.max_num_batched_tokens)
-            self._least[spec.name] = info.weight_bytes + blocks * s.cache.block_size * info.bytes_per_token
-        return self._least[spec.name]
+            self._least[key] = info.weight_bytes + blocks * s.cache.block_size * info.bytes_per_token
+        return self._least[key]
 
     async def load(self, spec: ModelSpec, free_bytes: int) -> tuple[AsyncEngine, int]:
         """The model loaded, its pool within free_bytes less its weights, its engine thread started;

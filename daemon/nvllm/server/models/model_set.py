@@ -11,6 +11,11 @@ unloaded. keep_alive (Ollama's): a model idle that long is unloaded by `reap`, w
 every second; 0 unloads it right after its last request, a negative one never; a request's own
 keep_alive becomes its model's from then on.
 
+The set changes while the daemon runs: `add` serves a model pulled through the daemon (Ollama's /api/pull)
+under its name and aliases, `remove` stops serving one (/api/delete; never the default, a pinned one or one
+with requests in flight: `ModelBusy`). A name resolves by its served name or an alias, either with Ollama's
+":latest" added or taken off (its clients add it to a name without a tag).
+
 How a model is loaded and unloaded, and what the least is that it needs, are the daemon's (model_loader.py):
 this module only decides when, and keeps the accounts.
 """
@@ -43,6 +48,18 @@ class UnknownModel(Exception):
         self.choices = choices
 
 
+class ModelBusy(Exception):
+    """A model that cannot be removed now: the default one, a pinned one, or one with requests in flight
+    (`in_flight`)."""
+
+    def __init__(self, message: str, in_flight: bool = False) -> None:
+        super().__init__(message)
+        self.in_flight = in_flight
+
+
+LATEST = ":latest"    # Ollama's default tag, which its clients add to a name without one
+
+
 class NoRoom(Exception):
     """A model that the memory budget cannot hold even with every idle model unloaded."""
 
@@ -50,11 +67,13 @@ class NoRoom(Exception):
 @dataclass
 class ModelSpec:
     """What may be served under a name: its settings (model.path and the per-model ones), its keep_alive
-    in seconds (negative: never unloaded; 0: unloaded right after each request), pinned."""
+    in seconds (negative: never unloaded; 0: unloaded right after each request), pinned, and the other
+    names clients may give it (a pulled model's: its Hub reference)."""
     name: str
     settings: Settings
     keep_alive_s: float = 300.0
     pinned: bool = False
+    aliases: tuple[str, ...] = ()
 
 
 class Slot:
@@ -120,6 +139,9 @@ class ModelSet:
         """least(spec): the fewest bytes the model can be served in (its weights and one max_model_len
         sequence's pages), read from its files before loading it."""
         self.slots = {s.name: Slot(s) for s in specs}
+        self.aliases: dict[str, str] = {}     # another name a client may use -> the served name
+        for spec in specs:
+            self.aliases.update({a: spec.name for a in spec.aliases if a not in self.slots})
         if default not in self.slots:
             raise ValueError(f"the default model {default!r} is not among {list(self.slots)}")
         self.default = default
@@ -143,13 +165,60 @@ class ModelSet:
         return list(self.slots)
 
     def resolve(self, name: str | None) -> Slot:
-        """The slot a request's model field names: empty or None is the default model."""
+        """The slot a request's model field names: empty or None is the default model; a served name or an
+        alias, as given, or with ":latest" taken off or added."""
         if not name:
             return self.slots[self.default]
-        slot = self.slots.get(name)
-        if slot is None:
-            raise UnknownModel(name, self.names)
+        tried = [name, name[:-len(LATEST)]] if name.endswith(LATEST) else [name, name + LATEST]
+        for n in tried:
+            slot = self.slots.get(n) or self.slots.get(self.aliases.get(n, ""))
+            if slot is not None:
+                return slot
+        raise UnknownModel(name, self.names)
+
+    def aliases_of(self, name: str) -> list[str]:
+        return [a for a, n in self.aliases.items() if n == name]
+
+    # -- changes while serving ------------------------------------------------------------------
+    def add(self, spec: ModelSpec, aliases: list[str] | tuple[str, ...] = ()) -> Slot:
+        """Serve spec under its name (unloaded: loaded on its first lease, within the budget) and its
+        aliases; ValueError for a name or an alias another model answers to."""
+        aliases = [a for a in dict.fromkeys([*spec.aliases, *aliases]) if a != spec.name]
+        for n in (spec.name, *aliases):
+            if n in self.slots or n in self.aliases:
+                owner = self.aliases.get(n, n)
+                raise ValueError(f"a model named {spec.name!r} is served already" if n == spec.name == owner
+                                 else f"the name {n!r} is taken by the model {owner!r}")
+        slot = self.slots[spec.name] = Slot(spec)
+        self.aliases.update({a: spec.name for a in aliases})
         return slot
+
+    async def remove(self, name: str) -> ModelSpec:
+        """Stop serving the named model (unloading it if loaded) and forget its aliases; UnknownModel, or
+        ModelBusy for the default model, a pinned one, or one with requests in flight."""
+        slot = self.resolve(name)
+        if slot.name == self.default:
+            raise ModelBusy(f"the model {slot.name!r} is this daemon's default model (server.default_model)")
+        if slot.spec.pinned:
+            raise ModelBusy(f"the model {slot.name!r} is pinned (kept loaded for good)")
+        while slot.transition is not None:       # a load or an unload under way: let it end first
+            await asyncio.shield(slot.transition)
+        running = slot.engine.num_streams if slot.engine is not None else 0
+        if slot.leases or running:
+            raise ModelBusy(f"the model {slot.name!r} has {max(slot.leases, running)} requests in flight",
+                            in_flight=True)
+        del self.slots[slot.name]                # no new lease finds it from here
+        self.aliases = {a: n for a, n in self.aliases.items() if n != slot.name}
+        await self.unload(slot)
+        return slot.spec
+
+    def expires_in(self, slot: Slot) -> float | None:
+        """Seconds until reap unloads the slot if it stays idle (None: never: pinned, or keep_alive < 0)."""
+        if slot.spec.pinned or slot.keep_alive_s < 0:
+            return None
+        if not slot.idle():
+            return slot.keep_alive_s
+        return max(0.0, slot.keep_alive_s - (self._clock() - slot.last_used))
 
     def used_bytes(self) -> int:
         return sum(s.cost_bytes for s in self.slots.values())
