@@ -19,6 +19,7 @@ requests: their pages come back at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -36,28 +37,28 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
-from nvllm.server.chat.field_error import FieldError
 from nvllm.server.clients import host_key
 from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING
 from nvllm.server.http.anthropic_request import anthropic_invalid, read_count_tokens
 from nvllm.server.http.anthropic_response import MESSAGES, anthropic_refused
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.body import parse_json
-from nvllm.server.http.delivery import event_stream, whole
-from nvllm.server.http.dialect import Asked, Dialect
+from nvllm.server.http.delivery import event_stream, ndjson_stream, whole
+from nvllm.server.http.dialect import NDJSON, Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.input_audio import HeardAnswer, hear_chat
+from nvllm.server.http.ollama_generation import ollama_chat, ollama_generate
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_reader import parse_embeddings, parse_rerank, pooling_refusal
 from nvllm.server.http.pooling_response import embeddings_response, rerank_response
+from nvllm.server.http.refusals import refusal, request_model
 from nvllm.server.http.responses_request import read_responses
 from nvllm.server.http.responses_response import ResponsesAnswer
 from nvllm.server.http.tokenize_reader import parse_detokenize, parse_tokenize
 from nvllm.server.http.transcription_api import TranscriptionApi
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
-from nvllm.server.models.keep_alive import keep_alive_seconds
 from nvllm.server.models.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.reading import Reading, Served
@@ -75,28 +76,8 @@ def http_client_key(request: Request) -> str:
     return host_key(request.client.host if request.client else "unknown")
 
 
-def refusal(e: Refused) -> ApiError:
-    if e.no_room:
-        return ApiError(503, str(e), code="insufficient_memory")
-    return ApiError(429 if e.busy else 503, str(e), code="overloaded" if e.busy else "unavailable")
-
-
 def not_found(e: UnknownModel) -> ApiError:
     return ApiError(404, str(e), "model", "model_not_found")
-
-
-def request_model(body: dict[str, Any]) -> tuple[str | None, float | None]:
-    """The body's model (None: the default) and its keep_alive (taken out of the body: every endpoint
-    takes it, and no reader need know it); 400 for either of the wrong type."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("model", "model must be a string")
-    if "keep_alive" not in body:
-        return model, None
-    try:
-        return model, keep_alive_seconds(body.pop("keep_alive"))
-    except FieldError as e:
-        raise bad_request(e.field, e.message) from None
 
 
 class OpenAIApi:
@@ -127,6 +108,9 @@ class OpenAIApi:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),
         ]
+        # Ollama's generation endpoints, until server/http/ollama_api.py routes every /api/* path
+        routes += [Route("/api/chat", functools.partial(ollama_chat, self), methods=["POST"]),
+                   Route("/api/generate", functools.partial(ollama_generate, self), methods=["POST"])]
         return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                                             Exception: _internal_error})
 
@@ -167,7 +151,7 @@ class OpenAIApi:
     async def _model_body(self, request: Request) -> tuple[dict[str, Any], str, float | None]:
         """The body, the served model it names (404 otherwise) and its keep_alive."""
         self.check_key(request)
-        body = parse_json(await self._read_body(request))
+        body = parse_json(await self.read_body(request))
         model, keep_alive = request_model(body)
         try:
             return body, self.state.resolve(model), keep_alive
@@ -295,18 +279,21 @@ class OpenAIApi:
         """OpenAI's Responses API, stateless: the whole conversation comes as input items every time."""
         return await self.generate(request, Dialect(read_responses, ResponsesAnswer.start))
 
-    async def generate(self, request: Request, dialect: Dialect, hears: bool = False) -> Response:
+    async def generate(self, request: Request, dialect: Dialect, hears: bool = False,
+                       body: dict[str, Any] | None = None) -> Response:
         """A generation request in any of the API's dialects: its body read, handed in through
         DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape. hears:
-        the chat's audio parts are transcribed first (the voice query, input_audio.py)."""
+        the chat's audio parts are transcribed first (the voice query, input_audio.py); body: the body,
+        where the caller read it already (after the key check), as Ollama's endpoints do."""
         try:
-            return await self._generate(request, dialect, hears)
+            return await self._generate(request, dialect, hears, body)
         except ApiError as e:
             if e.status >= 500:
                 log.warning("HTTP %d: %s", e.status, e.message)
             return dialect.refused(e)
 
-    async def _generate(self, request: Request, dialect: Dialect, hears: bool = False) -> Response:
+    async def _generate(self, request: Request, dialect: Dialect, hears: bool = False,
+                        body: dict[str, Any] | None = None) -> Response:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         st = self.state
@@ -314,7 +301,8 @@ class OpenAIApi:
             try:   # what HTTP refuses before the one way in: the key, starting or draining (a 503), the body
                 self.check_key(request)
                 st.check_serving()
-                body = parse_json(await self._read_body(request))
+                if body is None:
+                    body = parse_json(await self.read_body(request))
                 model, keep_alive = request_model(body)
             except (ApiError, Refused) as e:
                 err = refusal(e) if isinstance(e, Refused) else e
@@ -342,11 +330,11 @@ class OpenAIApi:
             if heard:
                 answering = HeardAnswer(answering, heard)
             if asked.stream:
-                return event_stream(sub, answering, rid, t0)
+                return (ndjson_stream if dialect.streams == NDJSON else event_stream)(sub, answering, rid, t0)
             async with sub:
                 return await whole(request, sub, answering, rid)
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
         limit = self.max_body_bytes
         declared = request.headers.get("content-length")
