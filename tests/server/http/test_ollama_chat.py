@@ -210,6 +210,33 @@ def test_refusals_come_in_ollamas_shape_naming_the_field(engine: LLMEngine) -> N
     assert "messages[0].images" in client_error.error and "images are not supported" in client_error.error
 
 
+def test_logprobs_come_with_each_token_whole_and_streamed(engine: LLMEngine) -> None:
+    async def body(oc: ollama.AsyncClient, http: httpx2.AsyncClient, state: DaemonState) -> Any:
+        v1 = await http.post("/v1/chat/completions", json={"messages": USER, "temperature": 0, "max_tokens": 8,
+                                                           "logprobs": True, "top_logprobs": 2})
+        whole = await oc.chat(model=MODEL, messages=USER, options=GREEDY, logprobs=True, top_logprobs=2)
+        parts = [p async for p in await oc.chat(model=MODEL, messages=USER, options=GREEDY, logprobs=True,
+                                                top_logprobs=2, stream=True)]
+        return v1.json(), whole, parts
+
+    v1, whole, parts = serve_ollama(engine, body)
+    expected = v1["choices"][0]["logprobs"]["content"]
+    assert whole.logprobs is not None and len(whole.logprobs) == whole.eval_count == 8
+    assert [(lp.token, lp.logprob) for lp in whole.logprobs] == [(e["token"], e["logprob"]) for e in expected]
+    assert all(len(lp.top_logprobs or []) == 2 for lp in whole.logprobs)
+    streamed = [lp for p in parts for lp in (p.logprobs or [])]
+    assert [lp.token for lp in streamed] == [lp.token for lp in whole.logprobs]
+
+
+def test_format_and_tools_together_are_refused_naming_format(tool_engine: LLMEngine) -> None:
+    async def body(oc: ollama.AsyncClient, http: httpx2.AsyncClient, state: DaemonState) -> Any:
+        return await http.post("/api/chat", json={"model": MODEL, "messages": USER, "tools": TOOLS,
+                                                  "format": "json", "stream": False})
+
+    response = serve_ollama(tool_engine, body)
+    assert response.status_code == 400 and response.json()["error"].startswith("format cannot be combined with tools")
+
+
 def test_created_at_is_rfc3339_with_nanoseconds() -> None:
     assert created_at(1_700_000_000_123_456_789) == "2023-11-14T22:13:20.123456789Z"
     assert created_at(1_700_000_000_120_000_000) == "2023-11-14T22:13:20.12Z"

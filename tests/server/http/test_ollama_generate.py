@@ -13,6 +13,7 @@ import ollama
 import pytest
 
 from helpers.ollama_app import MODEL, ndjson, serve_loading, serve_ollama
+from helpers.thinking_template import make_thinking_qwen3
 from nvllm import LLM
 from nvllm.engine.llm_engine import LLMEngine
 from nvllm.server.state import DaemonState
@@ -109,3 +110,18 @@ def test_an_empty_request_loads_the_model_and_keep_alive_0_unloads_it(engine: LL
     answer, phase = seen[11:13]
     assert answer.done_reason == "length" and answer.load_duration > 0 and phase == "loaded"
     assert events == ["load", "unload", "load", "unload", "load", "unload"]
+
+
+def test_think_on_generate_puts_the_thinking_apart(tiny_models: dict[str, Path],
+                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    engine = LLM(make_thinking_qwen3(tiny_models, tmp_path_factory), num_blocks=64, max_num_seqs=4).engine
+
+    async def body(oc: ollama.AsyncClient, http: httpx2.AsyncClient, state: DaemonState) -> Any:
+        return (await oc.generate(model=MODEL, prompt="Name a colour.", think=True, options=GREEDY),
+                await oc.generate(model=MODEL, prompt="Name a colour.", think=False, options=GREEDY),
+                [p async for p in await oc.generate(model=MODEL, prompt="Name a colour.", think=True, stream=True,
+                                                    options=GREEDY)])
+
+    on, off, parts = serve_ollama(engine, body, reasoning_parser="qwen3")
+    assert on.thinking and not on.response and off.response and not off.thinking
+    assert "".join(p.thinking or "" for p in parts) == on.thinking

@@ -114,3 +114,26 @@ def test_num_ctx_bounds_the_answer_and_the_engines_refusals_name_options(engine:
         assert response.status_code == 400, (name, response.text)
         assert response.json()["error"].startswith(name), (name, response.text)
     assert "options.num_ctx 10" in refusals[4].json()["error"]
+
+
+def test_a_chat_past_num_ctx_drops_its_oldest_turns_unless_truncate_is_false(engine: LLMEngine) -> None:
+    turns: list[dict[str, Any]] = []
+    for i in range(3):
+        turns += [{"role": "user", "content": f"Turn {i}: report the battery and the wind."},
+                  {"role": "assistant", "content": f"Reply {i}: battery fine, wind calm."}]
+    chat = [{"role": "system", "content": "Be brief."}, *turns, {"role": "user", "content": "Land now?"}]
+    options = {"temperature": 0, "num_predict": 4, "num_ctx": 100}
+
+    async def body(oc: ollama.AsyncClient, http: httpx2.AsyncClient, state: DaemonState) -> list[Any]:
+        whole = await http.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 1})
+        last = await oc.chat(model=MODEL, messages=[chat[0], chat[-1]], options=options)
+        dropped = await oc.chat(model=MODEL, messages=chat, options=options)
+        refused = await http.post("/api/chat", json={"model": MODEL, "messages": chat, "options": options,
+                                                     "truncate": False, "stream": False})
+        return [whole.json(), last, dropped, refused]
+
+    whole, last, dropped, refused = serve_ollama(engine, body)
+    assert whole["usage"]["prompt_tokens"] > 100
+    assert last.prompt_eval_count < dropped.prompt_eval_count <= 96 and dropped.eval_count == 4
+    assert refused.status_code == 400 and refused.json()["error"].startswith("messages")
+    assert "options.num_ctx 100" in refused.json()["error"] and "truncate" in refused.json()["error"]

@@ -132,7 +132,7 @@ def ollama_invalid(e: InvalidParameter, kind: str, constraint_param: str | None 
         text = f"{name}: {text}"
     for engine_name, field in (("max_model_len", "the model's context length"),
                                ("context_limit", "options.num_ctx"), ("max_tokens", "options.num_predict"),
-                               ("context_overflow 'drop_oldest'", "truncate")):
+                               ("context_overflow 'drop_oldest'", "truncate true")):
         text = text.replace(engine_name, field)
     return bad_request(name, text)
 
@@ -144,6 +144,9 @@ def _field_refusal(e: FieldError, kind: str) -> ApiError:
         message = ("tools: this model does not support tools in nvllm: its chat template has no tool-call format "
                    "nvllm knows (Qwen2.5/Qwen3's <tool_call>), and Ollama's API asks the model to choose between "
                    "text and a call")
+    elif "cannot be combined with tool_choice" in message:
+        message = (f"{name} cannot be combined with tools: with tools, a call the model starts is constrained to "
+                   "them, and one answer takes one constraint")
     elif e.field and message.startswith(e.field):
         message = name + message[len(e.field):]
     return bad_request(name, message, e.code)
