@@ -186,6 +186,7 @@ def test_refusals_come_in_ollamas_shape_naming_the_field(engine: LLMEngine) -> N
         ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, "messages[0].images"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
         ({"messages": USER, "format": "yaml"}, 400, "format"),
+        ({"messages": USER, "format": {"type": "object", "properties": 3}}, 400, "format"),   # the engine's refusal
         ({"messages": USER, "think": True}, 400, "think"),                  # no reasoning parser here
         ({"messages": USER, "tools": TOOLS}, 400, "tools"),                 # no call format nvllm knows
         ({"messages": USER, "keep_alive": "soon"}, 400, "keep_alive"),

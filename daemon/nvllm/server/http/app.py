@@ -7,6 +7,7 @@ OpenAI's Responses API, stateless: POST /v1/responses (responses_request.py, res
 Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens (anthropic_request.py,
 anthropic_response.py), its errors in Anthropic's shape. Speech: POST /v1/audio/transcriptions and
 /v1/audio/translations (transcription_api.py), and a chat's input_audio parts heard first (input_audio.py).
+Ollama's POST /api/chat and /api/generate (ollama_generation.py), answered as newline-delimited JSON.
 
 A generation request goes in as the gRPC API's do, through `DaemonState.submit`: the key (401), starting
 or draining (503), the body's size (413) and its JSON are checked here; submit leases the model named (404
