@@ -208,6 +208,13 @@ class SamplingParams:
     # A chat prompt longer than the context: "error" (None's meaning) refuses it naming both lengths;
     # "drop_oldest" drops whole turns from the oldest on, keeping the system messages and the last turn.
     context_overflow: str | None = None
+    # llama.cpp's penalty_last_n (Ollama's repeat_last_n): None, vLLM's way (the repetition penalty over the
+    # prompt and the output, the frequency and presence penalties over the output); N >= 1, all three over the
+    # last N tokens of prompt and output together; 0, no penalty at all.
+    penalty_last_n: int | None = None
+    # At most this many tokens of prompt and answer together (Ollama's num_ctx): the request's own context,
+    # within the model's max_model_len (the smaller of the two bounds it). None: max_model_len alone.
+    context_limit: int | None = None
 
     def __post_init__(self) -> None:
         self.structured = _structured(self.structured)
@@ -222,6 +229,12 @@ class SamplingParams:
             self.stop_token_ids = []
         elif isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any penalty applies (on a resolved instance: its repetition penalty is a number)."""
+        return self.penalty_last_n != 0 and (self.presence_penalty != 0 or self.frequency_penalty != 0
+                                             or self.repetition_penalty not in (None, 1))
 
     @property
     def is_greedy(self) -> bool:
@@ -254,6 +267,12 @@ class SamplingParams:
             _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, 1, max_model_len,
                      "an integer >= 1 or unset" if max_model_len is None
                      else f"an integer in [1, {max_model_len}] (max_model_len) or unset")
+        if self.penalty_last_n is not None:
+            _integer("penalty_last_n", self.penalty_last_n, 0, None,
+                     "an integer >= 0 (the last tokens the penalties look at; 0: none) or unset")
+        if self.context_limit is not None:
+            _integer("context_limit", self.context_limit, 1, None,
+                     "an integer >= 1 (tokens of prompt and answer together) or unset")
         if self.context_overflow not in (None, "error", "drop_oldest"):
             raise InvalidParameter("context_overflow", self.context_overflow, "'error', 'drop_oldest' or unset")
         if self.max_tokens is not None:
@@ -363,6 +382,9 @@ class SamplingParams:
             setattr(self, name, float(getattr(self, name)))
         for name in ("top_k", "min_tokens"):
             setattr(self, name, int(getattr(self, name)))
+        for name in ("penalty_last_n", "context_limit"):
+            if getattr(self, name) is not None:
+                setattr(self, name, int(getattr(self, name)))
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
         if self.seed is not None:
             self.seed = int(self.seed)

@@ -5,10 +5,7 @@ imported only when the command runs, so that `import nvllm.cli` (nvllm query, he
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from nvllm.cli.flags import add_activations_flag, add_kv_cache_dtype_flag, add_quantization_flag, add_threads_flag
@@ -98,7 +95,7 @@ def main(args: argparse.Namespace, **injected: Any) -> int:
         print(f"nvllm serve: {e}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(settings.log_level)
-    from nvllm.cli.model_sources import resolve_sources
+    from nvllm.cli.model_sources import hub_puller, resolve_sources
 
     try:
         resolve_sources(settings)     # [[models]] source: pulled into model.models_dir unless already there
@@ -119,17 +116,3 @@ def main(args: argparse.Namespace, **injected: Any) -> int:
     injected.setdefault("puller", hub_puller(models_dir(settings)))
     return serve(settings, **injected)
 
-
-Progress = Callable[[dict[str, Any]], None]
-
-
-def hub_puller(directory: Path) -> Callable[[str, Progress], tuple[str, Path, list[str]]]:
-    """The daemon's puller (Ollama's /api/pull, server/models/model_pulls.py): a Hugging Face Hub reference
-    into the daemon's models directory (model.serve_dir, else model.models_dir), through
-    nvllm.model_files.hub, imported when a pull first runs."""
-    def pull(ref: str, progress: Progress) -> tuple[str, Path, list[str]]:
-        # imported by name: the Hub's module lands beside this one, and nothing else of serve needs it
-        hub = importlib.import_module("nvllm.model_files.hub")
-        pulled = hub.pull_from_hub(ref, directory, progress)
-        return pulled.name, Path(pulled.path), list(pulled.aliases)
-    return pull

@@ -68,8 +68,13 @@ def generation_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, params: Sam
     """(a generation request's prompt ids fitted to the context, how many a chat's drop_oldest dropped).
     A chat with context_overflow "drop_oldest" that leaves too little room (max_tokens, else one token) loses
     whole turns from the oldest on; then truncate_prompt_tokens keeps the last tokens; what is still too long
-    is refused naming both lengths. params.max_tokens unset becomes what the context leaves."""
+    is refused naming both lengths. params.max_tokens unset becomes what the context leaves. The context is
+    max_model_len, or the request's own context_limit where that is smaller (Ollama's num_ctx): every bound
+    here is then its."""
     field, ids = prompt_ids(tokenizer, vocab, prompt)
+    limit, bound = max_model_len, "max_model_len"
+    if params.context_limit is not None and params.context_limit < max_model_len:
+        limit, bound = params.context_limit, "context_limit"
     if not ids:
         raise InvalidParameter(field, "", "non-empty")
     if field != "prompt_token_ids" and max(ids) >= vocab:   # a tokenizer larger than the model's vocabulary
@@ -77,31 +82,31 @@ def generation_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, params: Sam
                                f"text whose tokens the model has (this tokenizer gave an id past its "
                                f"{vocab}-token vocabulary)")
     dropped = 0
-    room = max_model_len - (params.max_tokens or 1)
+    room = limit - (params.max_tokens or 1)
     if field == "messages" and params.context_overflow == "drop_oldest" and len(ids) > room:
         assert isinstance(prompt, Mapping)
         whole = len(ids)
-        ids = _drop_oldest(tokenizer, vocab, prompt, whole, max(room, 0), max_model_len)
+        ids = _drop_oldest(tokenizer, vocab, prompt, whole, max(room, 0), limit, bound)
         dropped = whole - len(ids)
     ids = ids[-params.truncate_prompt_tokens:] if params.truncate_prompt_tokens else ids   # vLLM's: the last
     n = len(ids)
     hint = "; context_overflow 'drop_oldest' drops the oldest turns" \
         if field == "messages" and params.context_overflow != "drop_oldest" else ""
-    if n >= max_model_len:
-        raise InvalidParameter(field, f"{n} tokens", f"shorter than max_model_len {max_model_len} tokens "
-                                                    f"(over by {n - max_model_len + 1}{hint})")
+    if n >= limit:
+        raise InvalidParameter(field, f"{n} tokens", f"shorter than {bound} {limit} tokens "
+                                                    f"(over by {n - limit + 1}{hint})")
     if params.max_tokens is None:
-        params.max_tokens = max_model_len - n
-    elif n + params.max_tokens > max_model_len:
+        params.max_tokens = limit - n
+    elif n + params.max_tokens > limit:
         raise InvalidParameter("max_tokens", params.max_tokens,
-                               f"at most {max_model_len - n} for a prompt of {n} tokens (prompt + max_tokens "
-                               f"exceeds max_model_len {max_model_len} by {n + params.max_tokens - max_model_len}"
+                               f"at most {limit - n} for a prompt of {n} tokens (prompt + max_tokens "
+                               f"exceeds {bound} {limit} by {n + params.max_tokens - limit}"
                                f"{hint})")
     return ids, dropped
 
 
 def _drop_oldest(tokenizer: Tokenizer, vocab: int, prompt: Mapping[str, Any], n: int, room: int,
-                 max_model_len: int) -> list[int]:
+                 limit: int, bound: str = "max_model_len") -> list[int]:
     """The chat rendered without its oldest whole turns, as few dropped as fit within room tokens. Kept:
     the leading system messages (so a pinned system prompt's cached pages still match) and the last turn,
     from the last user message on; a turn starts at a user message, so a tool call and its result go
@@ -123,8 +128,8 @@ def _drop_oldest(tokenizer: Tokenizer, vocab: int, prompt: Mapping[str, Any], n:
     if best is None or len(best) > room:
         kept = len(best) if best is not None else n
         raise InvalidParameter("messages", f"{n} tokens",
-                               f"at most {room} tokens to leave room for the answer within max_model_len "
-                               f"{max_model_len}; with context_overflow 'drop_oldest' the system messages and "
+                               f"at most {room} tokens to leave room for the answer within {bound} "
+                               f"{limit}; with context_overflow 'drop_oldest' the system messages and "
                                f"the last turn alone make {kept}", shown=f"{n} tokens")
     while lo < hi:
         mid = (lo + hi) // 2

@@ -22,10 +22,20 @@ def plain_greedy(rows: list[Row]) -> bool:
     for s, ahead in rows:
         p = s.params
         if (p.temperature is None or p.temperature >= GREEDY_EPS or p.logprobs is not None or p.logit_bias
-                or s.structured is not None or p.presence_penalty != 0 or p.frequency_penalty != 0
-                or p.repetition_penalty != 1 or s.num_output_tokens + len(ahead) < p.min_tokens):
+                or s.structured is not None or p.penalised or s.num_output_tokens + len(ahead) < p.min_tokens):
             return False
     return True
+
+
+def _seen(s: Sequence, ahead: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt ids, output ids) a penalised row's penalties read."""
+    output = np.asarray(s.output_token_ids + ahead, dtype=np.int64)
+    n = s.params.penalty_last_n
+    if n is None:
+        return s.prompt_array, output
+    if n <= len(output):
+        return _EMPTY, output[len(output) - n:]
+    return _EMPTY, np.concatenate((s.prompt_array[max(0, len(s.prompt_array) - (n - len(output))):], output))
 
 
 def sampling_batch(rows: list[Row], constrained: list[int] | None = None,
@@ -44,7 +54,10 @@ def sampling_batch(rows: list[Row], constrained: list[int] | None = None,
             banned.append(np.fromiter(stop_ids, dtype=np.int64) if stop_ids else None)
         else:
             banned.append(None)
-    penalised = [p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1 for p in ps]
+    penalised = [p.penalised for p in ps]
+    # A row's penalties look at (prompt ids, output ids): vLLM's split, or with a window (penalty_last_n) its last
+    # tokens of both together as the output alone, which every penalty then reads (model/sampling/penalties.py).
+    seen = [_seen(s, ahead) if pen else (_EMPTY, _EMPTY) for (s, ahead), pen in zip(rows, penalised)]
     biased = [(i, p.logit_bias) for i, p in enumerate(ps) if p.logit_bias]
     bias_rows = np.concatenate([np.full(len(b), i, dtype=np.int64) for i, b in biased]) if biased else None
     return SamplingBatch(
@@ -52,12 +65,11 @@ def sampling_batch(rows: list[Row], constrained: list[int] | None = None,
         top_k=np.asarray([p.top_k for p in ps], dtype=np.int32),
         top_p=f32([p.top_p for p in ps]),
         min_p=f32([p.min_p for p in ps]),
-        presence_penalty=f32([p.presence_penalty for p in ps]),
-        frequency_penalty=f32([p.frequency_penalty for p in ps]),
-        repetition_penalty=f32([p.repetition_penalty for p in ps]),
-        output_token_ids=[np.asarray(s.output_token_ids + ahead, dtype=np.int64) if pen else _EMPTY
-                          for (s, ahead), pen in zip(rows, penalised)],
-        prompt_token_ids=[s.prompt_array if pen else _EMPTY for (s, _), pen in zip(rows, penalised)],
+        presence_penalty=f32([p.presence_penalty if pen else 0.0 for p, pen in zip(ps, penalised)]),
+        frequency_penalty=f32([p.frequency_penalty if pen else 0.0 for p, pen in zip(ps, penalised)]),
+        repetition_penalty=f32([p.repetition_penalty if pen else 1.0 for p, pen in zip(ps, penalised)]),
+        output_token_ids=[out for _, out in seen],
+        prompt_token_ids=[prompt for prompt, _ in seen],
         generators=[s.generator for s, _ in rows],
         banned_token_ids=banned,
         num_logprobs=np.asarray([-1 if p.logprobs is None else p.logprobs for p in ps], dtype=np.int32),

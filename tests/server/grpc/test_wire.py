@@ -203,6 +203,15 @@ def test_logit_bias_map_becomes_a_dict_of_ints():
     assert sampling_params_from_proto(req).logit_bias == {7: 2.5, 3: -100.0}
 
 
+def test_the_windows_map_by_name_and_unset_stays_unset():
+    from nvllm.server.grpc.generate_request import sampling_params_from_proto
+    req = pb.GenerateRequest(prompt="x", sampling_params=pb.SamplingParams(penalty_last_n=0, context_limit=100))
+    params = sampling_params_from_proto(req)
+    assert params.penalty_last_n == 0 and params.context_limit == 100     # 0 is a value: no penalty at all
+    unset = sampling_params_from_proto(pb.GenerateRequest(prompt="x", sampling_params=pb.SamplingParams()))
+    assert unset.penalty_last_n is None and unset.context_limit is None
+
+
 @pytest.mark.parametrize("req, path", [
     (pb.TokenizeRequest(prompt="a MARK b"), "prompt"),
     (pb.TokenizeRequest(model="MARK", prompt="hi"), "model"),

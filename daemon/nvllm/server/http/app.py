@@ -7,6 +7,7 @@ OpenAI's Responses API, stateless: POST /v1/responses (responses_request.py, res
 Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens (anthropic_request.py,
 anthropic_response.py), its errors in Anthropic's shape. Speech: POST /v1/audio/transcriptions and
 /v1/audio/translations (transcription_api.py), and a chat's input_audio parts heard first (input_audio.py).
+Ollama's POST /api/chat and /api/generate (ollama_generation.py), answered as newline-delimited JSON.
 
 A generation request goes in as the gRPC API's do, through `DaemonState.submit`: the key (401), starting
 or draining (503), the body's size (413) and its JSON are checked here; submit leases the model named (404
@@ -36,15 +37,14 @@ from nvllm.engine.outputs import RequestOutput
 from nvllm.engine.prompt import Prompt
 from nvllm.pooling_params import PoolingParams
 from nvllm.sampling_params import InvalidParameter
-from nvllm.server.chat.field_error import FieldError
 from nvllm.server.clients import host_key
 from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING
 from nvllm.server.http.anthropic_request import anthropic_invalid, read_count_tokens
 from nvllm.server.http.anthropic_response import MESSAGES, anthropic_refused
 from nvllm.server.http.auth import check_key
 from nvllm.server.http.body import parse_json
-from nvllm.server.http.delivery import event_stream, whole
-from nvllm.server.http.dialect import Asked, Dialect
+from nvllm.server.http.delivery import event_stream, ndjson_stream, whole
+from nvllm.server.http.dialect import NDJSON, Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.input_audio import HeardAnswer, hear_chat
 from nvllm.server.http.ollama_api import OllamaApi
@@ -52,13 +52,13 @@ from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_co
 from nvllm.server.http.openai_response import ResponseBuilder
 from nvllm.server.http.pooling_reader import parse_embeddings, parse_rerank, pooling_refusal
 from nvllm.server.http.pooling_response import embeddings_response, rerank_response
+from nvllm.server.http.refusals import refusal, request_model
 from nvllm.server.http.responses_request import read_responses
 from nvllm.server.http.responses_response import ResponsesAnswer
 from nvllm.server.http.tokenize_reader import parse_detokenize, parse_tokenize
 from nvllm.server.http.transcription_api import TranscriptionApi
 from nvllm.server.logs import request_context
 from nvllm.server.metrics import Metrics
-from nvllm.server.models.keep_alive import keep_alive_seconds
 from nvllm.server.models.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.reading import Reading, Served
@@ -76,28 +76,8 @@ def http_client_key(request: Request) -> str:
     return host_key(request.client.host if request.client else "unknown")
 
 
-def refusal(e: Refused) -> ApiError:
-    if e.no_room:
-        return ApiError(503, str(e), code="insufficient_memory")
-    return ApiError(429 if e.busy else 503, str(e), code="overloaded" if e.busy else "unavailable")
-
-
 def not_found(e: UnknownModel) -> ApiError:
     return ApiError(404, str(e), "model", "model_not_found")
-
-
-def request_model(body: dict[str, Any]) -> tuple[str | None, float | None]:
-    """The body's model (None: the default) and its keep_alive (taken out of the body: every endpoint
-    takes it, and no reader need know it); 400 for either of the wrong type."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("model", "model must be a string")
-    if "keep_alive" not in body:
-        return model, None
-    try:
-        return model, keep_alive_seconds(body.pop("keep_alive"))
-    except FieldError as e:
-        raise bad_request(e.field, e.message) from None
 
 
 class OpenAIApi:
@@ -300,18 +280,21 @@ class OpenAIApi:
         """OpenAI's Responses API, stateless: the whole conversation comes as input items every time."""
         return await self.generate(request, Dialect(read_responses, ResponsesAnswer.start))
 
-    async def generate(self, request: Request, dialect: Dialect, hears: bool = False) -> Response:
+    async def generate(self, request: Request, dialect: Dialect, hears: bool = False,
+                       body: dict[str, Any] | None = None) -> Response:
         """A generation request in any of the API's dialects: its body read, handed in through
         DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape. hears:
-        the chat's audio parts are transcribed first (the voice query, input_audio.py)."""
+        the chat's audio parts are transcribed first (the voice query, input_audio.py); body: the body,
+        where the caller read it already (after the key check), as Ollama's endpoints do."""
         try:
-            return await self._generate(request, dialect, hears)
+            return await self._generate(request, dialect, hears, body)
         except ApiError as e:
             if e.status >= 500:
                 log.warning("HTTP %d: %s", e.status, e.message)
             return dialect.refused(e)
 
-    async def _generate(self, request: Request, dialect: Dialect, hears: bool = False) -> Response:
+    async def _generate(self, request: Request, dialect: Dialect, hears: bool = False,
+                        body: dict[str, Any] | None = None) -> Response:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         st = self.state
@@ -319,7 +302,8 @@ class OpenAIApi:
             try:   # what HTTP refuses before the one way in: the key, starting or draining (a 503), the body
                 self.check_key(request)
                 st.check_serving()
-                body = parse_json(await self.read_body(request))
+                if body is None:
+                    body = parse_json(await self.read_body(request))
                 model, keep_alive = request_model(body)
             except (ApiError, Refused) as e:
                 err = refusal(e) if isinstance(e, Refused) else e
@@ -349,7 +333,7 @@ class OpenAIApi:
             if heard:
                 answering = HeardAnswer(answering, heard)
             if asked.stream:
-                return event_stream(sub, answering, rid, t0)
+                return (ndjson_stream if dialect.streams == NDJSON else event_stream)(sub, answering, rid, t0)
             async with sub:
                 return await whole(request, sub, answering, rid)
 

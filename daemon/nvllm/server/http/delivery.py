@@ -1,5 +1,6 @@
-"""An answer delivered over HTTP, whichever API's (dialect.py): whole, once every choice finished, or as
-server-sent events while the engine makes it. Either way a client that goes away aborts its requests
+"""An answer delivered over HTTP, whichever API's (dialect.py): whole, once every choice finished, or while
+the engine makes it as server-sent events or as newline-delimited JSON (Ollama's stream: each event's data
+a line). Either way a client that goes away aborts its requests
 (their pages come back at once), and a failure in the engine ends the answer in the dialect's shape."""
 
 from __future__ import annotations
@@ -8,12 +9,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from nvllm.engine.outputs import RequestOutput
 from nvllm.server.http.dialect import Answering, Event
@@ -28,6 +29,19 @@ PING_S = 15.0           # an SSE comment line this often keeps proxies from clos
 def event_stream(sub: Submission, answering: Answering, rid: str, t0: float) -> Response:
     """The answer as server-sent events; the response gives back what the request holds when it ends."""
     return _EventStream(events(sub, answering, rid, t0), sub, ping=PING_S, sep="\n", headers={"X-Request-Id": rid})
+
+
+def ndjson_stream(sub: Submission, answering: Answering, rid: str, t0: float) -> Response:
+    """The answer as newline-delimited JSON (application/x-ndjson), one event's data a line; like the events,
+    the response gives back what the request holds however it ends."""
+    async def lines() -> AsyncIterator[str]:
+        evs = events(sub, answering, rid, t0)
+        try:
+            async for event in evs:
+                yield event["data"] + "\n"
+        finally:
+            await evs.aclose()
+    return _LineStream(lines(), sub, media_type="application/x-ndjson", headers={"X-Request-Id": rid})
 
 
 async def whole(request: Request, sub: Submission, answering: Answering, rid: str) -> Response:
@@ -50,7 +64,7 @@ async def whole(request: Request, sub: Submission, answering: Answering, rid: st
     log.info("finished over HTTP: %d prompt + %d output tokens", *answering.token_counts())
     return JSONResponse(answering.response(), headers={"X-Request-Id": rid})
 
-async def events(sub: Submission, answering: Answering, rid: str, t0: float) -> AsyncIterator[Event]:
+async def events(sub: Submission, answering: Answering, rid: str, t0: float) -> AsyncGenerator[Event, None]:
     """The SSE events as the engine makes the outputs, then the closing ones. Leaving early (the client
     disconnected, the server stops) aborts whatever is unfinished."""
     extra = {"request_id": rid}
@@ -85,6 +99,20 @@ class _EventStream(EventSourceResponse):
     before its generator ever started, when the generator's own cleanup would never run."""
 
     def __init__(self, content: AsyncIterator[dict[str, str]], sub: Submission, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.sub = sub
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.sub.close()
+
+
+class _LineStream(StreamingResponse):
+    """A streamed body that closes its Submission however it ends (as _EventStream)."""
+
+    def __init__(self, content: AsyncIterator[str], sub: Submission, **kw: Any) -> None:
         super().__init__(content, **kw)
         self.sub = sub
 

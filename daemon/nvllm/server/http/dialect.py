@@ -1,6 +1,7 @@
 """What a generation endpoint of the HTTP API is made of, whichever API it speaks (OpenAI's chat and
-completions, Anthropic's Messages, OpenAI's Responses): a reader of its JSON, a builder of its answer
-(whole or as server-sent events) and its error shape. app.py runs every one the same way: read, submit
+completions, Anthropic's Messages, OpenAI's Responses, Ollama's chat and generate): a reader of its JSON, a
+builder of its answer (whole, or streamed as server-sent events or as newline-delimited JSON) and its error
+shape. app.py runs every one the same way: read, submit
 through DaemonState.submit, collect or stream, abort on disconnect."""
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from nvllm.server.http.errors import ApiError
 from nvllm.server.reading import Served
 
 Event = dict[str, str]      # one server-sent event: "data" and, where the API names its events, "event"
+# How a dialect streams (http/delivery.py): server-sent events, or one JSON object a line (an NDJSON stream
+# sends each event's "data" alone).
+SSE, NDJSON = "sse", "ndjson"
 
 
 class Asked(Protocol):
@@ -59,7 +63,8 @@ class Answering(Protocol):
 class Dialect:
     """read(body, served) -> Asked (ApiError 400 naming the field; served: the model the request leased);
     answering(asked, request id, served, thinks) -> Answering; refused(error) -> the error response in this
-    API's shape."""
+    API's shape; streams: SSE or NDJSON."""
     read: Callable[[dict[str, Any], Served], Asked]
     answering: Callable[[Any, str, Served, bool], Answering]
     refused: Callable[[ApiError], Response] = ApiError.response
+    streams: str = SSE

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import json
 import logging
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -33,20 +32,20 @@ from starlette.routing import Route
 
 from nvllm import __version__
 from nvllm.engine.assembly.factory import EngineBuildError, ModelDescription, describe_model
-from nvllm.engine.outputs import RequestOutput
-from nvllm.engine.prompt import Prompt
-from nvllm.pooling_params import PoolingParams
 from nvllm.server.chat.field_error import FieldError
 from nvllm.server.http.body import parse_json
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.http.ollama_errors import ollama_refused
+from nvllm.server.http.ollama_generation import OpenAIApi as Api
+from nvllm.server.http.ollama_generation import ollama_chat, ollama_generate
 from nvllm.server.http.ollama_models import ps_entry, show_body, tags_entry
 from nvllm.server.http.pooling_reader import parse_embeddings
+from nvllm.server.http.refusals import refusal
 from nvllm.server.logs import request_context
 from nvllm.server.models.keep_alive import keep_alive_seconds
 from nvllm.server.models.model_pulls import PullFailed
 from nvllm.server.models.model_set import ModelBusy, ModelSet, Slot, UnknownModel
-from nvllm.server.state import DaemonState, Refused
+from nvllm.server.state import Refused
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -56,23 +55,6 @@ NOT_HERE = {"/api/copy": "copy a model", "/api/create": "create a model", "/api/
             "/api/blobs": "take model blobs"}
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class Api(Protocol):
-    """What this API uses of app.py's OpenAIApi (which adds these routes to its app: no import back)."""
-    state: DaemonState
-
-    def check_key(self, request: Request) -> None: ...
-
-    async def read_body(self, request: Request) -> bytes: ...
-
-    async def _pool(self, request: Request, rid: str, choices: list[tuple[Prompt, PoolingParams]], priority: int,
-                    t0: float, items: str, model: str, keep_alive: float | None) -> list[RequestOutput]: ...
-
-
-def refusal(e: Refused) -> ApiError:
-    """The daemon's refusal (app.py's statuses: 503 no room, starting or draining; 429 busy)."""
-    return ApiError(503 if e.no_room or not e.busy else 429, str(e))
 
 
 def not_found(name: str) -> ApiError:
@@ -309,16 +291,11 @@ class OllamaApi:
         return Response(status_code=200)
 
     # -- generation (ollama_generation.py) ----------------------------------------------------
-    # imported by name when first asked: the module (its readers, its NDJSON answers) is written beside this one
     async def chat(self, request: Request) -> Response:
-        generation = importlib.import_module("nvllm.server.http.ollama_generation")
-        response: Response = await generation.ollama_chat(self.api, request)
-        return response
+        return await ollama_chat(self.api, request)
 
     async def generate(self, request: Request) -> Response:
-        generation = importlib.import_module("nvllm.server.http.ollama_generation")
-        response: Response = await generation.ollama_generate(self.api, request)
-        return response
+        return await ollama_generate(self.api, request)
 
 
 async def _ndjson(lines: asyncio.Queue[dict[str, Any] | None]) -> AsyncIterator[bytes]:
