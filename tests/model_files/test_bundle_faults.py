@@ -44,7 +44,9 @@ def refused(bundle: Path, board: Path, *words: str) -> str:
 
 
 def test_the_good_bundle_installs(good: Path, board: Path) -> None:
+    (board / ".nvllm-import-999999999-0000" / "fold").mkdir(parents=True)   # left by an import killed midway
     assert [m.action for m in import_bundle(good, board)] == ["replaced", "replaced"]
+    assert not [p for p in board.iterdir() if p.name.startswith(".")]
     assert [m.action for m in import_bundle(good, board)] == ["unchanged", "unchanged"]
 
 

@@ -122,6 +122,7 @@ def test_command_line_end_to_end(tmp_path: Path) -> None:
     r = cli("import", str(other), "--config", str(config), "--signature", str(bundle) + ".sig")
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "signature does not verify" in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith("; nothing installed")
     assert state(board) == state(src)
     r = cli("import", str(other), "--config", str(config))
     assert r.returncode == 1 and "unsigned" in r.stderr, r.stderr

@@ -52,12 +52,17 @@ def _say(quiet: bool) -> Callable[[str], None]:
 
 
 def cmd_bundles(args: argparse.Namespace) -> int:
+    from nvllm.model_files.bundle_import import InstallError
     from nvllm.model_files.bundle_manifest import BundleError
 
     try:
         return _run(args)
+    except InstallError as e:
+        print(f"nvllm models import: {e}", file=sys.stderr)
+        return 1
     except BundleError as e:
-        print(f"nvllm models {args.action}: {e}", file=sys.stderr)
+        after = "; nothing installed" if args.action == "import" else ""
+        print(f"nvllm models {args.action}: {e}{after}", file=sys.stderr)
         return 1
 
 

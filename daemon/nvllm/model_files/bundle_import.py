@@ -43,6 +43,10 @@ CHUNK = 1 << 20
 STAGING_PREFIX = ".nvllm-import-"
 
 
+class InstallError(BundleError):
+    """The bundle checked out but a rename into the models folder failed: the models before it are in place."""
+
+
 @dataclass(frozen=True)
 class Imported:
     name: str
@@ -215,17 +219,22 @@ def _install(models_dir: Path, staging: Path, manifest: Manifest) -> list[Import
             raise BundleError(f"{m.target}: a file of that name is in {models_dir}; not replaced by a folder")
         action = ("unchanged" if _same_model(dest, m) else "replaced") if there else "installed"
         plan.append((m, dest, action))
-    done = []
+    done: list[Imported] = []
     for m, dest, action in plan:
         staged = staging / m.target
-        if action == "replaced" and m.kind == "gguf":
-            os.replace(staged, dest)     # the old inode lives on for whoever has it open or mapped
-        elif action == "replaced" and not _exchange(staged, dest):
-            old = staging / f".old-{m.target}"
-            dest.rename(old)
-            staged.rename(dest)
-        elif action == "installed":
-            staged.rename(dest)
+        try:
+            if action == "replaced" and m.kind == "gguf":
+                os.replace(staged, dest)     # the old inode lives on for whoever has it open or mapped
+            elif action == "replaced" and not _exchange(staged, dest):
+                old = staging / f".old-{m.target}"
+                dest.rename(old)
+                staged.rename(dest)
+            elif action == "installed":
+                staged.rename(dest)
+        except OSError as e:
+            put = ", ".join(d.name for d in done if d.action != "unchanged") or "none"
+            raise InstallError(f"{m.target}: every file checked, but it could not be put in place: "
+                               f"{e.strerror or e} (models already put in place: {put})") from None
         done.append(Imported(m.name, m.kind, dest, action))
     return done
 
