@@ -219,6 +219,8 @@ def _install(models_dir: Path, staging: Path, manifest: Manifest) -> list[Import
             raise BundleError(f"{m.target}: a file of that name is in {models_dir}; not replaced by a folder")
         action = ("unchanged" if _same_model(dest, m) else "replaced") if there else "installed"
         plan.append((m, dest, action))
+    for dirpath, _, _ in os.walk(staging):
+        _fsync_dir(Path(dirpath))
     done: list[Imported] = []
     for m, dest, action in plan:
         staged = staging / m.target
@@ -236,7 +238,17 @@ def _install(models_dir: Path, staging: Path, manifest: Manifest) -> list[Import
             raise InstallError(f"{m.target}: every file checked, but it could not be put in place: "
                                f"{e.strerror or e} (models already put in place: {put})") from None
         done.append(Imported(m.name, m.kind, dest, action))
+    _fsync_dir(models_dir)
     return done
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make path's entries durable (a board may lose power right after an import)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove_stale_staging(models_dir: Path) -> None:
