@@ -264,6 +264,16 @@ class PowerSettings:
 
 
 @dataclass
+class BundleSettings:
+    # What `nvllm models import --config FILE` accepts (model_files/bundle_import.py, docs/models.md):
+    # public key files (a PEM, or OpenSSH "ssh-ed25519 ..." lines) whose Ed25519 signatures are trusted. A
+    # bundle whose signature (FILE.tar.sig) verifies against none of them is refused.
+    trusted_keys: list[str] = field(default_factory=list)
+    # Refuse an unsigned bundle, before any file of it is written; needs trusted_keys.
+    require_signature: bool = False
+
+
+@dataclass
 class Settings:
     model: ModelSettings = field(default_factory=ModelSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
@@ -274,6 +284,7 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     power: PowerSettings = field(default_factory=PowerSettings)
+    bundles: BundleSettings = field(default_factory=BundleSettings)
     # The models served by name ([[models]] tables); none: model.path alone (docs/configuration.md).
     models: list[ModelEntry] = field(default_factory=list)
     log_level: str = field(default="info", metadata=one_of("debug", "info", "warning", "error"))
@@ -405,5 +416,8 @@ def validate(s: Settings) -> None:
         need(bool(m.path) != bool(m.source), f"models[{i}]: give path (a folder or .gguf file) or source (a "
              f"Hugging Face Hub reference such as ORG/REPO:Q4_K_M), one of them; got "
              f"{'both' if m.path else 'neither'}")
+    need(bool(s.bundles.trusted_keys) or not s.bundles.require_signature,
+         "bundles.require_signature = true needs bundles.trusted_keys: the public keys whose signatures "
+         "are accepted")
     need(s.power.resume_c <= s.power.throttle_c,
          f"power.resume_c ({s.power.resume_c:g}) must be <= power.throttle_c ({s.power.throttle_c:g})")

@@ -217,7 +217,7 @@ def test_unknown_keys_and_sections_are_refused(tmp_path: Path) -> None:
     assert msg.startswith(f"{path}: unknown setting cache.num_block (known in [cache]: block_size, ")
     assert "num_blocks" in msg
     msg = refused(tmp_path, "[caches]\nnum_blocks = 5\n")
-    assert msg.startswith(f"{path}: unknown setting caches (known at the top level: cache, ")
+    assert msg.startswith(f"{path}: unknown setting caches (known at the top level: bundles, cache, ")
     assert refused(tmp_path, "verbose = true\n").startswith(f"{path}: unknown setting verbose ")
     assert refused(tmp_path, "cache = 5\n") == f"{path}: cache must be a table ([cache]), got 5"
     assert refused(tmp_path, "log_level = {a = 1}\n") == \

@@ -1,7 +1,8 @@
-"""nvllm models pull | list | synthesize | quantize: the models the registry knows and models of the Hugging
-Face Hub (model_files/hub.py), fetched into and listed from a folder; random-weight GGUFs of real models'
-shapes, for benchmarks without downloads; and a GGUF written again in another file type, as llama.cpp's
-quantize tool writes it."""
+"""nvllm models pull | list | synthesize | quantize | export | import | keygen | sign: the models the registry
+knows and models of the Hugging Face Hub (model_files/hub.py), fetched into and listed from a folder;
+random-weight GGUFs of real models' shapes, for benchmarks without downloads; a GGUF written again in another
+file type, as llama.cpp's quantize tool writes it; and models carried to offline boards in bundles, checked and
+optionally signed (cli/bundles.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import argparse
 import json
 import sys
 
+from nvllm.cli.bundles import BUNDLE_ACTIONS, add_bundle_parsers, cmd_bundles
 from nvllm.config import DEFAULT_MODEL
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    m = sub.add_parser("models", help="pull, list, synthesize or quantize models")
+    m = sub.add_parser("models", help="pull, list, synthesize, quantize, export or import models")
     msub = m.add_subparsers(dest="action", required=True)
     mp = msub.add_parser("pull", help="fetch a known model, or a model of the Hugging Face Hub, into DIR",
                          description="A known model's GGUF (the folder too with --folder), or a model of the "
@@ -52,6 +54,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mq.add_argument("--type", required=True,
                     help="F32, F16, Q8_0, Q5_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS or IQ4_NL")
     mq.add_argument("--out", required=True, help="the GGUF file to write")
+    add_bundle_parsers(msub)
     m.set_defaults(func=cmd_models)
 
 
@@ -112,6 +115,8 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from nvllm.model_files import listing, registry
 
+    if args.action in BUNDLE_ACTIONS:
+        return cmd_bundles(args)
     if args.action == "synthesize":
         return cmd_synthesize(args)
     if args.action == "quantize":
