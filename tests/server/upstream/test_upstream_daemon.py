@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers.daemon_util import BASE_CONFIG, DaemonProcess, config_with, health_when
+from helpers.daemon_util import BASE_CONFIG, DaemonProcess, config_with, health, health_when
 from helpers.sysfs_tree import board, set_temp
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
@@ -36,6 +36,7 @@ LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 12     # well pas
 # -- the stand-in upstream: answers by the model the body names --------------------------------------------
 class _StandIn(BaseHTTPRequestHandler):
     stop = threading.Event()
+    gone = threading.Event()     # an m-endless reader went away
 
     def log_message(self, *args: object) -> None:
         pass
@@ -51,11 +52,24 @@ class _StandIn(BaseHTTPRequestHandler):
         elif model == "m-garbage":
             self._send(200, "text/event-stream" if body.get("stream") else "application/json",
                        b"data: this is not json\n\n" if body.get("stream") else b"<html>not json</html>")
+        elif model == "m-endless":     # a chunk every 0.1 s until the reader goes away
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = {"id": "x", "object": "chat.completion.chunk", "model": model,
+                     "choices": [{"index": 0, "delta": {"content": "more"}, "finish_reason": None}]}
+            try:
+                for _ in range(300):
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                self.gone.set()
         elif model == "m-drip":         # one chunk, a pause, another: the board must not wait for the second
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for i, pause in ((0, 1.0), (1, 0.0)):
+            for i, pause in ((0, 0.6), (1, 0.0)):     # the pause within the stand-in's timeout_s
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": model,
                          "choices": [{"index": 0, "delta": {"content": f"part{i}"}, "finish_reason": None}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -74,9 +88,14 @@ class _StandIn(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass         # a reader the test left on purpose
+
+
 @pytest.fixture(scope="module")
 def standin() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    server = _QuietServer(("127.0.0.1", 0), _StandIn)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -95,8 +114,11 @@ def closed_port() -> int:
 # -- the daemons --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def upstream(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """A second nvllm: tiny-llama with its whole context, and "bigger", which the board does not serve."""
-    config = BASE_CONFIG + f'\n[[models]]\npath = "{tiny_models["tiny-qwen2"]}"\nname = "bigger"\n'
+    """A second nvllm: tiny-llama with its whole context, "bigger", which the board does not serve, and
+    "roomless", which the board serves but cannot load beside its pinned tiny-llama."""
+    qwen = tiny_models["tiny-qwen2"]
+    config = BASE_CONFIG + f'\n[[models]]\npath = "{qwen}"\nname = "bigger"\n' \
+        f'\n[[models]]\npath = "{qwen}"\nname = "roomless"\n'
     d = DaemonProcess(tmp_path_factory.mktemp("upstream"), tiny_models["tiny-llama"], config,
                       http_listen="127.0.0.1:0")
     yield d
@@ -109,27 +131,39 @@ def sysfs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def board_daemon(tiny: Path, upstream: DaemonProcess, standin: str, sysfs: dict[str, Path],
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+def board_daemon(tiny: Path, tiny_models: dict[str, Path], upstream: DaemonProcess, standin: str,
+                 sysfs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     root = sysfs["cpu-thermal"].parents[2]
+    # a budget that holds tiny-llama (pinned) but not "roomless" beside it: their bytes as the upstream holds them
+    assert httpx.post(upstream.http_url + "/v1/completions", json={"model": "roomless", "prompt": "x",
+                                                                   "max_tokens": 1}, timeout=60).status_code == 200
+    held = {m.name: m.bytes for m in health(upstream.address).models}
+    budget_gb = (held["tiny-llama"] + held["roomless"] // 2) / (1 << 30)
     key = tmp_path_factory.mktemp("key") / "upstream.key"
     key.write_text("not-checked-by-the-upstream\n")
     config = config_with(BASE_CONFIG, max_waiting=0, scheduler__max_model_len=LOCAL_CONTEXT) + f"""
+[model]
+pinned = true
+
 [power]
 sysfs_root = "{root}"
 interval_s = 0.2
+
+[[models]]
+path = "{tiny_models["tiny-qwen2"]}"
+name = "roomless"
 
 [[upstreams]]
 name = "big"
 base_url = "{upstream.http_url}/v1"
 api_key_file = "{key}"
-models = ["tiny-llama", "bigger"]
+models = ["tiny-llama", "bigger", "roomless"]
 forward_when = ["not_served", "too_long", "busy", "no_room", "hot"]
 
 [[upstreams]]
 name = "standin"
 base_url = "{standin}"
-models = ["m-slow", "m-500", "m-garbage", "m-drip"]
+models = ["m-slow", "m-500", "m-garbage", "m-drip", "m-endless"]
 timeout_s = {SLOW_TIMEOUT_S}
 
 [[upstreams]]
@@ -138,7 +172,8 @@ base_url = "http://127.0.0.1:{closed_port()}"
 models = ["m-down"]
 timeout_s = 5
 """
-    d = DaemonProcess(tmp_path_factory.mktemp("board"), tiny, config, http_listen="127.0.0.1:0")
+    d = DaemonProcess(tmp_path_factory.mktemp("board"), tiny, config, http_listen="127.0.0.1:0",
+                      extra_args=("--memory-gb", f"{budget_gb:.6f}"))
     yield d
     d.stop()
 
@@ -199,6 +234,13 @@ def test_a_full_queue_is_answered_upstream(board_daemon: DaemonProcess, upstream
     assert forwarded(board_daemon)[("big", "busy", "answered")] >= 1
 
 
+def test_a_model_the_memory_plan_cannot_load_is_answered_upstream(board_daemon: DaemonProcess) -> None:
+    via = httpx.post(board_daemon.http_url + "/v1/chat/completions", json=chat("roomless"), timeout=60)
+    assert via.status_code == 200 and via.headers[HEADER] == "upstream:big", via.text
+    assert forwarded(board_daemon)[("big", "no_room", "answered")] >= 1
+    assert {m.name: m.state for m in health(board_daemon.address).models}["roomless"] != pb.ModelHealth.STATE_LOADED
+
+
 def test_a_stream_is_passed_through_chunk_by_chunk(board_daemon: DaemonProcess, upstream: DaemonProcess) -> None:
     body = chat("bigger", stream=True, stream_options={"include_usage": True})
 
@@ -230,7 +272,18 @@ def test_each_chunk_arrives_as_the_upstream_sends_it(board_daemon: DaemonProcess
             if line.startswith("data: "):
                 arrived.append((time.monotonic() - t0, line[6:]))
     assert [a[1] for a in arrived][-1] == "[DONE]" and "part0" in arrived[0][1] and "part1" in arrived[1][1]
-    assert arrived[0][0] < 0.9 <= arrived[1][0]      # the first before the upstream sent the second
+    assert arrived[1][0] - arrived[0][0] >= 0.45     # the first came before the upstream sent the second
+
+
+def test_a_client_that_leaves_a_relayed_stream_closes_the_upstreams_connection(board_daemon: DaemonProcess) -> None:
+    _StandIn.gone.clear()
+    with httpx.stream("POST", board_daemon.http_url + "/v1/chat/completions", json=chat("m-endless", stream=True),
+                      timeout=30) as r:
+        assert r.headers[HEADER] == "upstream:standin"
+        next(line for line in r.iter_lines() if line.startswith("data: "))
+    assert _StandIn.gone.wait(5.0), "the stand-in kept writing to an open connection"
+    r = httpx.post(board_daemon.http_url + "/v1/completions", json={"model": "tiny-llama", "prompt": "x"}, timeout=30)
+    assert r.status_code == 200     # the board still answers (through its upstream: its queue refuses all)
 
 
 def test_grpc_generate_is_answered_upstream(board_daemon: DaemonProcess, upstream: DaemonProcess) -> None:
@@ -301,6 +354,14 @@ def test_an_upstream_that_never_answers_gives_the_local_refusal_within_its_timeo
         assert SLOW_TIMEOUT_S * 0.9 <= took < SLOW_TIMEOUT_S + 3.0
     assert forwarded(board_daemon)[("standin", "not_served", "failed")] >= 2
     assert "upstream standin timed out" in board_daemon.log()
+
+
+def test_the_local_refusal_is_the_one_given_without_an_upstream(board_daemon: DaemonProcess) -> None:
+    """A model no upstream serves, and one whose upstream is down: the same status and body but the name."""
+    alone, _ = local_refusal(board_daemon, "m-nobody")
+    failed, _ = local_refusal(board_daemon, "m-down")
+    assert failed.status_code == alone.status_code == 404
+    assert failed.text.replace("m-down", "m-nobody") == alone.text
 
 
 def test_an_upstream_that_answers_garbage_gives_the_local_refusal(board_daemon: DaemonProcess) -> None:
