@@ -37,12 +37,14 @@ LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 12     # well pas
 class _StandIn(BaseHTTPRequestHandler):
     stop = threading.Event()
     gone = threading.Event()     # an m-endless reader went away
+    keys: list[str | None] = []  # the Authorization header of every request
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        self.keys.append(self.headers.get("authorization"))
         model = body.get("model")
         if model == "m-slow":           # accepts, reads, never answers
             self.stop.wait(30)
@@ -165,6 +167,7 @@ name = "standin"
 base_url = "{standin}"
 models = ["m-slow", "m-500", "m-garbage", "m-drip", "m-endless"]
 timeout_s = {SLOW_TIMEOUT_S}
+api_key = "standin-key"
 
 [[upstreams]]
 name = "down"
@@ -273,6 +276,7 @@ def test_each_chunk_arrives_as_the_upstream_sends_it(board_daemon: DaemonProcess
                 arrived.append((time.monotonic() - t0, line[6:]))
     assert [a[1] for a in arrived][-1] == "[DONE]" and "part0" in arrived[0][1] and "part1" in arrived[1][1]
     assert arrived[1][0] - arrived[0][0] >= 0.45     # the first came before the upstream sent the second
+    assert _StandIn.keys[-1] == "Bearer standin-key"   # the upstream's key, not the client's
 
 
 def test_a_client_that_leaves_a_relayed_stream_closes_the_upstreams_connection(board_daemon: DaemonProcess) -> None:

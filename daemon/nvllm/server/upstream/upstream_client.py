@@ -9,7 +9,9 @@ server-sent events, or one whose first event is not JSON.
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,9 +28,16 @@ class UpstreamFailed(Exception):
     """The upstream gave no answer; the message says why, for the log."""
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The system's CAs, read once (a client per call would otherwise read them every time)."""
+    return ssl.create_default_context()
+
+
 def _client(up: Upstream) -> httpx.AsyncClient:
     # trust_env off: no proxy or .netrc from the environment; the base URL is where the answer comes from
-    return httpx.AsyncClient(timeout=httpx.Timeout(up.timeout_s), trust_env=False, follow_redirects=False)
+    return httpx.AsyncClient(timeout=httpx.Timeout(up.timeout_s), trust_env=False, follow_redirects=False,
+                             verify=_tls())
 
 
 def _headers(up: Upstream, stream: bool) -> dict[str, str]:
