@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvllm.config_upstreams import UpstreamEntry, check_upstreams
 from nvllm.config_values import (
     DURATION,
     DURATION_OR_EMPTY,
@@ -287,6 +288,8 @@ class Settings:
     bundles: BundleSettings = field(default_factory=BundleSettings)
     # The models served by name ([[models]] tables); none: model.path alone (docs/configuration.md).
     models: list[ModelEntry] = field(default_factory=list)
+    # Servers that answer what this board refuses ([[upstreams]]); none: nothing forwarded.
+    upstreams: list[UpstreamEntry] = field(default_factory=list)
     log_level: str = field(default="info", metadata=one_of("debug", "info", "warning", "error"))
 
     def model_path(self) -> Path:
@@ -421,3 +424,4 @@ def validate(s: Settings) -> None:
          "are accepted")
     need(s.power.resume_c <= s.power.throttle_c,
          f"power.resume_c ({s.power.resume_c:g}) must be <= power.throttle_c ({s.power.throttle_c:g})")
+    check_upstreams(s.upstreams)

@@ -18,8 +18,8 @@ import pytest
 from helpers.paths import ROOT
 
 PACKAGE = ROOT / "daemon" / "nvllm"
-SHARED = {"nvllm", "nvllm.config", "nvllm.config_values", "nvllm.sampling_params", "nvllm.pooling_params",
-          "nvllm.transcription_params", "nvllm.v1", "nvllm.cgroup"}
+SHARED = {"nvllm", "nvllm.config", "nvllm.config_upstreams", "nvllm.config_values", "nvllm.sampling_params",
+          "nvllm.pooling_params", "nvllm.transcription_params", "nvllm.v1", "nvllm.cgroup"}
 TEXT = "nvllm.text"
 AUDIO = "nvllm.audio"      # an upload's bytes -> samples and Whisper's features: input, as text is; never server/'s
 
@@ -110,12 +110,13 @@ SERVER_ROOMS = {
     "pooling": {S + "state"},                                    # embed and rerank through submit
     "transcribing": {S + r for r in ("reading", "state", "submission")},   # speech to text through submit
     "voice": {S + r for r in ("models", "state", "transcribing")},   # a chat's audio heard, through submit
+    "upstream": {S + r for r in ("metrics", "models", "state")},   # a bigger server answers what is refused
     "grpc": {S + r for r in ("chat", "clients", "health", "logs", "models", "pooling", "reading", "state",
-                             "submission", "transcribing", "voice")},   # the gRPC front door
+                             "submission", "transcribing", "upstream", "voice")},   # the gRPC front door
     "http": {S + r for r in ("chat", "clients", "health", "listen", "logs", "metrics", "models", "pooling",
-                             "reading", "state", "submission", "transcribing", "voice")},  # the HTTP front door
+                             "reading", "state", "submission", "transcribing", "upstream", "voice")},  # the HTTP
     "daemon": {S + r for r in ("board", "grpc", "http", "listen", "logs", "metrics_listener", "models",
-                               "state", "systemd")},             # the daemon's life
+                               "state", "systemd", "upstream")},             # the daemon's life
 }
 
 

@@ -63,6 +63,17 @@ def prompt_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, add_special_tok
     return field, ids
 
 
+class ContextOverflow(InvalidParameter):
+    """A generation request longer than the model's max_model_len: its prompt, or its prompt and max_tokens
+    (never the request's own context_limit). A bigger server may answer it (server/upstream/)."""
+
+
+def _overflow(bound: str, field: str, value: Any, reason: str, shown: str | None = None) -> InvalidParameter:
+    """The refusal of a request past bound: a ContextOverflow where the bound is the model's own."""
+    kind = ContextOverflow if bound == "max_model_len" else InvalidParameter
+    return kind(field, value, reason, shown=shown)
+
+
 def generation_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, params: SamplingParams,
                    max_model_len: int) -> tuple[list[int], int]:
     """(a generation request's prompt ids fitted to the context, how many a chat's drop_oldest dropped).
@@ -93,15 +104,15 @@ def generation_ids(tokenizer: Tokenizer, vocab: int, prompt: Prompt, params: Sam
     hint = "; context_overflow 'drop_oldest' drops the oldest turns" \
         if field == "messages" and params.context_overflow != "drop_oldest" else ""
     if n >= limit:
-        raise InvalidParameter(field, f"{n} tokens", f"shorter than {bound} {limit} tokens "
-                                                    f"(over by {n - limit + 1}{hint})")
+        raise _overflow(bound, field, f"{n} tokens", f"shorter than {bound} {limit} tokens "
+                                                     f"(over by {n - limit + 1}{hint})")
     if params.max_tokens is None:
         params.max_tokens = limit - n
     elif n + params.max_tokens > limit:
-        raise InvalidParameter("max_tokens", params.max_tokens,
-                               f"at most {limit - n} for a prompt of {n} tokens (prompt + max_tokens "
-                               f"exceeds {bound} {limit} by {n + params.max_tokens - limit}"
-                               f"{hint})")
+        raise _overflow(bound, "max_tokens", params.max_tokens,
+                        f"at most {limit - n} for a prompt of {n} tokens (prompt + max_tokens "
+                        f"exceeds {bound} {limit} by {n + params.max_tokens - limit}"
+                        f"{hint})")
     return ids, dropped
 
 
@@ -127,10 +138,10 @@ def _drop_oldest(tokenizer: Tokenizer, vocab: int, prompt: Mapping[str, Any], n:
     best = render(hi) if hi >= 1 else None
     if best is None or len(best) > room:
         kept = len(best) if best is not None else n
-        raise InvalidParameter("messages", f"{n} tokens",
-                               f"at most {room} tokens to leave room for the answer within {bound} "
-                               f"{limit}; with context_overflow 'drop_oldest' the system messages and "
-                               f"the last turn alone make {kept}", shown=f"{n} tokens")
+        raise _overflow(bound, "messages", f"{n} tokens",
+                        f"at most {room} tokens to leave room for the answer within {bound} "
+                        f"{limit}; with context_overflow 'drop_oldest' the system messages and "
+                        f"the last turn alone make {kept}", shown=f"{n} tokens")
     while lo < hi:
         mid = (lo + hi) // 2
         ids = render(mid)

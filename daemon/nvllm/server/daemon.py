@@ -63,6 +63,8 @@ from nvllm.server.models.served_models import memory_budget, model_specs, served
 from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
 from nvllm.server.systemd import Notifier, WatchdogPinger
+from nvllm.server.upstream.forwarder import Forwarder
+from nvllm.server.upstream.upstream_policy import UpstreamRoutes
 from nvllm.v1 import nvllm_pb2
 
 if TYPE_CHECKING:   # the HTTP API (starlette, uvicorn) is imported only when http.listen is set
@@ -101,6 +103,9 @@ class Daemon:
         self.state.context_overflow = s.server.context_overflow
         self.state.speech = SpeechSlot(s.server.speech_model, s.server.max_audio_bytes, s.server.max_audio_seconds)
         self.state.pulls = ModelPulls(settings, puller)
+        # [[upstreams]]: where refused requests may go instead (server/upstream/); None when there are none
+        self.upstreams = Forwarder(UpstreamRoutes.from_settings(s.upstreams), self.state.metrics) \
+            if s.upstreams else None
         self.specs, self.default_model = model_specs(settings)     # ConfigError for a bad list of models
         self.models: ModelSet | None = None
         self._seen_progress: dict[int, int] = {}
@@ -120,7 +125,7 @@ class Daemon:
             options=[("grpc.so_reuseport", 0),
                      ("grpc.max_receive_message_length", TRANSPORT_CAP_FACTOR * cap),
                      ("grpc.max_send_message_length", cap)])
-        add_generator_to_server(GeneratorService(self.state), server)
+        add_generator_to_server(GeneratorService(self.state, self.upstreams), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (nvllm_pb2.DESCRIPTOR.services_by_name["Generator"].full_name,
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -140,7 +145,8 @@ class Daemon:
         for listen, setting in ((h.listen, "http.listen"), (h.ollama_listen, "http.ollama_listen")):
             if listen:
                 check_security(dataclasses.replace(h, listen=listen), setting)
-        app = OpenAIApi(self.state, http_api_key(h), h.max_body_bytes, metrics=self.state.metrics).app()
+        app = OpenAIApi(self.state, http_api_key(h), h.max_body_bytes, metrics=self.state.metrics,
+                        upstreams=self.upstreams).app()
         if h.listen:
             self.http = HttpListener(app, h.listen, "http.listen or --http-listen", h.tls_cert, h.tls_key,
                                      STOP_GRACE_S)

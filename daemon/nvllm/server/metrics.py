@@ -128,6 +128,11 @@ class Metrics:
                                      "Tokens (prompt chunks and decodes) computed by each engine step.",
                                      STEP_TOKEN_BUCKETS),
         }
+        # Requests an upstream answered or failed ([[upstreams]], server/upstream/), by why they went there.
+        self.forwarded_requests = Counter(
+            "nvllm:forwarded_requests", "Requests forwarded to an upstream instead of refused here, by upstream, "
+            "reason (not_served, too_long, no_room, busy, hot) and outcome (answered; failed: refused here, or "
+            "answered here when hot).", ["upstream", "reason", "outcome"], registry=reg)
         self._models: dict[str, ModelMetrics] = {}
         self.for_model(model_name)
         reg.register(StateCollector(model_name, state))
@@ -148,6 +153,10 @@ class Metrics:
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
         return RequestTracker(self.for_model(model), api, time.monotonic() if arrival is None else arrival)
+
+    def forwarded(self, upstream: str, reason: str, outcome: str) -> None:
+        """A request forwarded to an upstream (server/upstream/forwarder.py)."""
+        self.forwarded_requests.labels(upstream, reason, outcome).inc()
 
     def observe_step(self, seconds: float, tokens: int, model: str | None = None) -> None:
         """One engine step (AsyncEngine's on_step; thread-safe)."""

@@ -54,10 +54,11 @@ class Refused(Exception):
     (gRPC RESOURCE_EXHAUSTED, HTTP 429), else starting or draining (UNAVAILABLE, HTTP 503); `no_room` a
     model the memory budget cannot hold beside those in use (RESOURCE_EXHAUSTED, HTTP 503)."""
 
-    def __init__(self, message: str, busy: bool, no_room: bool = False) -> None:
+    def __init__(self, message: str, busy: bool, no_room: bool = False, per_client: bool = False) -> None:
         super().__init__(message)
         self.busy = busy or no_room
         self.no_room = no_room
+        self.per_client = per_client    # the client's own stream cap: never forwarded to an upstream
 
 
 class _Unread(Exception):
@@ -187,7 +188,7 @@ class DaemonState:
         limit = self.max_streams_per_client
         if limit and open_streams >= limit:
             raise Refused(f"too many concurrent streams from {client}: {open_streams} open, limit {limit} "
-                          f"(server.max_streams_per_client)", busy=True)
+                          f"(server.max_streams_per_client)", busy=True, per_client=True)
         self.streams_by_client[client] = open_streams + 1
 
     def close_stream(self, client: str) -> None:

@@ -37,6 +37,7 @@ from nvllm.server.chat.answer import ARGUMENTS, CALL, REASONING, TEXT, AnswerStr
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.clients import client_key
 from nvllm.server.grpc.chat_audio import ChatAudioRefused, hear_chat
+from nvllm.server.grpc.forward_generate import ANSWERED_BY_KEY, forwardable, generate_responses, openai_body
 from nvllm.server.grpc.generate_request import (
     BadRequest,
     GenerateArgs,
@@ -62,6 +63,8 @@ from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.reading import Reading, Served
 from nvllm.server.state import SERVICE_NAME, DaemonState, Refused
 from nvllm.server.submission import Submission
+from nvllm.server.upstream.forwarder import Forwarder
+from nvllm.server.upstream.upstream_client import UpstreamFailed
 from nvllm.v1 import nvllm_pb2 as pb
 from nvllm.v1 import nvllm_pb2_grpc as pb_grpc
 
@@ -130,8 +133,10 @@ def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server)
 
 
 class GeneratorService(pb_grpc.GeneratorServicer):
-    def __init__(self, state: DaemonState) -> None:
+    def __init__(self, state: DaemonState, upstreams: Forwarder | None = None) -> None:
+        """upstreams: where Generate requests go that would be refused here (None: nowhere)."""
         self.state = state
+        self.upstreams = upstreams
 
     # -- Health -------------------------------------------------------------------------------
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
@@ -244,28 +249,53 @@ class GeneratorService(pb_grpc.GeneratorServicer):
             except ChatAudioRefused as e:
                 await _abort(context, e.code, e.details)
             args: GenerateArgs | None = None
+            asked_model, served_name = request.model, ""
+            invalid: InvalidParameter | None = None     # the engine's refusal behind the reader's
+            if self.upstreams and st.heat is not None and st.heat.throttled:    # hot: the upstream first
+                answered: list[bool] = []
+                async with contextlib.aclosing(self._forwarded(request, context, rid, "hot",
+                                                               [asked_model or st.model_name], answered)) as relayed:
+                    async for response in relayed:
+                        yield response
+                if answered:
+                    return
 
             def read(served: Served) -> Reading:
-                nonlocal args
+                nonlocal args, served_name
+                served_name = served.model_name
                 if request.model:      # an alias, or a name with ":latest": read as the served name
                     request.model = served.model_name
                 args = read_request(request, rid, served.model_name, st.max_message_bytes,
                                     served.engine.chat_template)
                 a = args
-                return Reading([(a.prompt, a.params)],
-                               lambda e: BadRequest(e.field, invalid_message(e, a.input_field, a.constraint_param)),
-                               request.priority, keep_alive_s=read_keep_alive(request.keep_alive))
+
+                def refuse(e: InvalidParameter) -> BadRequest:
+                    nonlocal invalid
+                    invalid = e
+                    return BadRequest(e.field, invalid_message(e, a.input_field, a.constraint_param))
+                return Reading([(a.prompt, a.params)], refuse, request.priority,
+                               keep_alive_s=read_keep_alive(request.keep_alive))
+            refused: BadRequest | UnknownModel | Refused | None = None
             try:
                 sub = await st.submit("grpc", client_key(context.peer()), rid, read, arrival=t0,
                                       model=request.model)
-            except BadRequest as e:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            except UnknownModel as e:
-                await _abort(context, grpc.StatusCode.NOT_FOUND, str(e))
-            except Refused as e:
-                await _abort(context, _refusal_code(e), str(e))
+            except (BadRequest, UnknownModel, Refused) as e:
+                refused = e
             except EngineDead as e:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+            if refused is not None:      # an upstream may answer what is refused here
+                if self.upstreams:
+                    names, answered = [asked_model or st.model_name, served_name], []
+                    reason = Forwarder.reason(refused, invalid)
+                    async with contextlib.aclosing(self._forwarded(request, context, rid, reason, names,
+                                                                   answered)) as relayed:
+                        async for response in relayed:
+                            yield response
+                    if answered:
+                        return
+                code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(refused, BadRequest) else \
+                    grpc.StatusCode.NOT_FOUND if isinstance(refused, UnknownModel) else _refusal_code(refused)
+                await _abort(context, code, str(refused))
             assert args is not None     # submit read it
             async with sub:
                 answer = chat_answer(st.reasoning_parser, args.input_field, args.prompt, sub.thinks, args.tool_plan)
@@ -275,6 +305,34 @@ class GeneratorService(pb_grpc.GeneratorServicer):
                             response.transcripts.extend(heard)
                             heard = []
                         yield response
+
+    async def _forwarded(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, rid: str,
+                         reason: str | None, names: list[str],
+                         answered: list[bool]) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """The answer of the upstream that takes the request for reason, as responses, the metadata saying
+        where it was answered (answered then holds True); nothing where none takes it or it fails before its
+        first event (answered stays empty: the caller refuses or answers as without it)."""
+        assert self.upstreams is not None
+        up = self.upstreams.route(names, reason)
+        if up is None or reason is None or not forwardable(request):
+            return
+        try:
+            path, body = openai_body(request, request.model or names[0])
+        except ValueError:     # a schema or kwargs that are not JSON: refused here, naming them
+            return
+        events = await self.upstreams.events(up, reason, path, body)
+        if events is None:
+            return
+        answered.append(True)
+        await context.send_initial_metadata(((ANSWERED_BY_KEY, up.answered_by),))
+        try:
+            async with contextlib.aclosing(generate_responses(events, rid)) as responses:
+                async for response in responses:
+                    yield response
+        except UpstreamFailed as e:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"{e} mid-stream")
+        finally:
+            await events.aclose()
 
     async def _responses(self, sub: Submission, context: grpc.aio.ServicerContext, rid: str, t0: float,
                          answer: AnswerStream | None) -> AsyncGenerator[pb.GenerateResponse, None]:

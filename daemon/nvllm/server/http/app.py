@@ -20,6 +20,7 @@ requests: their pages come back at once.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import uuid
@@ -46,6 +47,7 @@ from nvllm.server.http.body import parse_json
 from nvllm.server.http.delivery import event_stream, ndjson_stream, whole
 from nvllm.server.http.dialect import NDJSON, Asked, Dialect
 from nvllm.server.http.errors import ApiError, bad_request
+from nvllm.server.http.forwarded_answer import forwarded_answer
 from nvllm.server.http.input_audio import HeardAnswer, hear_chat
 from nvllm.server.http.ollama_api import OllamaApi
 from nvllm.server.http.openai_request import ParsedRequest, parse_chat, parse_completion
@@ -63,6 +65,7 @@ from nvllm.server.models.model_set import UnknownModel
 from nvllm.server.pooling import PoolingFailed, ranked, run_pooling
 from nvllm.server.reading import Reading, Served
 from nvllm.server.state import DaemonState, Refused
+from nvllm.server.upstream.forwarder import CHAT_PATH, COMPLETIONS_PATH, Forwarder
 
 log = logging.getLogger("nvllm.server.http")
 
@@ -82,9 +85,11 @@ def not_found(e: UnknownModel) -> ApiError:
 
 class OpenAIApi:
     def __init__(self, state: DaemonState, api_key: bytes | None = None, max_body_bytes: int = 1 << 20,
-                 metrics: Metrics | None = None) -> None:
-        """metrics: the daemon's Metrics (server/metrics.py), served at /metrics (None: no such page)."""
+                 metrics: Metrics | None = None, upstreams: Forwarder | None = None) -> None:
+        """metrics: the daemon's Metrics (server/metrics.py), served at /metrics (None: no such page);
+        upstreams: where chat completions and completions go that would be refused here (None: nowhere)."""
         self.state = state
+        self.upstreams = upstreams
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
@@ -247,11 +252,11 @@ class OpenAIApi:
                                                                              served.reasoning_parser, thinks))
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self.generate(request, self._openai(self._read_chat), hears=True)
+        return await self.generate(request, self._openai(self._read_chat), hears=True, forward=CHAT_PATH)
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, self._openai(
-            lambda body, st: parse_completion(body, st.model_name, st.max_num_seqs)))
+            lambda body, st: parse_completion(body, st.model_name, st.max_num_seqs)), forward=COMPLETIONS_PATH)
 
     async def messages(self, request: Request) -> Response:
         return await self.generate(request, MESSAGES)
@@ -281,20 +286,21 @@ class OpenAIApi:
         return await self.generate(request, Dialect(read_responses, ResponsesAnswer.start))
 
     async def generate(self, request: Request, dialect: Dialect, hears: bool = False,
-                       body: dict[str, Any] | None = None) -> Response:
+                       body: dict[str, Any] | None = None, forward: str = "") -> Response:
         """A generation request in any of the API's dialects: its body read, handed in through
         DaemonState.submit, the answer built from its outputs; every refusal in the dialect's shape. hears:
         the chat's audio parts are transcribed first (the voice query, input_audio.py); body: the body,
-        where the caller read it already (after the key check), as Ollama's endpoints do."""
+        where the caller read it already (after the key check), as Ollama's endpoints do; forward: the path
+        at an upstream that answers it where it would be refused here (OpenAI's two endpoints alone)."""
         try:
-            return await self._generate(request, dialect, hears, body)
+            return await self._generate(request, dialect, hears, body, forward)
         except ApiError as e:
             if e.status >= 500:
                 log.warning("HTTP %d: %s", e.status, e.message)
             return dialect.refused(e)
 
     async def _generate(self, request: Request, dialect: Dialect, hears: bool = False,
-                        body: dict[str, Any] | None = None) -> Response:
+                        body: dict[str, Any] | None = None, forward: str = "") -> Response:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         st = self.state
@@ -304,28 +310,47 @@ class OpenAIApi:
                 st.check_serving()
                 if body is None:
                     body = parse_json(await self.read_body(request))
+                original = copy.deepcopy(body) if forward and self.upstreams else None   # as the client sent it
                 model, keep_alive = request_model(body)
             except (ApiError, Refused) as e:
                 err = refusal(e) if isinstance(e, Refused) else e
                 st.metrics.request("http", arrival=t0).refused(_REFUSAL_REASON.get(err.status, "invalid"))
                 raise err from None
+            if original is not None and st.heat is not None and st.heat.throttled:   # hot: upstream first
+                answered = await self._forward(original, "hot", [model or st.model_name], forward)
+                if answered is not None:
+                    return answered
             heard = await hear_chat(st, body, http_client_key(request), rid, t0, refusal) if hears else []
             asked: Asked | None = None
             served: Served | None = None
+            invalid: InvalidParameter | None = None     # the engine's refusal behind the reader's
+
+            def refuse(e: InvalidParameter) -> Exception:
+                nonlocal invalid
+                invalid = e
+                assert asked is not None
+                return asked.refusal(e)
 
             def read(model_served: Served) -> Reading:   # by the model leased: a chat is read by its template
                 nonlocal asked, served
                 if body.get("model"):   # an alias, or a name with ":latest": read as the served name
                     body["model"] = model_served.model_name
                 asked, served = dialect.read(body, model_served), model_served
-                return Reading(asked.choices(), asked.refusal, asked.priority,
+                return Reading(asked.choices(), refuse, asked.priority,
                                f", user {asked.user!r}" if asked.user else "", keep_alive)
             try:
                 sub = await st.submit("http", http_client_key(request), rid, read, arrival=t0, model=model)
-            except Refused as e:
-                raise refusal(e) from None
-            except UnknownModel as e:
-                raise not_found(e) from None
+            except (Refused, UnknownModel, ApiError) as e:
+                if original is not None:        # an upstream may answer what is refused here
+                    names = [model or st.model_name, served.model_name if served is not None else ""]
+                    answered = await self._forward(original, Forwarder.reason(e, invalid), names, forward)
+                    if answered is not None:
+                        return answered
+                if isinstance(e, Refused):
+                    raise refusal(e) from None
+                if isinstance(e, UnknownModel):
+                    raise not_found(e) from None
+                raise
             except EngineDead as e:
                 raise ApiError(503, str(e), code="unavailable") from None
             assert asked is not None and served is not None    # submit read it
@@ -336,6 +361,17 @@ class OpenAIApi:
                 return (ndjson_stream if dialect.streams == NDJSON else event_stream)(sub, answering, rid, t0)
             async with sub:
                 return await whole(request, sub, answering, rid)
+
+    async def _forward(self, body: dict[str, Any], reason: str | None, names: list[str],
+                       path: str) -> Response | None:
+        """The answer of the upstream that takes this request for reason; None: none does, or it failed."""
+        assert self.upstreams is not None
+        up = self.upstreams.route(names, reason)
+        if up is None or reason is None:
+            return None
+        if not body.get("model"):       # the default model here: named, since the upstream's default differs
+            body = {**body, "model": names[0]}
+        return await forwarded_answer(self.upstreams, up, reason, path, body)
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it passes http.max_body_bytes (never read whole first)."""
