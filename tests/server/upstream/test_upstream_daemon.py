@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
-import httpx
+import httpx2 as httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
