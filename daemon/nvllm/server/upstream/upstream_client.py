@@ -1,4 +1,5 @@
-"""HTTP to an upstream (httpx2, the client huggingface_hub already brings; asyncio): a whole answer, or a stream of server-sent events read as it comes.
+"""HTTP to an upstream (httpx2, the client huggingface_hub brings already; asyncio): a whole answer, or a
+stream of server-sent events read as it comes.
 
 Each call has its own connection (an upstream is a server on the board's network, a request to it rare next
 to the tokens it streams), closed however the call ends. timeout_s bounds the connection and every wait for
