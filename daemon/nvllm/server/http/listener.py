@@ -24,6 +24,11 @@ from nvllm.server.listen import EXIT_FAILURE, ListenError, is_loopback
 
 log = logging.getLogger("nvllm.server.http")
 
+# How long an idle connection is kept open. Longer than the clients' own expiry (httpx's, the openai and
+# ollama clients', is 5 s; uvicorn's default is also 5 s): with both at 5 s a client may send on a connection
+# the server is closing that very moment, and the request fails with a read error.
+KEEP_ALIVE_S = 30
+
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
@@ -96,6 +101,7 @@ class HttpListener:
         self.config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", log_config=None,
                                      access_log=False, server_header=False, ssl_certfile=tls_cert or None,
                                      ssl_keyfile=tls_key or None,
+                                     timeout_keep_alive=KEEP_ALIVE_S,
                                      timeout_graceful_shutdown=graceful_s)  # type: ignore[arg-type]
         if tls_cert:
             try:   # read the TLS files now, so a bad one fails start-up in a second (uvicorn reads them again)
