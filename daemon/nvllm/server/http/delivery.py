@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
@@ -41,7 +42,7 @@ def ndjson_stream(sub: Submission, answering: Answering, rid: str, t0: float) ->
                 yield event["data"] + "\n"
         finally:
             await evs.aclose()
-    return _LineStream(lines(), sub, media_type="application/x-ndjson", headers={"X-Request-Id": rid})
+    return ClosingStream(lines(), sub.close, media_type="application/x-ndjson", headers={"X-Request-Id": rid})
 
 
 async def whole(request: Request, sub: Submission, answering: Answering, rid: str) -> Response:
@@ -109,18 +110,22 @@ class _EventStream(EventSourceResponse):
             self.sub.close()
 
 
-class _LineStream(StreamingResponse):
-    """A streamed body that closes its Submission however it ends (as _EventStream)."""
+class ClosingStream(StreamingResponse):
+    """A streamed body whose `close` (a Submission's, an upstream's connection's; sync or async) runs however
+    the response ends: a disconnect may cancel the response before its generator ever started, when the
+    generator's own cleanup would never run (as _EventStream)."""
 
-    def __init__(self, content: AsyncIterator[str], sub: Submission, **kw: Any) -> None:
+    def __init__(self, content: AsyncIterator[str], close: Callable[[], Any], **kw: Any) -> None:
         super().__init__(content, **kw)
-        self.sub = sub
+        self.close = close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.sub.close()
+            done = self.close()
+            if inspect.isawaitable(done):
+                await done
 
 
 async def _collect(sub: Submission, answering: Answering) -> None:

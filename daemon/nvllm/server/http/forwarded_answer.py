@@ -9,8 +9,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from nvllm.server.http.delivery import ClosingStream
 from nvllm.server.upstream.forwarder import ANSWERED_BY_HEADER, Forwarder, mark_event
 from nvllm.server.upstream.upstream_client import DONE, UpstreamEvents, UpstreamFailed
 from nvllm.server.upstream.upstream_policy import Upstream
@@ -24,7 +25,7 @@ async def forwarded_answer(fwd: Forwarder, up: Upstream, reason: str, path: str,
         events = await fwd.events(up, reason, path, body)
         if events is None:
             return None
-        return _RelayedStream(_relay(events, up), events, media_type="text/event-stream",
+        return ClosingStream(_relay(events, up), events.aclose, media_type="text/event-stream",
                               headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     answer = await fwd.whole(up, reason, path, body)
     return None if answer is None else JSONResponse(answer, headers=headers)
@@ -44,18 +45,3 @@ async def _relay(events: UpstreamEvents, up: Upstream) -> AsyncIterator[str]:
                                            "code": "upstream_failed"}}))
     finally:
         await events.aclose()
-
-
-class _RelayedStream(StreamingResponse):
-    """The relayed events, their connection to the upstream closed however the response ends (a client that
-    leaves before the generator started would otherwise leave it open)."""
-
-    def __init__(self, content: AsyncIterator[str], events: UpstreamEvents, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self.events = events
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.events.aclose()
