@@ -6,7 +6,7 @@ leaves the old one serving, and Health and /metrics say why; requests stream whi
 times: every one finishes whole on the version it started on, every page of every engine comes back; a budget
 that holds one version drains the old one first (a request meanwhile waits, then gets the new one), gives up
 past server.update_drain_s with the old one serving, and a bad file there leaves the model unloaded, saying
-why."""
+why; an embedder's new version is checked with an embedding."""
 
 from __future__ import annotations
 
@@ -262,3 +262,23 @@ def test_a_budget_that_holds_one_version_drains_the_old_first(tmp_path: Path, ve
         assert (await answer(models, max_tokens=24))[0] == first and slot.phase == LOADED
 
     run_set(work, versions, body, budget=one * 3 // 2, num_blocks=blocks)
+
+
+def test_an_embedder_is_checked_with_an_embedding(tiny_encoders: dict[str, Path]) -> None:
+    loader = ModelLoader(lambda: MemoryReading(64 << 30, "test"))
+
+    async def main() -> None:
+        models = ModelSet([spec_of(tiny_encoders["tiny-bert"], "embedder")], "embedder", 8 << 30, loader.load,
+                          loader.unload, loader.least, loader.reclaim)
+        updates = ModelUpdates()
+        (await models.lease("embedder")).release()
+        old = models.slots["embedder"].engine
+        assert old is not None and old.task == "embed"
+        done = await updates.reload(models, "embedder")          # asked by name: reloaded, files changed or not
+        assert done.outcome == SWAPPED, done.reason
+        await models.retired()
+        assert models.slots["embedder"].engine is not old and not old.is_running
+        assert (await updates.reload(models, "embedder", changed_only=True)).outcome == UNCHANGED
+        for e in models.engines():
+            await loader.unload(e)
+    asyncio.run(asyncio.wait_for(main(), 60))
