@@ -193,6 +193,9 @@ class ServerSettings:
     max_streams_per_client: int = field(default=64, metadata=at_least(0))
     # Seconds running requests get to finish after SIGTERM before they are cancelled.
     drain_grace_s: float = field(default=30.0, metadata=at_least(0.0))
+    # A model updated in place when the memory budget does not hold both versions: how long new requests wait
+    # for the old version's running ones to finish before the update gives up (server/models/model_update.py).
+    update_drain_s: float = field(default=60.0, metadata=at_least(0.0))
     tls_cert: str = ""
     tls_key: str = ""
     # When set, clients must present a certificate signed by this CA (mutual TLS).

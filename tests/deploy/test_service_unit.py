@@ -47,6 +47,7 @@ def test_unit_is_a_notify_service_with_a_watchdog() -> None:
     assert int(unit_value("WatchdogSec")) > 0
     assert unit_value("Restart") == "on-failure"
     assert unit_value("KillSignal") == "SIGTERM"
+    assert unit_value("ExecReload") == "/bin/kill -HUP $MAINPID"      # SIGHUP: models' new files in service
     assert (unit_value("User"), unit_value("Group"), unit_value("DynamicUser")) == ("nvllm", "nvllm", "no")
     assert unit_value("StateDirectory") == "nvllm"
     assert unit_value("ConfigurationDirectory") == "nvllm"

@@ -295,6 +295,10 @@ def cmd_health(args: argparse.Namespace) -> int:
                 if m.state == pb.ModelHealth.STATE_LOADED else ""
             print(f"  {'*' if m.default else ' '} {m.name}: {model_state}, {m.bytes // mib} MiB{pages}; "
                   f"{m.requests} requests, {m.loads} loads; {keep}")
+            if m.update_state:
+                retiring = f", {m.retiring} old versions finishing" if m.retiring else ""
+                print(f"      last update: {m.update_state}{retiring}" +
+                      (f": {m.update_error}" if m.update_error else ""))
         if h.thermal_throttled or h.HasField("cpu_temperature_celsius"):   # neither with [power] off
             temp = f"CPU at {h.cpu_temperature_celsius:.1f} C" if h.HasField("cpu_temperature_celsius") else \
                 "no CPU thermal zone"

@@ -1,8 +1,9 @@
-"""nvllm models pull | list | synthesize | quantize | export | import | keygen | sign: the models the registry
+"""nvllm models pull | list | synthesize | quantize | export | import | keygen | sign | reload: the models the registry
 knows and models of the Hugging Face Hub (model_files/hub.py), fetched into and listed from a folder;
 random-weight GGUFs of real models' shapes, for benchmarks without downloads; a GGUF written again in another
 file type, as llama.cpp's quantize tool writes it; and models carried to offline boards in bundles, checked and
-optionally signed (cli/bundles.py)."""
+optionally signed (cli/bundles.py); and a new version of a model put in service by a running daemon
+(cli/model_reload.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import sys
 
 from nvllm.cli.bundles import BUNDLE_ACTIONS, add_bundle_parsers, cmd_bundles
+from nvllm.cli.model_reload import add_reload_parser, cmd_reload
 from nvllm.config import DEFAULT_MODEL
 
 
@@ -55,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     help="F32, F16, Q8_0, Q5_0, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS or IQ4_NL")
     mq.add_argument("--out", required=True, help="the GGUF file to write")
     add_bundle_parsers(msub)
+    add_reload_parser(msub)
     m.set_defaults(func=cmd_models)
 
 
@@ -117,6 +120,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     if args.action in BUNDLE_ACTIONS:
         return cmd_bundles(args)
+    if args.action == "reload":
+        return cmd_reload(args)
     if args.action == "synthesize":
         return cmd_synthesize(args)
     if args.action == "quantize":

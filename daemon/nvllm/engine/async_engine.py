@@ -148,6 +148,11 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     @property
+    def task(self) -> str:
+        """What the model serves: "generate", "embed", "rerank" or "transcribe" (fixed when it is built)."""
+        return self.engine.task
+
+    @property
     def num_streams(self) -> int:
         """Requests in flight (including consumers that left and await their abort)."""
         return len(self._streams)

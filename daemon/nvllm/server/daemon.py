@@ -27,6 +27,10 @@ same HTTP app on a second port (Ollama's clients dial 11434), under the same che
 
 Models pulled while serving (Ollama's /api/pull) come through the injected puller (cli/serve.py passes the
 Hugging Face Hub's): server/models/model_pulls.py.
+
+SIGHUP puts in service a new version of every loaded model whose files changed since it was loaded (beside
+the old one, checked, then swapped: server/models/model_update.py); `nvllm models reload NAME` (gRPC
+ReloadModel) does it for one model.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from nvllm.server.metrics_listener import MetricsListener
 from nvllm.server.models.model_loader import ModelLoader
 from nvllm.server.models.model_pulls import ModelPulls, Puller
 from nvllm.server.models.model_set import ModelSet, NoRoom
+from nvllm.server.models.model_update import ModelUpdates
 from nvllm.server.models.served_models import memory_budget, model_specs, served_name
 from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.state import SERVICE_NAME, DaemonState, Phase
@@ -106,6 +111,8 @@ class Daemon:
         # [[upstreams]]: where refused requests may go instead (server/upstream/); None when there are none
         self.upstreams = Forwarder(UpstreamRoutes.from_settings(s.upstreams), self.state.metrics) \
             if s.upstreams else None
+        self.state.updates = ModelUpdates(s.server.update_drain_s)
+        self._hangups: set[asyncio.Task] = set()
         self.specs, self.default_model = model_specs(settings)     # ConfigError for a bad list of models
         self.models: ModelSet | None = None
         self._seen_progress: dict[int, int] = {}
@@ -171,6 +178,16 @@ class Daemon:
         assert self.stop_requested is not None
         self.stop_requested.set()
 
+    def _on_hangup(self) -> None:
+        """SIGHUP: a new version of every loaded model whose files changed (ignored until serving)."""
+        if self.models is None or self.state.phase is not Phase.SERVING:
+            log.info("SIGHUP before serving or while draining: ignored")
+            return
+        log.info("SIGHUP: reloading the loaded models whose files changed")
+        task = asyncio.get_running_loop().create_task(self.state.updates.reload_changed(self.models))
+        self._hangups.add(task)             # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._hangups.discard)
+
     @property
     def engine(self) -> AsyncEngine | None:
         """The default model's engine, while it is loaded."""
@@ -212,6 +229,7 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
         for signum, handler in self.signal_handlers.items():
             loop.add_signal_handler(signum, handler, self)
         s = self.settings

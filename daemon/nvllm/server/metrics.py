@@ -298,6 +298,8 @@ class StateCollector(Collector):
                 put("nvllm:model_state", 1.0 if m["state"] == phase else 0.0, (phase,), model=model)
             put("nvllm:model_memory_bytes", m["bytes"], model=model)
             put("nvllm:model_loads", m["loads"], model=model)
+            for outcome, n in m.get("updates", {}).items():
+                put("nvllm:model_updates", n, (outcome,), model=model)
             if m["stats"] is not None:
                 _engine_stats(m["stats"], lambda key, v, labels=(), model=model: put(key, v, labels, model))
         if st.models is not None:
@@ -383,6 +385,9 @@ def _state_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         (g, "nvllm:model_state", "1 for the model's state: unloaded, loading, loaded or unloading.", m + ["state"]),
         (g, "nvllm:model_memory_bytes", "What the model holds of the memory budget: weights and page pool.", m),
         (c, "nvllm:model_loads", "Times the model was loaded since start.", m),
+        (c, "nvllm:model_updates", "Updates of the model in place (nvllm models reload, SIGHUP) by outcome: "
+                                   "swapped, unchanged, deferred (not loaded), failed (the old version serves on; "
+                                   "Health's update_error says why).", m + ["outcome"]),
         (g, "nvllm:memory_budget_bytes", "The memory budget every model's weights and page pool share.", m),
         (g, "nvllm:memory_held_bytes", "What the loaded models hold of the memory budget.", m),
         (g, "nvllm:thermal_throttled", "1 while the board is hot and the daemon holds back (fewer matmul "

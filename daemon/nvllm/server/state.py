@@ -31,6 +31,7 @@ from nvllm.server.health import DRAINING, NOT_ADMITTING, SERVING, STARTING, Heal
 from nvllm.server.metrics import Metrics
 from nvllm.server.models.model_pulls import ModelPulls
 from nvllm.server.models.model_set import Lease, ModelSet, NoRoom, UnknownModel
+from nvllm.server.models.model_update import ModelUpdates
 from nvllm.server.models.speech_slot import SpeechSlot
 from nvllm.server.reading import Params, Reading, Served
 from nvllm.server.submission import Submission
@@ -92,6 +93,7 @@ class DaemonState:
         self.heat: HeatMonitor | None = None    # the board's heat ([power]); None when power.enabled is off
         self.models: ModelSet | None = None     # every model served, by name (models/model_set.py), once started
         self.pulls: ModelPulls | None = None    # models pulled and deleted while serving (models/model_pulls.py)
+        self.updates = ModelUpdates()           # new versions of served models put in service (models/model_update.py)
         self.watchdog: MemoryWatchdog | None = None
         self.started_at = process_start_time()
         self._tasks: set[asyncio.Task] = set()
@@ -319,7 +321,8 @@ class DaemonState:
         settings' while unloaded (None: the model's own limit, known once loaded)."""
         if self.models is None:
             return [{"name": self.model_name, "state": "loading", "max_model_len": None, "stats": None,
-                     "pinned": False, "keep_alive_s": 0.0, "bytes": 0, "requests": 0, "loads": 0, "default": True}]
+                     "pinned": False, "keep_alive_s": 0.0, "bytes": 0, "requests": 0, "loads": 0, "default": True,
+                     "retiring": 0, "update_state": "", "update_error": "", "updates": {}}]
         out = self.models.status()
         for m in out:
             slot = self.models.slots[m["name"]]

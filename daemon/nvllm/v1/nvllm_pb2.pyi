@@ -376,7 +376,7 @@ class HealthResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[HealthResponse.State, str]] = ..., not_admitting_reason: _Optional[str] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., available_memory_bytes: _Optional[int] = ..., watchdog_low_bytes: _Optional[int] = ..., watchdog_high_bytes: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., version: _Optional[str] = ..., startup_s: _Optional[float] = ..., kv_cache_dtype: _Optional[str] = ..., page_bytes: _Optional[int] = ..., pages_backed: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelHealth, _Mapping]]] = ..., memory_budget_bytes: _Optional[int] = ..., memory_held_bytes: _Optional[int] = ..., thermal_throttled: _Optional[bool] = ..., cpu_temperature_celsius: _Optional[float] = ..., throttle_reason: _Optional[str] = ...) -> None: ...
 
 class ModelHealth(_message.Message):
-    __slots__ = ("name", "state", "pinned", "keep_alive_s", "bytes", "requests", "loads", "running", "waiting", "pages_total", "pages_free", "pages_cached", "max_model_len", "default")
+    __slots__ = ("name", "state", "pinned", "keep_alive_s", "bytes", "requests", "loads", "running", "waiting", "pages_total", "pages_free", "pages_cached", "max_model_len", "default", "update_state", "update_error", "retiring")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[ModelHealth.State]
@@ -403,6 +403,9 @@ class ModelHealth(_message.Message):
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_STATE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RETIRING_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: ModelHealth.State
     pinned: bool
@@ -417,7 +420,10 @@ class ModelHealth(_message.Message):
     pages_cached: int
     max_model_len: int
     default: bool
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ModelHealth.State, str]] = ..., pinned: _Optional[bool] = ..., keep_alive_s: _Optional[float] = ..., bytes: _Optional[int] = ..., requests: _Optional[int] = ..., loads: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., max_model_len: _Optional[int] = ..., default: _Optional[bool] = ...) -> None: ...
+    update_state: str
+    update_error: str
+    retiring: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ModelHealth.State, str]] = ..., pinned: _Optional[bool] = ..., keep_alive_s: _Optional[float] = ..., bytes: _Optional[int] = ..., requests: _Optional[int] = ..., loads: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., max_model_len: _Optional[int] = ..., default: _Optional[bool] = ..., update_state: _Optional[str] = ..., update_error: _Optional[str] = ..., retiring: _Optional[int] = ...) -> None: ...
 
 class EmbedInput(_message.Message):
     __slots__ = ("text", "token_ids")
@@ -568,3 +574,19 @@ class TranscriptSegment(_message.Message):
     compression_ratio: float
     no_speech_prob: float
     def __init__(self, id: _Optional[int] = ..., seek: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ..., avg_logprob: _Optional[float] = ..., compression_ratio: _Optional[float] = ..., no_speech_prob: _Optional[float] = ...) -> None: ...
+
+class ReloadModelRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class ReloadModelResponse(_message.Message):
+    __slots__ = ("model", "outcome", "reason")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    outcome: str
+    reason: str
+    def __init__(self, model: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

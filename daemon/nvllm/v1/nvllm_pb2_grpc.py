@@ -66,6 +66,11 @@ class GeneratorStub:
                 request_serializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeRequest.SerializeToString,
                 response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeResponse.FromString,
                 _registered_method=True)
+        self.ReloadModel = channel.unary_unary(
+                '/nvllm.v1.Generator/ReloadModel',
+                request_serializer=nvllm_dot_v1_dot_nvllm__pb2.ReloadModelRequest.SerializeToString,
+                response_deserializer=nvllm_dot_v1_dot_nvllm__pb2.ReloadModelResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServicer:
@@ -146,6 +151,20 @@ class GeneratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReloadModel(self, request, context):
+        """Puts a new version of a served model in service: its files as they are now (a bundle imported, a file
+        replaced) are loaded beside the old version (or, when the memory budget does not hold both, after the old
+        one drains: its new requests wait meanwhile), checked with a short answer, then swapped in; requests
+        running on the old version finish on it. Answers once done: a version that fails to load or to answer
+        leaves the old one serving, and the answer says why (outcome "failed"). SIGHUP does the same for every
+        loaded model whose files changed. `nvllm models reload NAME` calls it.
+
+        Errors: NOT_FOUND for a model not served; UNAVAILABLE while starting or draining.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +197,11 @@ def add_GeneratorServicer_to_server(servicer, server):
                     servicer.Transcribe,
                     request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeRequest.FromString,
                     response_serializer=nvllm_dot_v1_dot_nvllm__pb2.TranscribeResponse.SerializeToString,
+            ),
+            'ReloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadModel,
+                    request_deserializer=nvllm_dot_v1_dot_nvllm__pb2.ReloadModelRequest.FromString,
+                    response_serializer=nvllm_dot_v1_dot_nvllm__pb2.ReloadModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +368,33 @@ class Generator:
             '/nvllm.v1.Generator/Transcribe',
             nvllm_dot_v1_dot_nvllm__pb2.TranscribeRequest.SerializeToString,
             nvllm_dot_v1_dot_nvllm__pb2.TranscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nvllm.v1.Generator/ReloadModel',
+            nvllm_dot_v1_dot_nvllm__pb2.ReloadModelRequest.SerializeToString,
+            nvllm_dot_v1_dot_nvllm__pb2.ReloadModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

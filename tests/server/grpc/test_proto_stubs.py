@@ -57,7 +57,8 @@ def test_stubs_import_as_nvllm_v1_and_name_the_canonical_proto_file() -> None:
     assert nvllm_pb2.DESCRIPTOR.name == "nvllm/v1/nvllm.proto"
     assert nvllm_pb2.DESCRIPTOR.package == "nvllm.v1"
     service = nvllm_pb2.DESCRIPTOR.services_by_name["Generator"]
-    assert {m.name for m in service.methods} == {"Generate", "Tokenize", "Embed", "Rerank", "Transcribe", "Health"}
+    assert {m.name for m in service.methods} == {"Generate", "Tokenize", "Embed", "Rerank", "Transcribe", "Health",
+                                                   "ReloadModel"}
     assert service.methods_by_name["Generate"].server_streaming
     assert not service.methods_by_name["Health"].server_streaming
     assert callable(nvllm_pb2_grpc.add_GeneratorServicer_to_server)

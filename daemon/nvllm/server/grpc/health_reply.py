@@ -26,7 +26,9 @@ def health_reply(h: Health) -> pb.HealthResponse:
     for m in h.models:
         mh = r.models.add(name=m["name"], state=MODEL_STATES[m["state"]], pinned=m["pinned"],
                           keep_alive_s=m["keep_alive_s"], bytes=m["bytes"], requests=m["requests"],
-                          loads=m["loads"], max_model_len=m["max_model_len"] or 0, default=m["default"])
+                          loads=m["loads"], max_model_len=m["max_model_len"] or 0, default=m["default"],
+                          update_state=m.get("update_state", ""), update_error=m.get("update_error", ""),
+                          retiring=m.get("retiring", 0))
         if m["stats"] is not None:
             s = m["stats"]
             mh.running, mh.waiting = s["running"], s["waiting"]

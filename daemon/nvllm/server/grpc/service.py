@@ -48,6 +48,7 @@ from nvllm.server.grpc.generate_request import (
 )
 from nvllm.server.grpc.health_reply import health_reply
 from nvllm.server.grpc.pooling_rpc import PoolingArgs, pooling_message, read_embed, read_rerank
+from nvllm.server.grpc.reload_rpc import reload_model
 from nvllm.server.grpc.tokenize_rpc import read_tokenize
 from nvllm.server.grpc.transcribe_rpc import decode_transcribe_request, transcribe
 from nvllm.server.grpc.wire import (
@@ -127,6 +128,9 @@ def add_generator_to_server(servicer: GeneratorService, server: grpc.aio.Server)
         "Health": grpc.unary_unary_rpc_method_handler(
             servicer.Health, request_deserializer=pb.HealthRequest.FromString,
             response_serializer=pb.HealthResponse.SerializeToString),
+        "ReloadModel": grpc.unary_unary_rpc_method_handler(
+            servicer.ReloadModel, request_deserializer=pb.ReloadModelRequest.FromString,
+            response_serializer=pb.ReloadModelResponse.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
@@ -141,6 +145,11 @@ class GeneratorService(pb_grpc.GeneratorServicer):
     # -- Health -------------------------------------------------------------------------------
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         return health_reply(self.state.read_health())
+
+    # -- ReloadModel (reload_rpc.py) ------------------------------------------------------------
+    async def ReloadModel(self, request: pb.ReloadModelRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ReloadModelResponse:
+        return await reload_model(self.state, request, context)
 
     # -- Tokenize -----------------------------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest | UndecodableRequest,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from nvllm.engine.assembly import factory
 from nvllm.engine.assembly.memory import MemoryReading, MiB, format_bytes, give_back_memory
 from nvllm.engine.async_engine import AsyncEngine
+from nvllm.server.models.file_signature import FileSignature, file_signature
 from nvllm.server.models.model_set import ModelSpec
 
 log = logging.getLogger("nvllm.server.models")
@@ -30,12 +31,13 @@ class ModelLoader:
         self.memory_reader = memory_reader
         self.heartbeat_s = heartbeat_s
         self.on_step = on_step
-        self._least: dict[tuple[str, str], int] = {}   # (name, path): a model pulled anew is read anew
+        # (name, path, its files' signature): a model pulled anew, or a new version of its files, is read anew
+        self._least: dict[tuple[str, str, FileSignature], int] = {}
 
     def least(self, spec: ModelSpec) -> int:
         """Its weights and one max_model_len sequence's pages (cache.num_blocks' where set), read from its
         files (nothing loaded)."""
-        key = (spec.name, spec.settings.model.path)
+        key = (spec.name, spec.settings.model.path, file_signature(spec.settings.model_path()))
         if key not in self._least:
             s = spec.settings
             info = factory.read_model_info(s)

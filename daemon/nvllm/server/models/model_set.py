@@ -16,6 +16,10 @@ under its name and aliases, `remove` stops serving one (/api/delete; never the d
 with requests in flight: `ModelBusy`). A name resolves by its served name or an alias, either with Ollama's
 ":latest" added or taken off (its clients add it to a name without a tag).
 
+A new version of a model (model_update.py decides how) loads beside the old one as its slot's `candidate`,
+then is `swap`ped in: the old engine retires, serving the leases it holds (each lease knows its engine) and
+unloaded after the last; or, when both do not fit, `reload_in_place` drains the old one first.
+
 How a model is loaded and unloaded, and what the least is that it needs, are the daemon's (model_loader.py):
 this module only decides when, and keeps the accounts.
 """
@@ -26,16 +30,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from nvllm.config import Settings
 from nvllm.engine.assembly.memory import format_bytes
 from nvllm.engine.async_engine import AsyncEngine
+from nvllm.server.models.file_signature import FileSignature, file_signature
+from nvllm.server.models.slot import LOADED, LOADING, UNLOADED, UNLOADING, ModelSpec, Retiring, Slot
 
 log = logging.getLogger("nvllm.server.models")
 
-UNLOADED, LOADING, LOADED, UNLOADING = "unloaded", "loading", "loaded", "unloading"
 
 
 class UnknownModel(Exception):
@@ -64,43 +68,6 @@ class NoRoom(Exception):
     """A model that the memory budget cannot hold even with every idle model unloaded."""
 
 
-@dataclass
-class ModelSpec:
-    """What may be served under a name: its settings (model.path and the per-model ones), its keep_alive
-    in seconds (negative: never unloaded; 0: unloaded right after each request), pinned, and the other
-    names clients may give it (a pulled model's: its Hub reference)."""
-    name: str
-    settings: Settings
-    keep_alive_s: float = 300.0
-    pinned: bool = False
-    aliases: tuple[str, ...] = ()
-
-
-class Slot:
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.phase = UNLOADED
-        self.engine: AsyncEngine | None = None
-        self.cost_bytes = 0              # what it holds of the budget: weights and pool (while loading: the least)
-        self.keep_alive_s = spec.keep_alive_s
-        self.leases = 0                  # requests between their lease and their end
-        self.last_used = 0.0             # monotonic time of its last lease or release
-        self.requests = 0                # leases taken since start
-        self.loads = 0
-        self.transition: asyncio.Future[None] | None = None   # the load or unload under way
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def idle(self) -> bool:
-        return self.phase == LOADED and self.leases == 0 and (self.engine is None or self.engine.num_streams == 0)
-
-    def describe(self) -> str:
-        running = self.engine.num_streams if self.engine is not None else 0
-        return f"{self.name} ({format_bytes(self.cost_bytes)}, {self.phase}, {running} requests in flight)"
-
-
 class Lease:
     """A request's hold on its loaded model; release() (once) hands it back."""
 
@@ -123,7 +90,7 @@ class Lease:
         if self.released:
             return
         self.released = True
-        self.models.release(self.slot, keep_alive_s)
+        self.models.release(self.slot, keep_alive_s, self.engine)
 
 
 # (spec, bytes of the budget free for it) -> (its engine, started; the bytes it holds)
@@ -147,6 +114,7 @@ class ModelSet:
         self.default = default
         self.budget_bytes = budget_bytes
         self._load, self._unload, self._least, self._reclaim, self._clock = load, unload, least, reclaim, clock
+        self._retirements: set[asyncio.Task[None]] = set()
 
     @classmethod
     def serving(cls, name: str, engine: AsyncEngine, max_num_seqs: int) -> ModelSet:
@@ -204,6 +172,8 @@ class ModelSet:
         while slot.transition is not None:       # a load or an unload under way: let it end first
             await asyncio.shield(slot.transition)
         running = slot.engine.num_streams if slot.engine is not None else 0
+        if slot.updating:
+            raise ModelBusy(f"the model {slot.name!r} is being updated", in_flight=True)
         if slot.leases or running:
             raise ModelBusy(f"the model {slot.name!r} has {max(slot.leases, running)} requests in flight",
                             in_flight=True)
@@ -221,13 +191,17 @@ class ModelSet:
         return max(0.0, slot.keep_alive_s - (self._clock() - slot.last_used))
 
     def used_bytes(self) -> int:
-        return sum(s.cost_bytes for s in self.slots.values())
+        return sum(s.held_bytes() for s in self.slots.values())
 
     def loaded(self) -> list[Slot]:
         return [s for s in self.slots.values() if s.phase == LOADED]
 
     def engines(self) -> list[AsyncEngine]:
-        return [s.engine for s in self.slots.values() if s.engine is not None]
+        """Every engine running: each slot's, an update's candidate, those retiring."""
+        out = []
+        for s in self.slots.values():
+            out += [e for e in (s.engine, s.candidate) if e is not None] + [r.engine for r in s.retiring]
+        return out
 
     # -- leases -------------------------------------------------------------------------------------
     async def lease(self, name: str | None, request: bool = True) -> Lease:
@@ -246,13 +220,26 @@ class ModelSet:
             raise
         slot.requests += request
         slot.last_used = self._clock()
+        slot.engine_leases += 1
         return Lease(self, slot)
 
-    def release(self, slot: Slot, keep_alive_s: float | None) -> None:
+    def release(self, slot: Slot, keep_alive_s: float | None, engine: AsyncEngine | None = None) -> None:
+        """A lease given back (engine: the one it held; None: one that never got an engine)."""
         slot.leases -= 1
         slot.last_used = self._clock()
         if keep_alive_s is not None and not slot.spec.pinned:
             slot.keep_alive_s = keep_alive_s
+        if engine is None:
+            return
+        if engine is slot.engine:
+            slot.engine_leases -= 1
+            return
+        for r in slot.retiring:
+            if r.engine is engine:
+                r.leases -= 1
+                if r.leases == 0:
+                    self._retire(slot, r)
+                return
 
     # -- loading and unloading --------------------------------------------------------------------------
     async def _load_slot(self, slot: Slot) -> None:
@@ -262,8 +249,10 @@ class ModelSet:
             slot.phase, slot.cost_bytes = LOADING, need     # held while it loads, so no other load takes it
             free = self.budget_bytes - self.used_bytes() + need
             log.info("loading model %s (%s of the memory budget free)", slot.name, format_bytes(free))
+            files = file_signature(slot.spec.settings.model_path())
             engine, cost = await self._load(slot.spec, free)
-            slot.engine, slot.cost_bytes, slot.phase = engine, cost, LOADED
+            slot.engine, slot.cost_bytes, slot.phase, slot.files = engine, cost, LOADED, files
+            slot.engine_leases = 0
             slot.loads += 1
             slot.last_used = self._clock()
             log.info("model %s loaded: %s of the budget's %s now held", slot.name, format_bytes(self.used_bytes()),
@@ -292,19 +281,141 @@ class ModelSet:
         idle slots only, but the drain unloads every one)."""
         if slot.phase != LOADED or slot.engine is None:
             return
-        engine, slot.engine = slot.engine, None
+        held, slot.engine = [slot.engine], None
         slot.phase = UNLOADING
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot.transition = done
         try:
-            await self._unload(engine)
-            del engine                      # the last reference here: the weights and pool can go
-            if self._reclaim is not None:
-                await self._reclaim()
+            await self._stop(held)
         finally:
             slot.cost_bytes, slot.phase, slot.transition = 0, UNLOADED, None
             done.set_result(None)
         log.info("model %s unloaded: %s of the budget held", slot.name, format_bytes(self.used_bytes()))
+
+    # -- updates in place (model_update.py decides which way) --------------------------------------
+    def least(self, spec: ModelSpec) -> int:
+        """The fewest bytes the model can be served in, read from its files as they are now."""
+        return self._least(spec)
+
+    def room_for(self, slot: Slot) -> int:
+        """The bytes a new version of slot's model could have beside it (idle models unloaded)."""
+        idle = sum(s.held_bytes() for s in self.slots.values() if s is not slot and s.idle() and not s.spec.pinned)
+        return self.budget_bytes - self.used_bytes() + idle
+
+    async def load_beside(self, slot: Slot, need: int) -> AsyncEngine:
+        """Slot's model loaded again beside the one serving, as its candidate; NoRoom, or the load's failure."""
+        await self._make_room(slot, need)
+        slot.candidate_bytes = need          # held while it loads, so no other load takes it
+        free = self.budget_bytes - self.used_bytes() + need
+        log.info("model %s: loading its new version beside the one serving (%s of the memory budget free)",
+                 slot.name, format_bytes(free))
+        try:
+            engine, cost = await self._load(slot.spec, free)
+        except BaseException:
+            slot.candidate_bytes = 0
+            raise
+        slot.candidate, slot.candidate_bytes = engine, cost
+        return engine
+
+    async def discard_candidate(self, slot: Slot) -> None:
+        """The candidate stopped and its memory given back (an update that failed its check)."""
+        held = [slot.candidate] if slot.candidate is not None else []
+        slot.candidate = None
+        try:
+            await self._stop(held)
+        finally:
+            slot.candidate_bytes = 0
+
+    async def _stop(self, held: list[AsyncEngine]) -> None:
+        """Stop the engine in held (the caller's one reference, taken from it) and give its memory back."""
+        if held:
+            engine = held.pop()
+            await self._unload(engine)
+            del engine                      # the last reference here: the weights and pool can go
+            if self._reclaim is not None:
+                await self._reclaim()
+
+    def swap(self, slot: Slot, files: FileSignature) -> None:
+        """The candidate takes the slot: new leases get it; the old engine retires, unloaded once the last
+        lease it has is given back (at once when it has none)."""
+        assert slot.candidate is not None
+        old, old_cost = slot.engine, slot.cost_bytes
+        slot.engine, slot.cost_bytes = slot.candidate, slot.candidate_bytes
+        slot.candidate, slot.candidate_bytes = None, 0
+        slot.files, slot.loads = files, slot.loads + 1
+        if old is None:
+            slot.engine_leases, slot.phase = 0, LOADED
+            return
+        r = Retiring(old, old_cost, slot.engine_leases)
+        slot.engine_leases = 0
+        slot.retiring.append(r)
+        log.info("model %s: new version swapped in; the old one finishes its %d requests", slot.name, r.leases)
+        if r.leases == 0:
+            self._retire(slot, r)
+
+    def _retire(self, slot: Slot, r: Retiring) -> None:
+        task = asyncio.ensure_future(self._unload_retired(slot, r))
+        self._retirements.add(task)
+        task.add_done_callback(self._retirements.discard)
+
+    async def _unload_retired(self, slot: Slot, r: Retiring) -> None:
+        try:      # (its last leases are back: what their streams left unfinished ends with "abort")
+            await self._unload(r.engine)
+        except Exception:
+            log.exception("model %s: unloading the version it replaced failed", slot.name)
+        finally:
+            slot.retiring = [x for x in slot.retiring if x is not r]
+        del r                               # the last reference here: its weights and pool can go
+        if self._reclaim is not None:
+            await self._reclaim()
+        log.info("model %s: old version unloaded: %s of the budget held", slot.name, format_bytes(self.used_bytes()))
+
+    async def retired(self) -> None:
+        """Wait for every retiring engine whose leases are all back to be unloaded (the tests' and the drain's)."""
+        while self._retirements:
+            await asyncio.gather(*list(self._retirements), return_exceptions=True)
+
+    async def reload_in_place(self, slot: Slot, check: Callable[[AsyncEngine], Awaitable[None]],
+                              drain_s: float) -> None:
+        """New leases wait while the running ones finish (drain_s at most: TimeoutError, the old one serving
+        on), the old engine is unloaded, the files loaded again and checked; a failure leaves it unloaded."""
+        engine = slot.engine
+        assert engine is not None and slot.phase == LOADED and slot.transition is None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        slot.transition, slot.phase = done, UNLOADING      # from here new leases wait for `done`
+        try:
+            deadline = self._clock() + drain_s
+            while (slot.engine_leases or engine.num_streams) and self._clock() < deadline:
+                await asyncio.sleep(0.02)
+            if slot.engine_leases or engine.num_streams:
+                slot.phase = LOADED
+                raise TimeoutError(f"{max(slot.engine_leases, engine.num_streams)} requests still running after "
+                                   f"{drain_s:g} s (server.update_drain_s)")
+            slot.engine, held = None, [engine]
+            del engine
+            await self._stop(held)
+            slot.cost_bytes, slot.phase = 0, UNLOADED
+            need = self._least(slot.spec)
+            await self._make_room(slot, need)
+            slot.phase, slot.cost_bytes = LOADING, need
+            free = self.budget_bytes - self.used_bytes() + need
+            files = file_signature(slot.spec.settings.model_path())
+            new, cost = await self._load(slot.spec, free)
+            try:
+                await check(new)
+            except BaseException:
+                await self._unload(new)
+                raise
+            slot.engine, slot.cost_bytes, slot.files, slot.engine_leases = new, cost, files, 0
+            slot.phase, slot.loads = LOADED, slot.loads + 1
+            slot.last_used = self._clock()
+        except BaseException:
+            if slot.engine is None:
+                slot.phase, slot.cost_bytes = UNLOADED, 0
+            raise
+        finally:
+            slot.transition = None
+            done.set_result(None)
 
     async def reap(self) -> None:
         """Unload every idle model whose keep_alive has passed (pinned ones and negative keep_alive never)."""
@@ -323,8 +434,10 @@ class ModelSet:
         for s in self.slots.values():
             stats = s.engine.stats() if s.engine is not None else None
             out.append({"name": s.name, "state": s.phase, "pinned": s.spec.pinned, "keep_alive_s": s.keep_alive_s,
-                        "bytes": s.cost_bytes, "requests": s.requests, "loads": s.loads, "stats": stats,
-                        "default": s.name == self.default})
+                        "bytes": s.held_bytes(), "requests": s.requests, "loads": s.loads, "stats": stats,
+                        "default": s.name == self.default, "retiring": len(s.retiring),
+                        "update_state": s.update.state, "update_error": s.update.error,
+                        "updates": dict(s.update.outcomes)})
         return out
 
 
