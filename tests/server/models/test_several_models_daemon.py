@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import grpc
@@ -177,7 +177,7 @@ def test_models_loaded_and_unloaded_while_requests_stream(daemon: DaemonProcess)
         async with httpx.AsyncClient(base_url=daemon.http_url, timeout=120) as c:
             streams = [c.post("/v1/completions", json={"prompt": f"count {i}", "max_tokens": 60, "temperature": 0,
                                                        "ignore_eos": True}) for i in range(6)]
-            swaps = []
+            swaps: list[Awaitable[object]] = []
             for _ in range(3):
                 swaps.append(c.post("/v1/chat/completions", json=chat(SMOL_NAME, keep_alive=0)))
                 swaps.append(asyncio.sleep(1.2))
