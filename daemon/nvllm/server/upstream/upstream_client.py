@@ -14,15 +14,24 @@ import functools
 import json
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any
-
-import httpx2 as httpx
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from nvllm.server.upstream.upstream_policy import Upstream
+
+if TYPE_CHECKING:
+    import httpx2 as httpx
 
 MAX_ANSWER_BYTES = 32 << 20      # a whole answer larger than this is not one
 MAX_EVENT_BYTES = 4 << 20        # nor an event of a stream
 DONE = "[DONE]"
+
+
+def _httpx() -> ModuleType:
+    """httpx2, imported by the first forwarded request: a daemon without upstreams never loads it."""
+    import httpx2
+
+    return httpx2
 
 
 class UpstreamFailed(Exception):
@@ -37,7 +46,7 @@ def _tls() -> ssl.SSLContext:
 
 def _client(up: Upstream) -> httpx.AsyncClient:
     # trust_env off: no proxy or .netrc from the environment; the base URL is where the answer comes from
-    return httpx.AsyncClient(timeout=httpx.Timeout(up.timeout_s), trust_env=False, follow_redirects=False,
+    return _httpx().AsyncClient(timeout=_httpx().Timeout(up.timeout_s), trust_env=False, follow_redirects=False,
                              verify=_tls())
 
 
@@ -49,7 +58,7 @@ def _headers(up: Upstream, stream: bool) -> dict[str, str]:
 
 
 def _failed(up: Upstream, e: Exception) -> UpstreamFailed:
-    what = "timed out" if isinstance(e, httpx.TimeoutException) else f"failed ({type(e).__name__}: {e})"
+    what = "timed out" if isinstance(e, _httpx().TimeoutException) else f"failed ({type(e).__name__}: {e})"
     return UpstreamFailed(f"upstream {up.name} {what}")
 
 
@@ -65,7 +74,7 @@ async def post_whole(up: Upstream, path: str, body: dict[str, Any]) -> dict[str,
                 data += chunk
                 if len(data) > MAX_ANSWER_BYTES:
                     raise UpstreamFailed(f"upstream {up.name} answered more than {MAX_ANSWER_BYTES} bytes")
-    except httpx.HTTPError as e:
+    except _httpx().HTTPError as e:
         raise _failed(up, e) from None
     try:
         answer = json.loads(data)
@@ -105,7 +114,7 @@ class UpstreamEvents:
                         raise UpstreamFailed(f"upstream {self.up.name} sent an event over {MAX_EVENT_BYTES} bytes")
                     data.append(part)
                 # comments (":"), event:, id:, retry: lines carry nothing an OpenAI client reads
-        except httpx.HTTPError as e:
+        except _httpx().HTTPError as e:
             raise _failed(self.up, e) from None
         return "\n".join(data) if data else None
 
@@ -135,7 +144,7 @@ async def open_events(up: Upstream, path: str, body: dict[str, Any]) -> Upstream
         try:
             request = client.build_request("POST", up.url(path), json=body, headers=_headers(up, True))
             response = await client.send(request, stream=True)
-        except httpx.HTTPError as e:
+        except _httpx().HTTPError as e:
             raise _failed(up, e) from None
         events = UpstreamEvents(up, client, response)
         if response.status_code != 200:
