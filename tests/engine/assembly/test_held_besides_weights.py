@@ -52,11 +52,13 @@ def test_dry_run_prints_them_beside_the_scratch(tiny_ggufs, capsys) -> None:
 
 def test_nothing_is_imported_before_it_is_used() -> None:
     """The offline paths (bench, LLM, generate) hold no grammar compiler, asyncio or HTTP server, and a daemon
-    without http.listen no HTTP server, until a request asks for structure or the HTTP API is on."""
+    without http.listen no HTTP server, until a request asks for structure or the HTTP API is on; nor the Hub's
+    client (a pull), the bundles' cryptography, or the upstreams' HTTP client (a forwarded request)."""
+    lazy = ("llguidance", "starlette", "uvicorn", "huggingface_hub", "cryptography", "httpx2")
     code = ("import sys, nvllm.bench.throughput, nvllm.engine.assembly.factory, nvllm.llm, nvllm.server.daemon; "
-            "print(' '.join(m for m in ('llguidance', 'starlette', 'uvicorn', 'asyncio') if m in sys.modules))")
+            f"print(' '.join(m for m in {(*lazy, 'asyncio')!r} if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert "llguidance" not in loaded and "starlette" not in loaded and "uvicorn" not in loaded
+    assert not set(lazy) & set(loaded), loaded
     offline = subprocess.run([sys.executable, "-c", code.replace(", nvllm.server.daemon", "")], capture_output=True,
                              text=True, check=True).stdout.split()
     assert offline == []
