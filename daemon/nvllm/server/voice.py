@@ -3,8 +3,9 @@ transcript in the clip's place, so the answer is the one the transcript sent as 
 
 Each clip is one transcription through DaemonState.submit (the first submit) to the served speech model
 (server.speech_model, or the only one: models/speech_slot.py), all of a request's clips at once, decoded
-greedily with Whisper's fallback and no prompt; then the front door puts the transcripts in and submits the
-chat as any chat (the second submit), which streams as any chat does. What was heard (`Heard`) goes back on
+greedily with Whisper's fallback (seeded by the chat's seed, where it has one) and no prompt; then the front
+door puts the transcripts in and submits the chat as any chat (the second submit), which streams as any chat
+does. What was heard (`Heard`) goes back on
 the answer, in each front door's shape. A clip the engine refuses is refused naming the clip's own field.
 """
 
@@ -50,9 +51,10 @@ class VoiceRefused(Exception):
 
 
 async def hear(state: DaemonState, api: str, client: str, request_id: str, clips: Sequence[Clip],
-               arrival: float, priority: int = 0) -> list[Heard]:
+               arrival: float, priority: int = 0, seed: int | None = None) -> list[Heard]:
     """Every clip transcribed, in order. Raises VoiceRefused, and what a transcription raises (Refused,
-    UnknownModel, EngineDead, TranscriptionFailed); one failing cancels the others."""
+    UnknownModel, EngineDead, TranscriptionFailed); one failing cancels the others. seed: the chat's, which
+    seeds a window decoded again hotter (Whisper's fallback), so a seeded voice query hears the same each time."""
     if not clips:
         return []
     try:
@@ -68,8 +70,8 @@ async def hear(state: DaemonState, api: str, client: str, request_id: str, clips
             text = str(e)
             return VoiceRefused(clip.field, clip.field + text[len("file"):] if text.startswith("file")
                                 else f"{clip.field}: {text}")
-        t = await transcribe(state, api, client, f"{request_id}-audio{k}", clip.audio, TranscriptionParams(), speech,
-                             arrival, refusal, priority)
+        t = await transcribe(state, api, client, f"{request_id}-audio{k}", clip.audio, TranscriptionParams(seed=seed),
+                             speech, arrival, refusal, priority)
         return Heard(clip, t.heard, t.language, t.seconds)
 
     tasks = [asyncio.ensure_future(one(k, c)) for k, c in enumerate(clips)]

@@ -50,7 +50,8 @@ async def hear_chat(state: DaemonState, request: pb.GenerateRequest, client: str
     if not clips:
         return []
     try:
-        heard = await hear(state, "grpc", client, request_id, clips, arrival, request.priority)
+        seed = request.sampling_params.seed if request.sampling_params.HasField("seed") else None
+        heard = await hear(state, "grpc", client, request_id, clips, arrival, request.priority, seed)
     except VoiceRefused as e:
         raise ChatAudioRefused(grpc.StatusCode.INVALID_ARGUMENT, e.message) from None
     except UnknownModel as e:

@@ -92,10 +92,11 @@ async def hear_chat(state: DaemonState, body: dict[str, Any], client: str, reque
         raise
     if not clips:
         return []
-    priority = body.get("priority")
+    priority, seed = body.get("priority"), body.get("seed")
     try:
         heard = await hear(state, "http", client, request_id, clips, arrival,
-                           priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
+                           priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+                           seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
     except VoiceRefused as e:
         raise bad_request(e.field, e.message) from None
     except Refused as e:
