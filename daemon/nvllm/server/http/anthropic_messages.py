@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvllm.server.http.body import ARRAY, BOOL, OBJECT, STRING, need
+from nvllm.server.http.body import ARRAY, BOOL, OBJECT, STRING, need, only_keys
 from nvllm.server.http.errors import bad_request
 
 ROLES = ("user", "assistant")
@@ -60,10 +60,7 @@ def read_conversation(system: Any, messages: Any) -> Conversation:
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
         need(at, m, OBJECT)
-        unknown = sorted(set(m) - {"role", "content"})
-        if unknown:
-            raise bad_request(f"{at}.{unknown[0]}"[:80], f"{at}.{unknown[0][:64]} is not supported",
-                              code="unknown_parameter")
+        only_keys(at, m, {"role", "content"})
         role = m.get("role")
         if role not in ROLES:
             raise bad_request(f"{at}.role", f"{at}.role must be 'user' or 'assistant', got {str(role)[:32]!r} "
@@ -90,10 +87,7 @@ def _block(block: Any, at: str, allowed: tuple[str, ...]) -> str:
         where = f"{at}.type"
         raise bad_request(where, f"{where} {str(kind)[:40]!r} is not supported by nvllm here (it takes "
                                  f"{', '.join(allowed)} blocks)", code="unsupported_parameter")
-    unknown = sorted(set(block) - _ANY_BLOCK - _BLOCK_KEYS[kind])
-    if unknown:
-        raise bad_request(f"{at}.{unknown[0]}"[:80], f"{at}.{unknown[0][:64]} is not supported",
-                          code="unknown_parameter")
+    only_keys(at, block, _ANY_BLOCK | _BLOCK_KEYS[kind])
     cache = block.get("cache_control")
     if cache is not None:
         need(f"{at}.cache_control", cache, OBJECT)

@@ -30,7 +30,7 @@ from nvllm.server.chat.field_error import FieldError
 from nvllm.server.chat.response_format import Constraint, json_schema_constraint
 from nvllm.server.chat.tool_plan import ToolPlan
 from nvllm.server.http.anthropic_messages import read_conversation
-from nvllm.server.http.body import ARRAY, BOOL, INT, OBJECT, REAL, STRING, check_keys, check_model, need
+from nvllm.server.http.body import ARRAY, BOOL, INT, OBJECT, REAL, STRING, check_keys, check_model, need, only_keys
 from nvllm.server.http.errors import ApiError, bad_request
 from nvllm.server.reading import Served
 
@@ -143,10 +143,7 @@ def read_messages(body: dict[str, Any], st: Served) -> AnthropicRequest:
     metadata = body.get("metadata")
     if metadata is not None:
         need("metadata", metadata, OBJECT)
-        unknown = sorted(set(metadata) - {"user_id"})
-        if unknown:
-            raise bad_request(f"metadata.{unknown[0]}"[:80], f"metadata.{unknown[0][:64]} is not supported",
-                              code="unknown_parameter")
+        only_keys("metadata", metadata, {"user_id"})
         if metadata.get("user_id") is not None:
             req.user = need("metadata.user_id", metadata["user_id"], STRING)[:256]
     return req
@@ -196,10 +193,7 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
             raise bad_request(f"{at}.type", f"{at}.type {str(t['type'])[:48]!r} is not supported by nvllm: "
                                             "only custom tools (name, description, input_schema)",
                               code="unsupported_parameter")
-        unknown = sorted(set(t) - TOOL_KEYS)
-        if unknown:
-            raise bad_request(f"{at}.{unknown[0]}"[:80], f"{at}.{unknown[0][:64]} is not supported",
-                              code="unknown_parameter")
+        only_keys(at, t, TOOL_KEYS)
         if t.get("input_schema") is None:
             raise bad_request(f"{at}.input_schema", f"{at}.input_schema is required (a JSON Schema object)")
         fn = {"name": t.get("name"), "parameters": t["input_schema"]}
@@ -265,10 +259,7 @@ def _output_format(config: Any) -> Constraint | None:
     if config is None:
         return None
     need("output_config", config, OBJECT)
-    unknown = sorted(set(config) - {"format", "effort"})
-    if unknown:
-        raise bad_request(f"output_config.{unknown[0]}"[:80], f"output_config.{unknown[0][:64]} is not supported",
-                          code="unknown_parameter")
+    only_keys("output_config", config, {"format", "effort"})
     if config.get("effort") is not None:
         raise bad_request("output_config.effort", "output_config.effort is not supported by nvllm",
                           code="unsupported_parameter")
@@ -278,9 +269,6 @@ def _output_format(config: Any) -> Constraint | None:
     need("output_config.format", fmt, OBJECT)
     if fmt.get("type") != "json_schema":
         raise bad_request("output_config.format.type", "output_config.format.type must be 'json_schema'")
-    unknown = sorted(set(fmt) - {"type", "schema"})
-    if unknown:
-        raise bad_request(f"output_config.format.{unknown[0]}"[:80],
-                          f"output_config.format.{unknown[0][:64]} is not supported", code="unknown_parameter")
+    only_keys("output_config.format", fmt, {"type", "schema"})
     need("output_config.format.schema", fmt.get("schema"), OBJECT)
     return json_schema_constraint({"name": "output", "schema": fmt["schema"]}, "output_config.format")

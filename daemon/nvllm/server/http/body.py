@@ -62,6 +62,15 @@ def check_keys(body: dict[str, Any], allowed: set[str],
         raise bad_request(key[:64], f"{key[:64]}: unknown parameter", code="unknown_parameter")
 
 
+def only_keys(at: str, obj: dict[str, Any], allowed: set[str]) -> None:
+    """An object nested in the body (at: its field's name) holds only the allowed keys; 400 naming the first
+    other one otherwise."""
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise bad_request(f"{at}.{unknown[0]}"[:80], f"{at}.{unknown[0][:64]} is not supported",
+                          code="unknown_parameter")
+
+
 def check_model(body: dict[str, Any], model_name: str) -> None:
     """A body's `model`, where given, must be the served model it was read for (empty: the default; 404
     otherwise)."""

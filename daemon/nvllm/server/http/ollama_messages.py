@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvllm.server.http.body import ARRAY, OBJECT, STRING, json_type, need
+from nvllm.server.http.body import ARRAY, OBJECT, STRING, json_type, need, only_keys
 from nvllm.server.http.errors import bad_request
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -47,10 +47,7 @@ def read_messages(messages: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
         need(at, m, OBJECT)
-        unknown = sorted(set(m) - MESSAGE_KEYS)
-        if unknown:
-            raise bad_request(f"{at}.{unknown[0]}"[:80], f"{at}.{unknown[0][:64]} is not supported",
-                              code="unknown_parameter")
+        only_keys(at, m, MESSAGE_KEYS)
         role = m.get("role")
         if role not in ROLES:
             got = json.dumps(role)[:40] if isinstance(role, str) else json_type(role)
@@ -92,15 +89,9 @@ def _calls(calls: list[Any], at: str, i: int) -> list[dict[str, Any]]:
     for j, call in enumerate(calls):
         where = f"{at}.tool_calls[{j}]"
         need(where, call, OBJECT)
-        unknown = sorted(set(call) - CALL_KEYS)
-        if unknown:
-            raise bad_request(f"{where}.{unknown[0]}"[:80], f"{where}.{unknown[0][:64]} is not supported",
-                              code="unknown_parameter")
+        only_keys(where, call, CALL_KEYS)
         fn = need(f"{where}.function", call.get("function"), OBJECT)
-        unknown = sorted(set(fn) - FUNCTION_KEYS)
-        if unknown:
-            raise bad_request(f"{where}.function.{unknown[0]}"[:80],
-                              f"{where}.function.{unknown[0][:64]} is not supported", code="unknown_parameter")
+        only_keys(f"{where}.function", fn, FUNCTION_KEYS)
         name = need(f"{where}.function.name", fn.get("name"), STRING)
         arguments = fn.get("arguments")
         arguments = {} if arguments is None else need(f"{where}.function.arguments", arguments, OBJECT)
